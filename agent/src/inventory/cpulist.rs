@@ -1,0 +1,104 @@
+//! CPU and node lists as the kernel writes them: ranges (`0-3,8,10-11`) and hex masks (`00000000,0000000f`).
+
+/// Parses a kernel list such as `0-3,8,10-11`. Returns `None` for anything malformed,
+/// so a garbled file becomes a problem rather than a wrong answer.
+pub fn parse_list(text: &str) -> Option<Vec<u32>> {
+    let text = text.trim();
+    let mut out = Vec::new();
+    if text.is_empty() {
+        return Some(out);
+    }
+    for part in text.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                // A range that runs backwards or spans more than any machine has is garbage.
+                if b < a || b - a > 1 << 20 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// Parses a hex mask such as `00000000,0000000f` (the oldest kernels have no `*_list` files).
+pub fn parse_mask(text: &str) -> Option<Vec<u32>> {
+    let digits: Vec<u8> = text.trim().bytes().filter(|&b| b != b',').collect();
+    if digits.is_empty() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (pos, &digit) in digits.iter().rev().enumerate() {
+        let nibble = (digit as char).to_digit(16)?;
+        for bit in 0..4 {
+            if nibble & (1 << bit) != 0 {
+                out.push(pos as u32 * 4 + bit);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Formats a sorted list back into the kernel's range form.
+pub fn format_list(ids: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let start = ids[i];
+        let mut end = start;
+        while i + 1 < ids.len() && ids[i + 1] == end + 1 {
+            i += 1;
+            end = ids[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check_list(text: &str, expected: Option<&[u32]>) {
+        assert_eq!(parse_list(text).as_deref(), expected, "{text:?}");
+    }
+
+    #[test]
+    fn lists() {
+        check_list("0-3,8,10-11\n", Some(&[0, 1, 2, 3, 8, 10, 11]));
+        check_list("", Some(&[]));
+        check_list("5", Some(&[5]));
+        check_list("3-1", None);
+        check_list("a-b", None);
+        check_list("0-4294967295", None);
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(parse_mask("00000000,0000000f").unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(parse_mask("1,00000001").unwrap(), vec![0, 32]);
+        assert_eq!(parse_mask("zz"), None);
+    }
+
+    #[test]
+    fn formats_round_trip() {
+        for text in ["0-3,8,10-11", "0", "0,2,4", "1-127"] {
+            assert_eq!(format_list(&parse_list(text).unwrap()), text);
+        }
+    }
+}

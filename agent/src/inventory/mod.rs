@@ -1,0 +1,87 @@
+//! The hardware inventory: one versioned document describing a host, read from a root directory
+//! (`/` on a live machine, a captured snapshot in tests). Readers never fail on odd data: what
+//! cannot be read is `None` and a [`Problem`] says what and why.
+
+pub mod cpu;
+pub mod cpulist;
+pub mod fingerprint;
+pub mod memory;
+pub mod numa;
+pub mod os;
+pub mod smbios;
+pub mod source;
+pub mod system;
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+pub use fingerprint::Fingerprints;
+pub use source::{Problem, ProblemKind, Source};
+
+/// The version of the JSON document. Bump it when a field changes meaning or is removed;
+/// adding a field does not need a bump (readers ignore what they do not know).
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub schema_version: u32,
+    pub kiln_version: String,
+    pub collected_at: String,
+    /// How long the collection took, for the curious and for regressions in kiln itself.
+    pub collection_micros: u64,
+    /// The root that was read: `/`, or a snapshot directory.
+    pub root: String,
+    pub cpu: cpu::Cpu,
+    pub numa: numa::Numa,
+    pub memory: memory::Memory,
+    pub system: system::System,
+    pub os: os::Os,
+    pub fingerprints: Fingerprints,
+    pub problems: Vec<Problem>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("{path}: no such directory")]
+    RootMissing { path: String },
+    #[error("{path} holds neither proc/ nor sys/: not a system root or snapshot")]
+    NotASnapshot { path: String },
+}
+
+/// Takes the inventory of the system below `root`.
+///
+/// # Errors
+/// Only when `root` is not a directory holding `proc/` or `sys/`; everything else is a problem entry.
+pub fn collect(root: &Path) -> Result<Inventory, InventoryError> {
+    let started = Instant::now();
+    let display = root.display().to_string();
+    if !root.is_dir() {
+        return Err(InventoryError::RootMissing { path: display });
+    }
+    if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
+        return Err(InventoryError::NotASnapshot { path: display });
+    }
+    let src = Source::new(root);
+    let cpu = cpu::collect(&src);
+    let numa = numa::collect(&src);
+    let memory = memory::collect(&src);
+    let system = system::collect(&src);
+    let os = os::collect(&src, &cpu, &system);
+    let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os);
+    Ok(Inventory {
+        schema_version: SCHEMA_VERSION,
+        kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+        collected_at: crate::timefmt::now_rfc3339(),
+        collection_micros: started.elapsed().as_micros() as u64,
+        root: display,
+        cpu,
+        numa,
+        memory,
+        system,
+        os,
+        fingerprints,
+        problems: src.take_problems(),
+    })
+}

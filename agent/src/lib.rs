@@ -1,0 +1,6 @@
+//! kiln's agent as a library: the hardware inventory and its presentation. The binary (`main.rs`)
+//! adds the command line, the database and exit codes; benchmarks and tests use this crate directly.
+
+pub mod inventory;
+pub mod render;
+pub mod timefmt;

@@ -1,0 +1,262 @@
+//! The `kiln` command line. Only this file knows about clap, the tokio runtime, the log
+//! subscriber, output formats and exit codes (0 ok, 1 a check failed, 2 an error).
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use kiln::inventory::{self, Inventory};
+use kiln::render;
+use kiln_db::{NewInventory, Store};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Inventory, provision, benchmark and compare AI training servers")]
+struct Cli {
+    /// The results database [default: /var/lib/kiln/kiln.db as root, else ~/.local/share/kiln/kiln.db]
+    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH")]
+    db: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Take the hardware inventory of this machine (or of a snapshot with --root)
+    Inventory {
+        /// Read DIR/proc, DIR/sys and DIR/etc instead of the live system
+        #[arg(long, default_value = "/", value_name = "DIR")]
+        root: PathBuf,
+        /// Print the full JSON document instead of the summary
+        #[arg(long)]
+        json: bool,
+        /// Store the inventory in the results database
+        #[arg(long)]
+        save: bool,
+    },
+    /// Commission this machine: inventory, store, and summarise (the main job)
+    Commission {
+        #[arg(long, default_value = "/", value_name = "DIR")]
+        root: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the hosts in the results database
+    Hosts {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a stored record
+    Show {
+        #[command(subcommand)]
+        what: Show,
+    },
+}
+
+#[derive(Subcommand)]
+enum Show {
+    /// A stored inventory, by its id or a unique prefix of it
+    Inventory {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kiln: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+/// Writes to stdout; a closed pipe (`kiln ... | head`) surfaces as BrokenPipe and ends quietly.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn emit_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    emit(&serde_json::to_string_pretty(value)?)
+}
+
+/// Progress for people: on stderr, and only when stderr is a terminal.
+fn progress(message: &str) {
+    if std::io::stderr().is_terminal() {
+        eprintln!("kiln: {message}");
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Inventory { root, json, save } => {
+            let inv = take_inventory(&root)?;
+            let stored = if save { Some(block_on(store_inventory(&db_path(cli.db)?, &inv))??) } else { None };
+            if json {
+                emit_json(&inv)?;
+            } else {
+                emit(&render::summary(&inv))?;
+            }
+            if let Some((path, saved)) = stored {
+                eprintln!("kiln: stored inventory {} in {}", saved.inventory_id, path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Commission { root, json } => {
+            let db = db_path(cli.db)?;
+            progress("taking the inventory");
+            let inv = take_inventory(&root)?;
+            progress("storing the results");
+            let (path, saved) = block_on(store_inventory(&db, &inv))??;
+            if json {
+                emit_json(&serde_json::json!({
+                    "schema_version": inventory::SCHEMA_VERSION,
+                    "kind": "commission",
+                    "inventory": inv,
+                    "stored": { "database": path, "inventory_id": saved.inventory_id, "host_id": saved.host_id, "new_host": saved.new_host },
+                }))?;
+            } else {
+                let mut text = render::summary(&inv);
+                text.push_str(&format!(
+                    "\nstored    inventory {} for {} host {}\n          in {}\n",
+                    saved.inventory_id,
+                    if saved.new_host { "new" } else { "known" },
+                    saved.host_id,
+                    path.display()
+                ));
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Hosts { json } => {
+            let db = db_path(cli.db)?;
+            let hosts = block_on(async {
+                let mut store = Store::open(&db).await?;
+                let hosts = store.hosts().await?;
+                store.close().await?;
+                anyhow::Ok(hosts)
+            })??;
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "hosts": hosts }))?;
+            } else if hosts.is_empty() {
+                emit(&format!("no hosts in {} yet: run `kiln commission` or `kiln inventory --save`", db.display()))?;
+            } else {
+                let mut text = format!("{:<36}  {:<16}  {:<20}  {:>4}  {}\n", "HOST", "CONFIG", "LAST SEEN", "INV", "NAME");
+                for h in &hosts {
+                    text.push_str(&format!(
+                        "{:<36}  {:<16}  {:<20}  {:>4}  {} ({})\n",
+                        h.id,
+                        h.config_fingerprint,
+                        h.last_seen,
+                        h.inventories,
+                        h.hostname.as_deref().unwrap_or("-"),
+                        h.config_name
+                    ));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { what: Show::Inventory { id, json } } => {
+            let db = db_path(cli.db)?;
+            let row = block_on(async {
+                let mut store = Store::open(&db).await?;
+                let row = store.inventory(&id).await?;
+                store.close().await?;
+                anyhow::Ok(row)
+            })??;
+            if json {
+                emit(&row.document)?;
+            } else {
+                let inv: Inventory = serde_json::from_str(&row.document).with_context(|| {
+                    format!("inventory {} in {} is not a document this kiln can read; try --json", row.id, db.display())
+                })?;
+                emit(&format!("inventory {} (collected {})\n{}", row.id, row.collected_at, render::summary(&inv)))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn take_inventory(root: &Path) -> Result<Inventory> {
+    let inv = inventory::collect(root)?;
+    for p in &inv.problems {
+        tracing::debug!(path = %p.path, kind = ?p.kind, "{}", p.message);
+    }
+    Ok(inv)
+}
+
+async fn store_inventory(db: &Path, inv: &Inventory) -> Result<(PathBuf, kiln_db::SavedInventory)> {
+    let document = serde_json::to_string(inv)?;
+    let fp = &inv.fingerprints;
+    let record = NewInventory {
+        // A box with no identity at all is keyed by its configuration and host name, so that it
+        // does not merge with every other anonymous box.
+        host_identity: fp.host.clone().unwrap_or_else(|| format!("anonymous-{}", fp.config)),
+        hostname: inv.os.hostname.clone(),
+        collected_at: inv.collected_at.clone(),
+        schema_version: i64::from(inv.schema_version),
+        config_fingerprint: fp.config.clone(),
+        config_name: fp.config_name.clone(),
+        cpu_model: inv.cpu.model_name.clone(),
+        cpu_packages: i64::from(inv.cpu.packages),
+        cpu_cores: i64::from(inv.cpu.cores),
+        cpu_threads: i64::from(inv.cpu.online),
+        memory_bytes: inv.memory.total_bytes.map(|b| b as i64),
+        kernel_release: inv.os.kernel_release.clone(),
+        problem_count: inv.problems.len() as i64,
+        document,
+    };
+    let mut store = Store::open(db).await?;
+    let saved = store.save_inventory(&record).await?;
+    store.close().await?;
+    Ok((db.to_owned(), saved))
+}
+
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    Ok(runtime.block_on(future))
+}
+
+/// `--db`/`KILN_DB`, else the system location as root, else the user's data directory.
+fn db_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(PathBuf::from("/var/lib/kiln/kiln.db"));
+    }
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .context("no --db given and neither XDG_DATA_HOME nor HOME is set; pass --db PATH")?;
+    Ok(data.join("kiln/kiln.db"))
+}

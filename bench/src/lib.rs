@@ -1,0 +1,6 @@
+//! kiln's benchmarks. For now: the statistics every benchmark reports (median with a bootstrap
+//! confidence interval, spread, coefficient of variation, outliers by median absolute deviation).
+//!
+//! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
+
+pub mod stats;

@@ -1,0 +1,137 @@
+//! Summary statistics over raw benchmark samples, after hyperfine and criterion: keep every sample,
+//! report the median with a bootstrap confidence interval, and call a result unstable when its
+//! coefficient of variation is above a threshold.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub n: usize,
+    pub median: f64,
+    pub mean: f64,
+    pub stddev: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Coefficient of variation: stddev / mean.
+    pub cv: f64,
+    /// 95 % bootstrap confidence interval of the median.
+    pub median_ci: (f64, f64),
+    /// Samples further than 3 scaled MADs from the median.
+    pub outliers: usize,
+}
+
+/// The median of a slice (sorted internally); `NaN` for an empty slice.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    median_sorted(&v)
+}
+
+fn median_sorted(v: &[f64]) -> f64 {
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The median absolute deviation, scaled by 1.4826 to estimate σ for normal data.
+pub fn mad(values: &[f64]) -> f64 {
+    let m = median(values);
+    let deviations: Vec<f64> = values.iter().map(|v| (v - m).abs()).collect();
+    1.4826 * median(&deviations)
+}
+
+/// A small, seedable generator (SplitMix64) so that intervals are reproducible.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Percentile bootstrap of the median: `resamples` resamplings with a fixed seed.
+pub fn bootstrap_median_ci(values: &[f64], resamples: usize, seed: u64) -> (f64, f64) {
+    if values.len() < 2 {
+        let m = median(values);
+        return (m, m);
+    }
+    let mut rng = SplitMix(seed);
+    let mut medians = Vec::with_capacity(resamples);
+    let mut buf = vec![0.0; values.len()];
+    for _ in 0..resamples {
+        for slot in buf.iter_mut() {
+            *slot = values[(rng.next() % values.len() as u64) as usize];
+        }
+        buf.sort_by(f64::total_cmp);
+        medians.push(median_sorted(&buf));
+    }
+    medians.sort_by(f64::total_cmp);
+    let at = |q: f64| medians[((q * (resamples - 1) as f64).round() as usize).min(resamples - 1)];
+    (at(0.025), at(0.975))
+}
+
+/// Summarises samples; `None` for an empty slice.
+pub fn summarize(values: &[f64]) -> Option<Summary> {
+    if values.is_empty() {
+        return None;
+    }
+    let n = values.len();
+    let mean = values.iter().sum::<f64>() / n as f64;
+    let var = if n > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64 } else { 0.0 };
+    let stddev = var.sqrt();
+    let med = median(values);
+    let spread = mad(values);
+    let outliers = if spread > 0.0 { values.iter().filter(|v| ((*v - med) / spread).abs() > 3.0).count() } else { 0 };
+    Some(Summary {
+        n,
+        median: med,
+        mean,
+        stddev,
+        min: values.iter().copied().fold(f64::INFINITY, f64::min),
+        max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        cv: if mean != 0.0 { stddev / mean.abs() } else { 0.0 },
+        median_ci: bootstrap_median_ci(values, 2000, 0x6b696c6e),
+        outliers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn summary_of_constant_samples() {
+        let s = summarize(&[5.0; 10]).unwrap();
+        assert_eq!((s.median, s.stddev, s.cv, s.outliers), (5.0, 0.0, 0.0, 0));
+        assert_eq!(s.median_ci, (5.0, 5.0));
+    }
+
+    #[test]
+    fn interval_contains_median_and_outlier_is_flagged() {
+        let mut v: Vec<f64> = (0..50).map(|i| 100.0 + (i % 7) as f64).collect();
+        v.push(1000.0);
+        let s = summarize(&v).unwrap();
+        assert!(s.median_ci.0 <= s.median && s.median <= s.median_ci.1);
+        assert_eq!(s.outliers, 1);
+        assert!(s.cv > 0.1, "one wild sample makes the run unstable: cv {}", s.cv);
+    }
+
+    #[test]
+    fn bootstrap_is_reproducible() {
+        let v: Vec<f64> = (0..30).map(|i| (i * 37 % 11) as f64).collect();
+        assert_eq!(bootstrap_median_ci(&v, 500, 1), bootstrap_median_ci(&v, 500, 1));
+    }
+}

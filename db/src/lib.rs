@@ -1,0 +1,428 @@
+//! kiln's results store: SQLite through sqlx, with embedded migrations and WAL.
+//!
+//! Invariants: the store never overwrites or "repairs" a file it did not create (a corrupt or
+//! foreign file is refused), never writes to a database from a newer kiln, and every write is one
+//! transaction. It knows nothing of kiln's JSON documents beyond storing them as text.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, Row};
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{path}: not an SQLite database (the file was left untouched; point --db elsewhere or move it away)")]
+    NotSqlite { path: PathBuf },
+    #[error("{path}: the database is corrupt ({source}); the file was left untouched: restore it from a backup or move it away")]
+    Corrupt { path: PathBuf, source: sqlx::Error },
+    #[error("{path}: written by a newer kiln (schema {found}, this kiln knows up to {known}); upgrade kiln or use another --db")]
+    TooNew { path: PathBuf, found: i64, known: i64 },
+    #[error("{path}: an SQLite database, but not kiln's (it has tables and no kiln migrations); the file was left untouched")]
+    Foreign { path: PathBuf },
+    #[error("{path}: cannot open: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Sql { path: PathBuf, source: sqlx::Error },
+    #[error("{path}: migrating the schema failed: {source}")]
+    Migrate { path: PathBuf, source: sqlx::migrate::MigrateError },
+    #[error("no {what} matches {id:?}")]
+    NotFound { what: &'static str, id: String },
+    #[error("{id:?} matches {count} {what}s; give more characters")]
+    Ambiguous { what: &'static str, id: String, count: usize },
+}
+
+pub type Result<T, E = DbError> = std::result::Result<T, E>;
+
+/// The newest schema this build knows.
+pub fn latest_schema() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// What the agent hands over to store one inventory: plain values, no agent types.
+#[derive(Debug, Clone)]
+pub struct NewInventory {
+    pub host_identity: String,
+    pub hostname: Option<String>,
+    pub collected_at: String,
+    pub schema_version: i64,
+    pub config_fingerprint: String,
+    pub config_name: String,
+    pub cpu_model: Option<String>,
+    pub cpu_packages: i64,
+    pub cpu_cores: i64,
+    pub cpu_threads: i64,
+    pub memory_bytes: Option<i64>,
+    pub kernel_release: Option<String>,
+    pub problem_count: i64,
+    pub document: String,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SavedInventory {
+    pub inventory_id: String,
+    pub host_id: String,
+    pub new_host: bool,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostRow {
+    pub id: String,
+    pub identity: String,
+    pub hostname: Option<String>,
+    pub config_fingerprint: String,
+    pub config_name: String,
+    pub first_seen: String,
+    pub last_seen: String,
+    pub inventories: i64,
+    pub latest_inventory: Option<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InventoryRow {
+    pub id: String,
+    pub host_id: String,
+    pub collected_at: String,
+    pub config_fingerprint: String,
+    pub document: String,
+}
+
+pub struct Store {
+    path: PathBuf,
+    conn: SqliteConnection,
+}
+
+/// Reads the first 16 bytes; `None` for an empty or absent file (a new database).
+fn header(path: &Path) -> Result<Option<[u8; 16]>> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(DbError::Open { path: path.to_owned(), source }),
+    };
+    let mut buf = [0u8; 16];
+    let mut filled = 0;
+    while filled < 16 {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(source) => return Err(DbError::Open { path: path.to_owned(), source }),
+        }
+    }
+    match filled {
+        0 => Ok(None),
+        16 => Ok(Some(buf)),
+        _ => Err(DbError::NotSqlite { path: path.to_owned() }),
+    }
+}
+
+fn is_corruption(e: &sqlx::Error) -> bool {
+    // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), with or without extended codes.
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| {
+        let code: i64 = c.parse().unwrap_or(0);
+        matches!(code & 0xff, 11 | 26)
+    }))
+}
+
+fn classify(path: &Path, source: sqlx::Error) -> DbError {
+    if is_corruption(&source) {
+        DbError::Corrupt { path: path.to_owned(), source }
+    } else {
+        DbError::Sql { path: path.to_owned(), source }
+    }
+}
+
+impl Store {
+    /// Opens (creating if absent) the database at `path` and brings its schema up to date.
+    ///
+    /// # Errors
+    /// A file that is not SQLite, is corrupt, belongs to another program or to a newer kiln is
+    /// refused and left byte-for-byte as it was.
+    pub async fn open(path: &Path) -> Result<Store> {
+        let existing = match header(path)? {
+            Some(h) if &h != SQLITE_MAGIC => return Err(DbError::NotSqlite { path: path.to_owned() }),
+            Some(_) => true,
+            None => false,
+        };
+        if !existing {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| DbError::Open { path: dir.to_owned(), source })?;
+            }
+        }
+        let sql_err = |source| classify(path, source);
+        let options = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(sql_err)?
+            .filename(path)
+            .create_if_missing(!existing)
+            .foreign_keys(true)
+            .busy_timeout(std::time::Duration::from_secs(10))
+            // Set only after the checks below: WAL must not be switched on in a file we refuse.
+            .journal_mode(SqliteJournalMode::Delete)
+            .synchronous(SqliteSynchronous::Normal)
+            .disable_statement_logging();
+        let mut conn = options.connect().await.map_err(sql_err)?;
+
+        // Read-only checks first, so a refused file is never written.
+        let tables: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .fetch_all(&mut conn)
+            .await
+            .map_err(sql_err)?;
+        let has_migrations = tables.iter().any(|t| t == "_sqlx_migrations");
+        if !has_migrations && tables.iter().any(|t| !t.starts_with("sqlite_")) {
+            return Err(DbError::Foreign { path: path.to_owned() });
+        }
+        if has_migrations {
+            let found: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(sql_err)?;
+            let known = latest_schema();
+            if let Some(found) = found.filter(|&f| f > known) {
+                return Err(DbError::TooNew { path: path.to_owned(), found, known });
+            }
+        }
+        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut conn).await.map_err(sql_err)?;
+        MIGRATOR.run(&mut conn).await.map_err(|source| match source {
+            sqlx::migrate::MigrateError::Execute(e) if is_corruption(&e) => {
+                DbError::Corrupt { path: path.to_owned(), source: e }
+            }
+            source => DbError::Migrate { path: path.to_owned(), source },
+        })?;
+        Ok(Store { path: path.to_owned(), conn })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Maps an sqlx error to a `DbError` naming this store's file.
+    fn sql_err(&self) -> impl Fn(sqlx::Error) -> DbError {
+        let path = self.path.clone();
+        move |source| classify(&path, source)
+    }
+
+    /// Stores an inventory and creates or updates its host, in one transaction.
+    pub async fn save_inventory(&mut self, inv: &NewInventory) -> Result<SavedInventory> {
+        let err = self.sql_err();
+        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let existing: Option<String> = sqlx::query_scalar("SELECT id FROM hosts WHERE identity = ?")
+            .bind(&inv.host_identity)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(&err)?;
+        let (host_id, new_host) = match existing {
+            Some(id) => {
+                sqlx::query(
+                    "UPDATE hosts SET hostname = ?, config_fingerprint = ?, config_name = ?, last_seen = ? WHERE id = ?",
+                )
+                .bind(&inv.hostname)
+                .bind(&inv.config_fingerprint)
+                .bind(&inv.config_name)
+                .bind(&inv.collected_at)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(&err)?;
+                (id, false)
+            }
+            None => {
+                let id = uuid::Uuid::new_v4().to_string();
+                sqlx::query(
+                    "INSERT INTO hosts (id, identity, hostname, config_fingerprint, config_name, first_seen, last_seen) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&id)
+                .bind(&inv.host_identity)
+                .bind(&inv.hostname)
+                .bind(&inv.config_fingerprint)
+                .bind(&inv.config_name)
+                .bind(&inv.collected_at)
+                .bind(&inv.collected_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(&err)?;
+                (id, true)
+            }
+        };
+        let inventory_id = uuid::Uuid::new_v4().to_string();
+        sqlx::query(
+            "INSERT INTO inventories (id, host_id, collected_at, schema_version, config_fingerprint, config_name, \
+             cpu_model, cpu_packages, cpu_cores, cpu_threads, memory_bytes, kernel_release, problem_count, document) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&inventory_id)
+        .bind(&host_id)
+        .bind(&inv.collected_at)
+        .bind(inv.schema_version)
+        .bind(&inv.config_fingerprint)
+        .bind(&inv.config_name)
+        .bind(&inv.cpu_model)
+        .bind(inv.cpu_packages)
+        .bind(inv.cpu_cores)
+        .bind(inv.cpu_threads)
+        .bind(inv.memory_bytes)
+        .bind(&inv.kernel_release)
+        .bind(inv.problem_count)
+        .bind(&inv.document)
+        .execute(&mut *tx)
+        .await
+        .map_err(&err)?;
+        tx.commit().await.map_err(&err)?;
+        Ok(SavedInventory { inventory_id, host_id, new_host })
+    }
+
+    /// Every known host with its inventory count, most recently seen first.
+    pub async fn hosts(&mut self) -> Result<Vec<HostRow>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT h.id, h.identity, h.hostname, h.config_fingerprint, h.config_name, h.first_seen, h.last_seen, \
+                    COUNT(i.id) AS n, \
+                    (SELECT id FROM inventories WHERE host_id = h.id ORDER BY collected_at DESC, rowid DESC LIMIT 1) AS latest \
+             FROM hosts h LEFT JOIN inventories i ON i.host_id = h.id \
+             GROUP BY h.id ORDER BY h.last_seen DESC, h.id",
+        )
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| HostRow {
+                id: r.get(0),
+                identity: r.get(1),
+                hostname: r.get(2),
+                config_fingerprint: r.get(3),
+                config_name: r.get(4),
+                first_seen: r.get(5),
+                last_seen: r.get(6),
+                inventories: r.get(7),
+                latest_inventory: r.get(8),
+            })
+            .collect())
+    }
+
+    /// One inventory by its id or a unique prefix of it.
+    pub async fn inventory(&mut self, id: &str) -> Result<InventoryRow> {
+        let err = self.sql_err();
+        // Escape LIKE's wildcards so an id never matches more than its prefix says.
+        let pattern = format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let rows = sqlx::query(
+            "SELECT id, host_id, collected_at, config_fingerprint, document FROM inventories \
+             WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+        )
+        .bind(&pattern)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        match rows.len() {
+            0 => Err(DbError::NotFound { what: "inventory", id: id.to_string() }),
+            1 => {
+                let r = &rows[0];
+                Ok(InventoryRow {
+                    id: r.get(0),
+                    host_id: r.get(1),
+                    collected_at: r.get(2),
+                    config_fingerprint: r.get(3),
+                    document: r.get(4),
+                })
+            }
+            count => Err(DbError::Ambiguous { what: "inventory", id: id.to_string(), count }),
+        }
+    }
+
+    pub async fn close(self) -> Result<()> {
+        let path = self.path.clone();
+        self.conn.close().await.map_err(|source| DbError::Sql { path, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(identity: &str) -> NewInventory {
+        NewInventory {
+            host_identity: identity.to_string(),
+            hostname: Some("gpu-node-01".into()),
+            collected_at: "2026-12-02T10:00:00Z".into(),
+            schema_version: 1,
+            config_fingerprint: "abcd".into(),
+            config_name: "2× EPYC · 1.5 TiB".into(),
+            cpu_model: Some("AMD EPYC 9654".into()),
+            cpu_packages: 2,
+            cpu_cores: 192,
+            cpu_threads: 384,
+            memory_bytes: Some(1 << 40),
+            kernel_release: Some("6.8.0".into()),
+            problem_count: 0,
+            document: "{}".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn saves_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/kiln.db");
+        let mut store = Store::open(&path).await.unwrap();
+        let a = store.save_inventory(&sample("host-a")).await.unwrap();
+        let b = store.save_inventory(&sample("host-a")).await.unwrap();
+        assert!(a.new_host && !b.new_host);
+        assert_eq!(a.host_id, b.host_id);
+        store.save_inventory(&sample("host-b")).await.unwrap();
+        let hosts = store.hosts().await.unwrap();
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(hosts.iter().map(|h| h.inventories).sum::<i64>(), 3);
+        let row = store.inventory(&a.inventory_id[..8]).await.unwrap();
+        assert_eq!(row.id, a.inventory_id);
+        assert!(matches!(store.inventory("zz").await, Err(DbError::NotFound { .. })));
+        assert!(matches!(store.inventory("").await, Err(DbError::Ambiguous { .. })));
+        store.close().await.unwrap();
+        // Reopening an up-to-date database is a no-op.
+        Store::open(&path).await.unwrap().close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn refuses_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.db");
+        Store::open(&path).await.unwrap().close().await.unwrap();
+        {
+            let mut conn = SqliteConnectOptions::new().filename(&path).connect().await.unwrap();
+            sqlx::query(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES (9999, 'future', 1, x'00', 0)",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            conn.close().await.unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        match Store::open(&path).await {
+            Err(DbError::TooNew { found: 9999, .. }) => {}
+            other => panic!("expected TooNew, got {:?}", other.map(|_| ())),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+
+    #[tokio::test]
+    async fn refuses_foreign_and_garbage_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, b"this is not a database at all, just text").unwrap();
+        assert!(matches!(Store::open(&garbage).await, Err(DbError::NotSqlite { .. })));
+        assert_eq!(std::fs::read(&garbage).unwrap(), b"this is not a database at all, just text");
+
+        let foreign = dir.path().join("foreign.db");
+        {
+            let mut conn = SqliteConnectOptions::new().filename(&foreign).create_if_missing(true).connect().await.unwrap();
+            sqlx::query("CREATE TABLE t (x)").execute(&mut conn).await.unwrap();
+            conn.close().await.unwrap();
+        }
+        assert!(matches!(Store::open(&foreign).await, Err(DbError::Foreign { .. })));
+    }
+}

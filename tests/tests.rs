@@ -1,0 +1,9 @@
+//! Integration tests: every test drives the built `kiln` binary as a user would, on the live
+//! machine or on real machines' snapshots from `../shared/fixtures`.
+
+mod util;
+
+mod bad_input;
+mod cli;
+mod ghw;
+mod hwloc;

@@ -1,0 +1,94 @@
+//! Helpers for the integration tests: run the real `kiln` binary, find and unpack the shared
+//! fixtures, and report a failing command in full.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+/// `../shared/fixtures` beside the checkout, or `$KILN_FIXTURES`.
+pub fn fixtures() -> PathBuf {
+    let dir = std::env::var_os("KILN_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"));
+    assert!(dir.is_dir(), "fixtures not found at {}: set KILN_FIXTURES", dir.display());
+    dir
+}
+
+static UNPACK: Mutex<()> = Mutex::new(());
+
+/// Unpacks a fixture tarball once into the target directory and returns the unpacked folder.
+/// Safe across threads and across test processes (unpack aside, then rename).
+pub fn unpack(tarball: &Path) -> PathBuf {
+    let _guard = UNPACK.lock().unwrap_or_else(|e| e.into_inner());
+    let name = tarball.file_name().unwrap().to_string_lossy().replace(".tar.bz2", "").replace(".tar.gz", "");
+    let dest = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures").join(&name);
+    if dest.is_dir() {
+        return dest;
+    }
+    let staging = dest.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).unwrap();
+    let out = Command::new("tar").arg("-xf").arg(tarball).arg("-C").arg(&staging).output().expect("running tar");
+    // hwloc's tarballs hold a few device nodes and odd names that tar cannot recreate as a user;
+    // what matters here (proc and sys text files) unpacks either way.
+    if !out.status.success() && !staging.join("proc").exists() && std::fs::read_dir(&staging).unwrap().next().is_none() {
+        panic!("unpacking {} failed: {}", tarball.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    if std::fs::rename(&staging, &dest).is_err() {
+        let _ = std::fs::remove_dir_all(&staging); // another process won the race
+    }
+    dest
+}
+
+pub struct Run {
+    pub cmdline: String,
+    pub output: Output,
+}
+
+impl Run {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+    /// Describes the run for an assertion message.
+    pub fn describe(&self) -> String {
+        format!(
+            "command: {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.cmdline,
+            self.code(),
+            self.stdout(),
+            self.stderr()
+        )
+    }
+    #[track_caller]
+    pub fn success(self) -> Self {
+        assert_eq!(self.code(), Some(0), "expected success\n{}", self.describe());
+        self
+    }
+    #[track_caller]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout()).unwrap_or_else(|e| panic!("stdout is not JSON: {e}\n{}", self.describe()))
+    }
+}
+
+/// Runs `kiln` with arguments and the given environment (the database is never the user's).
+pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.args(args).env_remove("KILN_DB").env_remove("KILN_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let cmdline = format!("kiln {}", args.join(" "));
+    let output = cmd.output().expect("running kiln");
+    Run { cmdline, output }
+}
+
+/// The inventory of a root, as the binary prints it with `--json`.
+pub fn inventory_json(root: &Path) -> serde_json::Value {
+    kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json()
+}
