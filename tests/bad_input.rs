@@ -1,0 +1,176 @@
+//! Odd input gives clear output and never a panic: missing, empty, truncated and garbled
+//! snapshots, unreadable files, non-UTF-8 firmware strings.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::util::{copy_tree, fixtures, kiln, unpack};
+
+/// A private, writable copy of a hwloc snapshot.
+fn damaged_copy(tarball: &str, top: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    copy_tree(&unpack(&fixtures().join("hwloc").join(tarball)).join(top), &root);
+    (dir, root)
+}
+
+#[track_caller]
+fn inventory_ok(root: &Path) -> Value {
+    let run = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]);
+    assert!(!run.stderr().contains("panicked"), "{}", run.describe());
+    run.success().json()
+}
+
+fn problems_for<'a>(inv: &'a Value, suffix: &str) -> Vec<&'a Value> {
+    inv["problems"].as_array().unwrap().iter().filter(|p| p["path"].as_str().unwrap().ends_with(suffix)).collect()
+}
+
+#[test]
+fn missing_or_empty_root_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let run = kiln(&["inventory", "--root", missing.to_str().unwrap()], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    assert!(run.stderr().contains("no such directory"), "{}", run.describe());
+    let run = kiln(&["inventory", "--root", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    assert!(run.stderr().contains("neither proc/ nor sys/"), "{}", run.describe());
+}
+
+#[test]
+fn a_bare_proc_is_an_inventory_full_of_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("proc")).unwrap();
+    let inv = inventory_ok(dir.path());
+    assert!(!problems_for(&inv, "proc/cpuinfo").is_empty());
+    assert!(!problems_for(&inv, "proc/meminfo").is_empty());
+    assert!(inv["memory"]["total_bytes"].is_null());
+    assert_eq!(inv["cpu"]["architecture"], "unknown");
+}
+
+#[test]
+fn truncated_snapshot_files() {
+    let (_dir, root) = damaged_copy("16em64t-4s2c2t.tar.bz2", "16em64t-4s2c2t");
+    // Cut every text file in half, mid-line, as an interrupted copy would.
+    fn halve(dir: &Path) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                halve(&entry.path());
+            } else if kind.is_file() {
+                let bytes = std::fs::read(entry.path()).unwrap();
+                std::fs::write(entry.path(), &bytes[..bytes.len() / 2]).unwrap();
+            }
+        }
+    }
+    halve(&root);
+    let inv = inventory_ok(&root);
+    assert!(!inv["problems"].as_array().unwrap().is_empty(), "half-files must produce problems");
+}
+
+#[test]
+fn garbage_cpuinfo_and_sysfs_values() {
+    let (_dir, root) = damaged_copy("16em64t-4s2c2t.tar.bz2", "16em64t-4s2c2t");
+    let mut garbage = Vec::new();
+    let mut x: u32 = 12345;
+    for _ in 0..4096 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        garbage.push((x >> 16) as u8);
+    }
+    std::fs::write(root.join("proc/cpuinfo"), &garbage).unwrap();
+    std::fs::write(root.join("sys/devices/system/cpu/cpu0/topology/physical_package_id"), "banana\n").unwrap();
+    std::fs::write(root.join("sys/devices/system/node/node0/distance"), "10 ten\n").unwrap();
+    std::fs::write(root.join("sys/devices/system/cpu/cpu1/topology/thread_siblings_list"), "9-3\n").unwrap();
+    let inv = inventory_ok(&root);
+    let cpuinfo = problems_for(&inv, "proc/cpuinfo");
+    assert!(cpuinfo.iter().any(|p| p["kind"] == "malformed"), "{cpuinfo:?}");
+    assert_eq!(problems_for(&inv, "cpu0/topology/physical_package_id")[0]["kind"], "malformed");
+    assert_eq!(problems_for(&inv, "node0/distance")[0]["kind"], "malformed");
+    assert_eq!(problems_for(&inv, "cpu1/topology/thread_siblings_list")[0]["kind"], "malformed");
+    // The rest of the topology still stands.
+    assert_eq!(inv["cpu"]["online"], 16);
+}
+
+#[test]
+fn non_utf8_dmi_strings() {
+    let (_dir, root) = damaged_copy("20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2", "20em64t-hybrid-1p6c2t+2ca4co1t");
+    std::fs::write(root.join("sys/class/dmi/id/product_name"), b"Pro\xffLiant \xfe\xfd\n").unwrap();
+    let inv = inventory_ok(&root);
+    assert_eq!(inv["system"]["product"]["name"], "Pro\u{fffd}Liant \u{fffd}\u{fffd}");
+    assert_eq!(problems_for(&inv, "dmi/id/product_name")[0]["kind"], "malformed");
+}
+
+#[test]
+fn another_architecture_is_recognised() {
+    for (tarball, top, arch) in [
+        ("2arm-2c.tar.bz2", "2arm-2c", "arm"),
+        ("128arm-2pa2n8cluster4co.tar.bz2", "128arm-2pa2n8cluster4co", "aarch64"),
+        ("16ia64-8n2s.tar.bz2", "16ia64-8n2s", "ia64"),
+        ("2ps3-2t.tar.bz2", "2ps3-2t", "ppc64"),
+        ("2pa-pcidomain32bits.tar.bz2", "2pa-pcidomain32bits", "x86_64"),
+        ("20s390-2g6s4c.tar.bz2", "20s390-2g2g2s4co", "s390x"),
+    ] {
+        let root = unpack(&fixtures().join("hwloc").join(tarball)).join(top);
+        let inv = inventory_ok(&root);
+        assert_eq!(inv["cpu"]["architecture"], arch, "{tarball}");
+    }
+}
+
+#[test]
+fn gb10_names_both_core_kinds() {
+    let root = unpack(&fixtures().join("hwloc/nvidia-dgx-gb10.tar.bz2")).join("nvidia-dgx-gb10");
+    let inv = inventory_ok(&root);
+    assert_eq!(inv["cpu"]["model_name"], "ARM Cortex-X925 + Cortex-A725");
+    let kinds: Vec<(&str, u64)> = inv["cpu"]["core_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["name"].as_str().unwrap(), k["cpu_count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(kinds, [("Cortex-X925", 10), ("Cortex-A725", 10)]);
+}
+
+#[test]
+fn unreadable_files_become_problems() {
+    let (_dir, root) = damaged_copy("20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2", "20em64t-hybrid-1p6c2t+2ca4co1t");
+    // A directory where a file should be: unreadable whoever runs the test.
+    let meminfo = root.join("proc/meminfo");
+    std::fs::remove_file(&meminfo).unwrap();
+    std::fs::create_dir(&meminfo).unwrap();
+    let inv = inventory_ok(&root);
+    assert_eq!(problems_for(&inv, "proc/meminfo")[0]["kind"], "unreadable");
+    assert!(inv["memory"]["total_bytes"].is_null());
+}
+
+/// Root-only DMI fields, as on a live machine without root. Root reads everything, so as root the
+/// test drops to `nobody` with setpriv to see what an ordinary user sees.
+#[test]
+fn root_only_dmi_fields_are_reported_as_such() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, root) = damaged_copy("20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2", "20em64t-hybrid-1p6c2t+2ca4co1t");
+    let serial = root.join("sys/class/dmi/id/product_serial");
+    std::fs::write(&serial, "CZC1234567\n").unwrap();
+    std::fs::set_permissions(&serial, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_kiln");
+    let args = ["inventory", "--json", "--root", root.to_str().unwrap()];
+    // SAFETY: geteuid has no preconditions.
+    let output = if unsafe { libc::geteuid() } == 0 {
+        // nobody must be able to reach the binary and the snapshot.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
+            .args(args)
+            .output()
+            .expect("setpriv (util-linux) is needed to run this test as root")
+    } else {
+        std::process::Command::new(bin).args(args).output().unwrap()
+    };
+    assert_eq!(output.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let inv: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(inv["system"]["product"]["serial"].is_null());
+    assert_eq!(inv["system"]["root_only"], serde_json::json!(["product_serial"]));
+    assert_eq!(problems_for(&inv, "dmi/id/product_serial")[0]["kind"], "permission_denied");
+    assert_eq!(inv["os"]["kiln_is_root"], false);
+}

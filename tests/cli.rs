@@ -1,0 +1,160 @@
+//! The command line as users run it: the live machine, the results database, exit codes.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::util::{fixtures, kiln, unpack};
+
+fn live_online_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    text.trim()
+        .split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+#[test]
+fn live_inventory_summary_and_json() {
+    let summary = kiln(&["inventory"], &[]).success();
+    let text = summary.stdout();
+    for label in ["config ", "cpu ", "memory ", "os "] {
+        assert!(text.contains(label), "summary lacks {label:?}\n{}", summary.describe());
+    }
+    let inv = kiln(&["inventory", "--json"], &[]).success().json();
+    assert_eq!(inv["schema_version"], 1);
+    assert_eq!(inv["root"], "/");
+    assert_eq!(inv["cpu"]["online"].as_u64().unwrap() as usize, live_online_cpus());
+    assert!(inv["cpu"]["cores"].as_u64().unwrap() >= 1);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = meminfo.lines().next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(inv["memory"]["total_bytes"].as_u64(), Some(kb * 1024));
+    assert_eq!(inv["fingerprints"]["config"].as_str().unwrap().len(), 16);
+    // Every problem names a path and a reason.
+    for p in inv["problems"].as_array().unwrap() {
+        assert!(p["path"].as_str().unwrap().starts_with('/'), "{p}");
+        assert!(!p["message"].as_str().unwrap().is_empty(), "{p}");
+    }
+}
+
+#[test]
+fn json_document_has_the_documented_shape() {
+    let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
+    let inv = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json();
+    let object_keys = |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let mut top = object_keys(&inv);
+    top.sort();
+    assert_eq!(
+        top,
+        ["collected_at", "collection_micros", "cpu", "fingerprints", "kiln_version", "memory", "numa", "os", "problems", "root", "schema_version", "system"]
+    );
+    assert_eq!((inv["cpu"]["packages"].as_u64(), inv["cpu"]["cores"].as_u64(), inv["cpu"]["online"].as_u64()), (Some(4), Some(8), Some(16)));
+    assert!(inv["collected_at"].as_str().unwrap().ends_with('Z'));
+    // The snapshot's inventory does not leak the live machine: no hostname in this snapshot.
+    assert!(inv["os"]["hostname"].is_null());
+}
+
+#[test]
+fn commission_stores_into_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("results/kiln.db");
+    let db_arg = db.to_str().unwrap();
+    let first = kiln(&["--db", db_arg, "commission"], &[]).success();
+    assert!(first.stdout().contains(db_arg), "commission says where the result went\n{}", first.describe());
+    assert!(first.stdout().contains("new host"), "{}", first.describe());
+    let second = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
+    assert_eq!(second["stored"]["new_host"], false);
+    assert_eq!(second["kind"], "commission");
+
+    let hosts = kiln(&["--db", db_arg, "hosts", "--json"], &[]).success().json();
+    let hosts = hosts["hosts"].as_array().unwrap();
+    assert_eq!(hosts.len(), 1);
+    assert_eq!(hosts[0]["inventories"], 2);
+    assert_eq!(hosts[0]["id"], second["stored"]["host_id"]);
+
+    let id = second["stored"]["inventory_id"].as_str().unwrap();
+    let shown = kiln(&["--db", db_arg, "show", "inventory", &id[..8], "--json"], &[]).success().json();
+    assert_eq!(shown, second["inventory"], "the stored document is the one printed");
+    let human = kiln(&["--db", db_arg, "show", "inventory", id], &[]).success();
+    assert!(human.stdout().contains(id));
+    let missing = kiln(&["--db", db_arg, "show", "inventory", "ffffffff"], &[]);
+    assert_eq!(missing.code(), Some(2));
+    assert!(missing.stderr().contains("no inventory matches"), "{}", missing.describe());
+}
+
+#[test]
+fn inventory_save_from_snapshots_keeps_hosts_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    for (tarball, top) in [("16em64t-4s2c2t.tar.bz2", "16em64t-4s2c2t"), ("2arm-2c.tar.bz2", "2arm-2c")] {
+        let root = unpack(&fixtures().join("hwloc").join(tarball)).join(top);
+        let run = kiln(&["inventory", "--save", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();
+        assert!(run.stderr().contains("stored inventory"), "{}", run.describe());
+    }
+    let hosts = kiln(&["hosts"], &[("KILN_DB", &db)]).success();
+    assert_eq!(hosts.stdout().lines().count(), 3, "a header and two hosts\n{}", hosts.describe());
+}
+
+#[track_caller]
+fn assert_refused_untouched(db: &Path, expect: &str) {
+    let before = std::fs::read(db).unwrap();
+    for args in [&["commission"][..], &["hosts"][..], &["inventory", "--save"][..]] {
+        let run = kiln(args, &[("KILN_DB", db)]);
+        assert_eq!(run.code(), Some(2), "{}", run.describe());
+        let err = run.stderr();
+        assert!(err.contains(db.to_str().unwrap()) && err.contains(expect), "{}", run.describe());
+        assert!(!err.contains("panicked"), "{}", run.describe());
+    }
+    assert_eq!(std::fs::read(db).unwrap(), before, "the file must be left untouched");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    std::fs::write(&db, b"these are somebody's notes, not a database\n").unwrap();
+    assert_refused_untouched(&db, "not an SQLite database");
+}
+
+#[test]
+fn a_corrupt_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    kiln(&["commission"], &[("KILN_DB", &db)]).success();
+    // Keep SQLite's header, wreck everything after it (a disk error or a torn copy).
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() > 4096);
+    for (i, b) in bytes.iter_mut().enumerate().skip(100) {
+        *b = (i * 7 % 251) as u8;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("kiln.db-wal"));
+    let _ = std::fs::remove_file(dir.path().join("kiln.db-shm"));
+    assert_refused_untouched(&db, "corrupt");
+}
+
+#[test]
+fn closed_stdout_is_not_an_error() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["inventory", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // as `kiln inventory --json | head -0` would
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let run = kiln(&["inventory", "--no-such-flag"], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    let run = kiln(&["--help"], &[]).success();
+    for cmd in ["inventory", "commission", "hosts", "show"] {
+        assert!(run.stdout().contains(cmd), "{}", run.describe());
+    }
+}

@@ -321,3 +321,43 @@ fn hwloc_snapshots_agree_with_hwloc() {
     assert!(checked >= 40, "only {checked} hwloc cases ran");
     assert!(unexpected.is_empty(), "{} disagreements:\n{}", unexpected.len(), unexpected.join("\n"));
 }
+
+/// The DIMMs of `32em64t-2n8c+dax+nvme+mic+dimms`, from its SMBIOS entries, against the memory
+/// modules in hwloc's expected XML.
+#[test]
+fn dimms_match_hwloc() {
+    let dir = fixtures().join("hwloc");
+    let root = unpack(&dir.join("32em64t-2n8c+dax+nvme+mic+dimms.tar.bz2")).join("32em64t-2n8c+1mic");
+    let inv = inventory_json(&root);
+    let memory = &inv["memory"];
+    assert_eq!(memory["dimm_slots"], 24);
+    assert_eq!(memory["dimms_populated"], 8);
+    assert_eq!(memory["installed_bytes"].as_u64(), Some(32 << 30));
+
+    // hwloc's XML: <object ... subtype="MemoryModule"> followed by <info name=".." value=".."/> lines.
+    let xml = std::fs::read_to_string(dir.join("32em64t-2n8c+dax+nvme+mic+dimms.xml")).unwrap();
+    let mut modules: Vec<BTreeMap<String, String>> = Vec::new();
+    for line in xml.lines() {
+        if line.contains("subtype=\"MemoryModule\"") {
+            modules.push(BTreeMap::new());
+        } else if let (Some(m), Some(rest)) = (modules.last_mut(), line.trim().strip_prefix("<info name=\"")) {
+            if let Some((name, value)) = rest.split_once("\" value=\"") {
+                m.entry(name.to_string()).or_insert_with(|| value.trim_end_matches("\"/>").to_string());
+            }
+        }
+    }
+    assert_eq!(modules.len(), 8, "hwloc lists 8 modules");
+    let dimms: Vec<&Value> = memory["dimms"].as_array().unwrap().iter().filter(|d| d["populated"] == true).collect();
+    for (module, dimm) in modules.iter().zip(&dimms) {
+        assert_eq!(dimm["locator"].as_str().unwrap(), module["DeviceLocation"].trim());
+        assert_eq!(dimm["serial"].as_str().unwrap(), module["SerialNumber"]);
+        assert_eq!(dimm["part_number"].as_str().unwrap(), module["PartNumber"].trim());
+        assert_eq!(dimm["memory_type"].as_str().unwrap(), module["Type"]);
+        assert_eq!(dimm["form_factor"].as_str().unwrap(), module["FormFactor"]);
+        let kib: u64 = module["Size"].trim_end_matches("KiB").parse().unwrap();
+        assert_eq!(dimm["size_bytes"].as_u64(), Some(kib * 1024));
+    }
+    // Empty slots are slots: they keep their locator and carry no size or serial.
+    let empty = memory["dimms"].as_array().unwrap().iter().find(|d| d["populated"] == false).unwrap();
+    assert!(empty["locator"].is_string() && empty["size_bytes"].is_null() && empty["serial"].is_null());
+}

@@ -92,3 +92,20 @@ pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
 pub fn inventory_json(root: &Path) -> serde_json::Value {
     kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json()
 }
+
+/// Copies a snapshot so a test can damage it; symbolic links stay links.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type().unwrap();
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+        } else if kind.is_dir() {
+            copy_tree(&src, &dst);
+        } else if kind.is_file() {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}

@@ -20,18 +20,20 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 pub enum DbError {
     #[error("{path}: not an SQLite database (the file was left untouched; point --db elsewhere or move it away)")]
     NotSqlite { path: PathBuf },
-    #[error("{path}: the database is corrupt ({source}); the file was left untouched: restore it from a backup or move it away")]
-    Corrupt { path: PathBuf, source: sqlx::Error },
+    // Causes are part of the message rather than `source`, so that a chain printer does not
+    // repeat sqlx's own nested errors.
+    #[error("{path}: the database is corrupt ({cause}); the file was left untouched: restore it from a backup, or move it away to start a new one")]
+    Corrupt { path: PathBuf, cause: sqlx::Error },
     #[error("{path}: written by a newer kiln (schema {found}, this kiln knows up to {known}); upgrade kiln or use another --db")]
     TooNew { path: PathBuf, found: i64, known: i64 },
     #[error("{path}: an SQLite database, but not kiln's (it has tables and no kiln migrations); the file was left untouched")]
     Foreign { path: PathBuf },
     #[error("{path}: cannot open: {source}")]
     Open { path: PathBuf, source: std::io::Error },
-    #[error("{path}: {source}")]
-    Sql { path: PathBuf, source: sqlx::Error },
-    #[error("{path}: migrating the schema failed: {source}")]
-    Migrate { path: PathBuf, source: sqlx::migrate::MigrateError },
+    #[error("{path}: {cause}")]
+    Sql { path: PathBuf, cause: sqlx::Error },
+    #[error("{path}: migrating the schema failed: {cause}")]
+    Migrate { path: PathBuf, cause: sqlx::migrate::MigrateError },
     #[error("no {what} matches {id:?}")]
     NotFound { what: &'static str, id: String },
     #[error("{id:?} matches {count} {what}s; give more characters")]
@@ -129,11 +131,11 @@ fn is_corruption(e: &sqlx::Error) -> bool {
     }))
 }
 
-fn classify(path: &Path, source: sqlx::Error) -> DbError {
-    if is_corruption(&source) {
-        DbError::Corrupt { path: path.to_owned(), source }
+fn classify(path: &Path, cause: sqlx::Error) -> DbError {
+    if is_corruption(&cause) {
+        DbError::Corrupt { path: path.to_owned(), cause }
     } else {
-        DbError::Sql { path: path.to_owned(), source }
+        DbError::Sql { path: path.to_owned(), cause }
     }
 }
 
@@ -155,21 +157,41 @@ impl Store {
             }
         }
         let sql_err = |source| classify(path, source);
-        let options = SqliteConnectOptions::from_str("sqlite://")
+        let base = SqliteConnectOptions::from_str("sqlite://")
             .map_err(sql_err)?
             .filename(path)
-            .create_if_missing(!existing)
             .foreign_keys(true)
             .busy_timeout(std::time::Duration::from_secs(10))
-            // Set only after the checks below: WAL must not be switched on in a file we refuse.
-            .journal_mode(SqliteJournalMode::Delete)
             .synchronous(SqliteSynchronous::Normal)
             .disable_statement_logging();
-        let mut conn = options.connect().await.map_err(sql_err)?;
+        if existing {
+            // Look before touching: a read-only connection cannot write, checkpoint or convert
+            // a file that turns out to be corrupt, foreign or from a newer kiln.
+            let mut probe = base.clone().read_only(true).connect().await.map_err(sql_err)?;
+            let verdict = Self::check(path, &mut probe).await;
+            probe.close().await.map_err(sql_err)?;
+            verdict?;
+        }
+        let mut conn = base
+            .create_if_missing(!existing)
+            .journal_mode(SqliteJournalMode::Wal)
+            .connect()
+            .await
+            .map_err(sql_err)?;
+        MIGRATOR.run(&mut conn).await.map_err(|cause| match cause {
+            sqlx::migrate::MigrateError::Execute(e) if is_corruption(&e) => {
+                DbError::Corrupt { path: path.to_owned(), cause: e }
+            }
+            cause => DbError::Migrate { path: path.to_owned(), cause },
+        })?;
+        Ok(Store { path: path.to_owned(), conn })
+    }
 
-        // Read-only checks first, so a refused file is never written.
+    /// Refuses files that are not kiln's, are corrupt, or come from a newer kiln.
+    async fn check(path: &Path, conn: &mut SqliteConnection) -> Result<()> {
+        let sql_err = |source| classify(path, source);
         let tables: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
-            .fetch_all(&mut conn)
+            .fetch_all(&mut *conn)
             .await
             .map_err(sql_err)?;
         let has_migrations = tables.iter().any(|t| t == "_sqlx_migrations");
@@ -178,7 +200,7 @@ impl Store {
         }
         if has_migrations {
             let found: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-                .fetch_one(&mut conn)
+                .fetch_one(&mut *conn)
                 .await
                 .map_err(sql_err)?;
             let known = latest_schema();
@@ -186,14 +208,7 @@ impl Store {
                 return Err(DbError::TooNew { path: path.to_owned(), found, known });
             }
         }
-        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut conn).await.map_err(sql_err)?;
-        MIGRATOR.run(&mut conn).await.map_err(|source| match source {
-            sqlx::migrate::MigrateError::Execute(e) if is_corruption(&e) => {
-                DbError::Corrupt { path: path.to_owned(), source: e }
-            }
-            source => DbError::Migrate { path: path.to_owned(), source },
-        })?;
-        Ok(Store { path: path.to_owned(), conn })
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -336,7 +351,7 @@ impl Store {
 
     pub async fn close(self) -> Result<()> {
         let path = self.path.clone();
-        self.conn.close().await.map_err(|source| DbError::Sql { path, source })
+        self.conn.close().await.map_err(|cause| DbError::Sql { path, cause })
     }
 }
 
@@ -406,7 +421,7 @@ mod tests {
             Err(DbError::TooNew { found: 9999, .. }) => {}
             other => panic!("expected TooNew, got {:?}", other.map(|_| ())),
         }
-        assert_eq!(std::fs::read(&path).unwrap(), before);
+        assert!(std::fs::read(&path).unwrap() == before, "a refused database must not be written");
     }
 
     #[tokio::test]

@@ -463,10 +463,14 @@ pub fn collect(src: &Source) -> Cpu {
     let flags = info.get("flags").or_else(|| info.get("Features")).or_else(|| info.get("features")).unwrap_or("");
     let implementer = info.get("CPU implementer").map(str::to_string);
     let part = info.get("CPU part").map(str::to_string);
-    let arm_name = parts.first().and_then(|(i, p, _)| arm_core_name(*i, *p)).map(|(vendor, _)| {
-        let cores: Vec<&str> =
-            parts.iter().filter_map(|(i, p, _)| arm_core_name(*i, *p)).map(|(_, c)| c).filter(|c| !c.is_empty()).collect();
-        (vendor, cores.join(" + "))
+    // Arm: "ARM Neoverse-V2", or for mixed chips the kinds, biggest first ("ARM Cortex-X925 + Cortex-A725").
+    let arm_name = parts.first().and_then(|(i, p, _)| arm_core_name(*i, *p)).map(|(vendor, core)| {
+        let cores = if parts.len() > 1 {
+            core_kinds.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(" + ")
+        } else {
+            core.to_string()
+        };
+        (vendor, cores)
     });
     let vendor = info
         .get("vendor_id")
