@@ -30,6 +30,16 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
          reads, says 28160K (11 ways × 40960 sets × 64 B)",
     ),
     (
+        "fakeheterocpunuma",
+        "online CPUs outside every NUMA node",
+        "a hand-made snapshot (its .test says so) whose node cpumaps leave CPUs 4-7 in no node",
+    ),
+    (
+        "offline-cpu0-node0",
+        "online CPUs outside every NUMA node",
+        "a hand-edited snapshot: node 0 is offline while its CPUs 4-20 (even) stay online",
+    ),
+    (
         "256ia64-64n2s2c",
         "raw cpuinfo model",
         "this Itanium's cpuinfo gives only a family number (32); kiln names it 'Itanium family 32'",
@@ -218,6 +228,16 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     }
     if let Some(code) = hw["dmi"].get("DMIChassisType").and_then(Value::as_str) {
         check("DMIChassisType", unquote(code), inv["system"]["chassis"]["type_code"].to_string());
+    }
+
+    // Every online CPU sits in a NUMA node; none is lost in parsing. (Node lists may also name
+    // offline CPUs.)
+    let nodes = inv["numa"]["nodes"].as_array().unwrap();
+    if !nodes.is_empty() {
+        let in_nodes: BTreeSet<u64> = nodes.iter().flat_map(|n| list(n["cpus"].as_str().unwrap())).collect();
+        let online = list(inv["cpu"]["online_cpus"].as_str().unwrap());
+        let homeless: Vec<u64> = online.difference(&in_nodes).copied().collect();
+        check("online CPUs outside every NUMA node", "[]".to_string(), format!("{homeless:?}"));
     }
 
     // Raw facts of the snapshot itself.

@@ -69,9 +69,12 @@ impl Source {
         self.read_inner(rel, true)
     }
 
-    /// Reads a one-line attribute (sysfs style), trimmed; empty values are `None`.
+    /// Reads a one-line attribute (sysfs style), trimmed of whitespace and of the NUL padding
+    /// some firmware and snapshot tools leave; empty values are `None`.
     pub fn attr(&self, rel: &str) -> Option<String> {
-        self.read_optional(rel).map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+        self.read_optional(rel)
+            .map(|s| s.trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string())
+            .filter(|s| !s.is_empty())
     }
 
     /// Reads and parses a one-line attribute; a value that does not parse is a problem.
