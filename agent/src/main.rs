@@ -21,13 +21,26 @@ struct Cli {
     command: Command,
 }
 
+/// Where and how to take the inventory.
+#[derive(clap::Args)]
+struct Source {
+    /// Read DIR/proc, DIR/sys and DIR/etc instead of the live system
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    root: PathBuf,
+    /// The NVML library to load [default: libnvidia-ml.so.1 on the live system, none for --root]
+    #[arg(long, env = "KILN_NVML_LIB", value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+    /// List virtual network interfaces too
+    #[arg(long)]
+    all: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Take the hardware inventory of this machine (or of a snapshot with --root)
     Inventory {
-        /// Read DIR/proc, DIR/sys and DIR/etc instead of the live system
-        #[arg(long, default_value = "/", value_name = "DIR")]
-        root: PathBuf,
+        #[command(flatten)]
+        source: Source,
         /// Print the full JSON document instead of the summary
         #[arg(long)]
         json: bool,
@@ -37,8 +50,15 @@ enum Command {
     },
     /// Commission this machine: inventory, store, and summarise (the main job)
     Commission {
-        #[arg(long, default_value = "/", value_name = "DIR")]
-        root: PathBuf,
+        #[command(flatten)]
+        source: Source,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The GPU and NIC connection matrix, like `nvidia-smi topo -m`
+    Topo {
+        #[command(flatten)]
+        source: Source,
         #[arg(long)]
         json: bool,
     },
@@ -115,8 +135,8 @@ fn progress(message: &str) {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Inventory { root, json, save } => {
-            let inv = take_inventory(&root)?;
+        Command::Inventory { source, json, save } => {
+            let inv = take_inventory(&source)?;
             let stored = if save { Some(block_on(store_inventory(&db_path(cli.db)?, &inv))??) } else { None };
             if json {
                 emit_json(&inv)?;
@@ -128,10 +148,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Commission { root, json } => {
+        Command::Topo { source, json } => {
+            let inv = take_inventory(&source)?;
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": inventory::SCHEMA_VERSION, "topology": inv.topology }))?;
+            } else {
+                emit(&kiln::inventory::topology::render(&inv.topology))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Commission { source, json } => {
             let db = db_path(cli.db)?;
             progress("taking the inventory");
-            let inv = take_inventory(&root)?;
+            let inv = take_inventory(&source)?;
             progress("storing the results");
             let (path, saved) = block_on(store_inventory(&db, &inv))??;
             if json {
@@ -204,8 +233,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn take_inventory(root: &Path) -> Result<Inventory> {
-    let inv = inventory::collect(root)?;
+fn take_inventory(source: &Source) -> Result<Inventory> {
+    let options = inventory::Options {
+        nvml_library: source.nvml_lib.as_ref().map(|p| p.as_os_str().to_owned()),
+        all_nics: source.all,
+    };
+    let inv = inventory::collect_with(&source.root, &options)?;
     for p in &inv.problems {
         tracing::debug!(path = %p.path, kind = ?p.kind, "{}", p.message);
     }

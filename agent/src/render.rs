@@ -124,6 +124,7 @@ pub fn summary(inv: &Inventory) -> String {
             let _ = writeln!(out, "          distances {}", rows.join(" | "));
         }
     }
+    devices(&mut out, inv);
     let os = &inv.os;
     let distro = os.distribution.as_ref().and_then(|d| d.pretty_name.clone()).unwrap_or_else(|| "unknown distribution".into());
     let _ = writeln!(out, "os        {distro}, kernel {}", or_unknown(&os.kernel_release));
@@ -137,4 +138,101 @@ pub fn summary(inv: &Inventory) -> String {
         }
     }
     out
+}
+
+fn link_text(l: &crate::inventory::pci::PciLink) -> String {
+    let speed = |g: Option<u32>, s: Option<f64>| match (g, s) {
+        (Some(g), _) => format!("Gen{g}"),
+        (None, Some(s)) => format!("{s} GT/s"),
+        _ => "?".to_string(),
+    };
+    let width = |w: Option<u32>| w.map_or("?".to_string(), |w| format!("x{w}"));
+    let mut text = format!("{} {}", speed(l.current_gen, l.current_speed_gts), width(l.current_width));
+    if l.degraded {
+        text.push_str(&format!(" (max {} {})", speed(l.max_gen, l.max_speed_gts), width(l.max_width)));
+    }
+    text
+}
+
+/// GPUs, NVMe drives, NICs and RDMA devices, one line each.
+fn devices(out: &mut String, inv: &Inventory) {
+    let pci_link = |addr: &Option<String>| {
+        addr.as_ref().and_then(|a| inv.pci.iter().find(|d| &d.address == a)).and_then(|d| d.link.as_ref()).map(link_text)
+    };
+    let g = &inv.gpus;
+    if !g.devices.is_empty() || !g.pci_gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "gpus      {} via NVML (driver {}, CUDA {}), {} on PCI{}",
+            g.devices.len(),
+            g.driver_version.as_deref().unwrap_or("?"),
+            g.cuda_driver_version.as_deref().unwrap_or("?"),
+            g.pci_gpus.len(),
+            if g.nvswitches.is_empty() { String::new() } else { format!(", {} NVSwitch(es)", g.nvswitches.len()) }
+        );
+        for gpu in &g.devices {
+            let active = gpu.nvlinks.iter().filter(|l| l.active).count();
+            let nvlink = if gpu.nvlinks.is_empty() { String::new() } else { format!(", NVLink {active}/{} up", gpu.nvlinks.len()) };
+            let pcie = match (gpu.pcie.current_gen, gpu.pcie.current_width) {
+                (Some(gen), Some(w)) => format!(", PCIe Gen{gen} x{w}"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "          GPU{} {} {} {}{pcie}{nvlink}",
+                gpu.index,
+                gpu.name.as_deref().unwrap_or("?"),
+                gpu.pci_address.as_deref().unwrap_or("?"),
+                gpu.memory_total_bytes.map_or("?".to_string(), human_bytes),
+            );
+        }
+        for missing in &g.missing_from_nvml {
+            let _ = writeln!(out, "          GPU at {missing} is on PCI but NVML does not see it");
+        }
+        if let Some(e) = &g.nvml_error {
+            let _ = writeln!(out, "          NVML: {e}");
+        }
+    }
+    for n in &inv.nvme {
+        let size: u64 = n.namespaces.iter().filter_map(|ns| ns.size_bytes).sum();
+        let _ = writeln!(
+            out,
+            "nvme      {} {} serial {} fw {} {}{}",
+            n.name,
+            n.model.as_deref().unwrap_or("?"),
+            n.serial.as_deref().unwrap_or("?"),
+            n.firmware.as_deref().unwrap_or("?"),
+            human_bytes(size),
+            pci_link(&n.pci_address).map(|l| format!(", PCIe {l}")).unwrap_or_default()
+        );
+    }
+    for n in &inv.nics {
+        let _ = writeln!(
+            out,
+            "nic       {} {} {} {}{}",
+            n.name,
+            n.driver.as_deref().unwrap_or("?"),
+            n.operstate.as_deref().unwrap_or("?"),
+            n.speed_mbps.map_or("speed ?".to_string(), |s| format!("{} Gb/s", s as f64 / 1000.0)),
+            n.pci_address.as_ref().map(|a| format!(" at {a}")).unwrap_or_default()
+        );
+    }
+    for r in &inv.rdma {
+        let ports: Vec<String> = r
+            .ports
+            .iter()
+            .map(|p| format!("port {} {} {}", p.port, p.state.as_deref().unwrap_or("?"), p.rate.as_deref().unwrap_or("")))
+            .collect();
+        let _ = writeln!(out, "rdma      {} {} fw {}: {}", r.name, r.hca_type.as_deref().unwrap_or("?"), r.firmware.as_deref().unwrap_or("?"), ports.join("; "));
+    }
+    let degraded: Vec<String> = inv
+        .pci
+        .iter()
+        .filter(|d| d.link.as_ref().is_some_and(|l| l.degraded) && !d.is_bridge())
+        .map(|d| format!("{} {} at {}", d.address, d.device_name.as_deref().unwrap_or(&d.class), link_text(d.link.as_ref().unwrap())))
+        .collect();
+    let _ = writeln!(out, "pci       {} functions{}", inv.pci.len(), if degraded.is_empty() { String::new() } else { format!(", {} links below their maximum", degraded.len()) });
+    for d in degraded.iter().take(8) {
+        let _ = writeln!(out, "          {d}");
+    }
 }

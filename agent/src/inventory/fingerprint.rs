@@ -5,13 +5,16 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cpu::Cpu;
+use super::gpu::Gpus;
 use super::memory::Memory;
+use super::net::Nic;
+use super::nvme::NvmeController;
 use super::os::Os;
 use super::smbios::is_placeholder;
 use super::system::System;
 
 /// Bumped when the configuration key changes shape, so that old and new fingerprints never collide.
-const CONFIG_KEY_VERSION: u32 = 1;
+const CONFIG_KEY_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fingerprints {
@@ -74,7 +77,24 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-pub fn compute(cpu: &Cpu, memory: &Memory, system: &System, os: &Os) -> Fingerprints {
+/// "8× NVIDIA H100 80GB HBM3" style counts of equal names, sorted for a stable key.
+fn counted<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(String, usize)> {
+    let mut counts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for name in names {
+        *counts.entry(name.to_string()).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
+
+pub fn compute(
+    cpu: &Cpu,
+    memory: &Memory,
+    system: &System,
+    os: &Os,
+    gpus: &Gpus,
+    nvme: &[NvmeController],
+    nics: &[Nic],
+) -> Fingerprints {
     let cpu_name = cpu.model_name.as_deref().map(clean_cpu_name).unwrap_or_else(|| "unknown CPU".to_string());
     let memory_class = match (memory.installed_bytes, memory.total_bytes) {
         (Some(installed), _) if installed > 0 => Some(installed),
@@ -82,14 +102,32 @@ pub fn compute(cpu: &Cpu, memory: &Memory, system: &System, os: &Os) -> Fingerpr
         _ => None,
     };
     let memory_text = memory_class.map_or("unknown memory".to_string(), human_bytes);
+    // GPUs by NVML name, else (no driver) by PCI address count; drives by model; NICs by driver
+    // and speed: what was bought, not how it is configured today.
+    let gpu_names = counted(gpus.devices.iter().map(|g| g.name.as_deref().unwrap_or("unknown GPU")));
+    let gpu_names = if gpu_names.is_empty() && !gpus.pci_gpus.is_empty() {
+        vec![("NVIDIA GPU (no driver)".to_string(), gpus.pci_gpus.len())]
+    } else {
+        gpu_names
+    };
+    let nvme_models = counted(nvme.iter().map(|n| n.model.as_deref().unwrap_or("unknown NVMe")));
+    let nic_models = counted(nics.iter().filter(|n| !n.virtual_device).map(|n| n.driver.as_deref().unwrap_or("unknown")));
+    let list = |items: &[(String, usize)]| items.iter().map(|(n, c)| format!("{c}x{n}")).collect::<Vec<_>>().join(",");
     let config_key = format!(
-        "v{CONFIG_KEY_VERSION};arch={};cpu={cpu_name};packages={};cores={};memory_class={}",
+        "v{CONFIG_KEY_VERSION};arch={};cpu={cpu_name};packages={};cores={};memory_class={};gpus={};nvme={};nics={}",
         cpu.architecture.as_str(),
         cpu.packages,
         cpu.cores,
-        memory_class.unwrap_or(0)
+        memory_class.unwrap_or(0),
+        list(&gpu_names),
+        list(&nvme_models),
+        list(&nic_models),
     );
-    let config_name = format!("{}× {cpu_name} · {memory_text}", cpu.packages);
+    let mut config_name = format!("{}× {cpu_name}", cpu.packages);
+    for (name, count) in &gpu_names {
+        config_name.push_str(&format!(" · {count}× {}", name.trim_start_matches("NVIDIA ")));
+    }
+    config_name.push_str(&format!(" · {memory_text}"));
 
     let mut basis = Vec::new();
     let mut parts = Vec::new();
@@ -104,7 +142,14 @@ pub fn compute(cpu: &Cpu, memory: &Memory, system: &System, os: &Os) -> Fingerpr
             parts.push(format!("{name}={}", v.to_ascii_lowercase()));
         }
     }
-    // Without firmware serials (VMs, or without root), the OS installation is the next best identity.
+    // GPU serials follow the box too (they are readable without root, unlike DMI serials).
+    let mut gpu_serials: Vec<&str> = gpus.devices.iter().filter_map(|g| g.serial.as_deref()).filter(|s| !is_placeholder(s)).collect();
+    gpu_serials.sort_unstable();
+    if !gpu_serials.is_empty() {
+        basis.push("gpu_serials".to_string());
+        parts.push(format!("gpu_serials={}", gpu_serials.join(",")));
+    }
+    // Without firmware or GPU serials (VMs, or without root), the OS installation is the next best identity.
     if parts.is_empty() {
         if let Some(id) = os.machine_id.as_deref().filter(|v| !is_placeholder(v)) {
             basis.push("machine_id".to_string());

@@ -5,13 +5,21 @@
 pub mod cpu;
 pub mod cpulist;
 pub mod fingerprint;
+pub mod gpu;
 pub mod memory;
+pub mod net;
 pub mod numa;
+pub mod nvme;
 pub mod os;
+pub mod pci;
+pub mod pciids;
+pub mod rdma;
 pub mod smbios;
 pub mod source;
 pub mod system;
+pub mod topology;
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::time::Instant;
 
@@ -38,6 +46,13 @@ pub struct Inventory {
     pub memory: memory::Memory,
     pub system: system::System,
     pub os: os::Os,
+    /// Every PCI function, sorted by address.
+    pub pci: Vec<pci::PciDevice>,
+    pub gpus: gpu::Gpus,
+    pub nvme: Vec<nvme::NvmeController>,
+    pub nics: Vec<net::Nic>,
+    pub rdma: Vec<rdma::RdmaDevice>,
+    pub topology: topology::Topology,
     pub fingerprints: Fingerprints,
     pub problems: Vec<Problem>,
 }
@@ -50,11 +65,29 @@ pub enum InventoryError {
     NotASnapshot { path: String },
 }
 
+/// What to collect beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The NVML library to load. Default: `libnvidia-ml.so.1` on the live system; none for a
+    /// snapshot (NVML describes the machine kiln runs on, not the snapshot).
+    pub nvml_library: Option<OsString>,
+    /// List virtual network interfaces (bridges, bonds, veths) too.
+    pub all_nics: bool,
+}
+
 /// Takes the inventory of the system below `root`.
 ///
 /// # Errors
 /// Only when `root` is not a directory holding `proc/` or `sys/`; everything else is a problem entry.
 pub fn collect(root: &Path) -> Result<Inventory, InventoryError> {
+    collect_with(root, &Options::default())
+}
+
+/// [`collect`] with options.
+///
+/// # Errors
+/// As [`collect`].
+pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, InventoryError> {
     let started = Instant::now();
     let display = root.display().to_string();
     if !root.is_dir() {
@@ -69,7 +102,13 @@ pub fn collect(root: &Path) -> Result<Inventory, InventoryError> {
     let memory = memory::collect(&src);
     let system = system::collect(&src);
     let os = os::collect(&src, &cpu, &system);
-    let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os);
+    let pci = pci::collect(&src);
+    let gpus = gpu::collect(&src, &pci, options.nvml_library.as_deref());
+    let nvme = nvme::collect(&src);
+    let nics = net::collect(&src, options.all_nics);
+    let rdma = rdma::collect(&src);
+    let topology = topology::compute(&pci, &gpus, &nics, &rdma, &numa);
+    let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os, &gpus, &nvme, &nics);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,
         kiln_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -81,6 +120,12 @@ pub fn collect(root: &Path) -> Result<Inventory, InventoryError> {
         memory,
         system,
         os,
+        pci,
+        gpus,
+        nvme,
+        nics,
+        rdma,
+        topology,
         fingerprints,
         problems: src.take_problems(),
     })

@@ -112,6 +112,16 @@ impl Source {
         names
     }
 
+    /// The target of a symbolic link (sysfs links are relative); absence is silent.
+    pub fn link_target(&self, rel: &str) -> Option<std::path::PathBuf> {
+        std::fs::read_link(self.path(rel)).ok()
+    }
+
+    /// The last component of a link's target: the driver or IOMMU group a sysfs link points at.
+    pub fn link_name(&self, rel: &str) -> Option<String> {
+        self.link_target(rel)?.file_name()?.to_str().map(str::to_string)
+    }
+
     pub fn problem(&self, rel: &str, kind: ProblemKind, message: impl Into<String>) {
         let path = self.path(rel).display().to_string();
         self.problems.borrow_mut().push(Problem { path, kind, message: message.into() });

@@ -1,0 +1,405 @@
+//! NVIDIA GPUs through NVML (nvml-wrapper, which loads `libnvidia-ml.so.1` at run time), NVLink
+//! per link with its remote end, and a cross-check against the GPUs on the PCI bus.
+//!
+//! Without the library or the driver, the GPUs are still listed from PCI and a problem says why.
+//! A query the GPU or driver does not support gives `None`, never an error.
+
+use std::ffi::OsStr;
+
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, RetirementCause, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use serde::{Deserialize, Serialize};
+
+use super::cpulist::format_list;
+use super::pci::PciDevice;
+use super::source::{ProblemKind, Source};
+
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ecc {
+    pub enabled: bool,
+    pub pending_enabled: bool,
+    pub volatile_corrected: Option<u64>,
+    pub volatile_uncorrected: Option<u64>,
+    pub aggregate_corrected: Option<u64>,
+    pub aggregate_uncorrected: Option<u64>,
+}
+
+/// Row remapping (Ampere and newer): spare rows that replaced failing ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    /// A remap waits for the next GPU reset.
+    pub pending: bool,
+    /// A remap failed: the GPU should be replaced.
+    pub failure: bool,
+}
+
+/// Page retirement (before Ampere).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    pub single_bit: usize,
+    pub double_bit: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerLimits {
+    pub default_watts: Option<u32>,
+    pub enforced_watts: Option<u32>,
+    pub min_watts: Option<u32>,
+    pub max_watts: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPcie {
+    pub current_gen: Option<u32>,
+    pub max_gen: Option<u32>,
+    pub current_width: Option<u32>,
+    pub max_width: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteType {
+    Gpu,
+    Nvswitch,
+    /// IBM NPU (POWER9 CPU-GPU NVLink).
+    Npu,
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLinkErrors {
+    pub replay: Option<u64>,
+    pub recovery: Option<u64>,
+    pub crc_flit: Option<u64>,
+    pub crc_data: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    pub link: u32,
+    pub active: bool,
+    pub version: Option<u32>,
+    /// The PCI address of the far end, in sysfs form.
+    pub remote_bus_id: Option<String>,
+    pub remote_type: RemoteType,
+    pub errors: Option<NvLinkErrors>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mig {
+    pub enabled: bool,
+    pub pending_enabled: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub serial: Option<String>,
+    pub board_part_number: Option<String>,
+    pub vbios: Option<String>,
+    /// The PCI address in sysfs form (`0000:18:00.0`).
+    pub pci_address: Option<String>,
+    pub pci_device_id: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+    pub compute_capability: Option<String>,
+    pub architecture: Option<String>,
+    pub ecc: Option<Ecc>,
+    pub remapped_rows: Option<RemappedRows>,
+    pub retired_pages: Option<RetiredPages>,
+    pub power: PowerLimits,
+    pub max_sm_clock_mhz: Option<u32>,
+    pub max_memory_clock_mhz: Option<u32>,
+    pub pcie: GpuPcie,
+    pub persistence_mode: Option<bool>,
+    pub mig: Option<Mig>,
+    pub temperature_celsius: Option<u32>,
+    pub numa_node: Option<u32>,
+    pub cpu_affinity: Option<String>,
+    pub nvlinks: Vec<NvLink>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpus {
+    /// The NVML library asked for, and why it could not be used.
+    pub nvml_library: Option<String>,
+    pub nvml_error: Option<String>,
+    pub driver_version: Option<String>,
+    /// "12.7", from NVML's integer form.
+    pub cuda_driver_version: Option<String>,
+    pub nvml_version: Option<String>,
+    pub devices: Vec<Gpu>,
+    /// NVIDIA GPUs (class 0300/0302) on the PCI bus.
+    pub pci_gpus: Vec<String>,
+    /// GPUs on PCI that NVML does not see: a fallen-off or unbound GPU.
+    pub missing_from_nvml: Vec<String>,
+    /// GPUs NVML reports at an address the PCI tree lacks (only checked when PCI lists GPUs).
+    pub missing_from_pci: Vec<String>,
+    /// NVSwitches, from PCI IDs and from NVLink remote ends.
+    pub nvswitches: Vec<String>,
+}
+
+/// NVML's `00000000:18:00.0` to sysfs's `0000:18:00.0`.
+pub fn normalize_bus_id(id: &str) -> Option<String> {
+    let (domain, rest) = id.trim().trim_end_matches('\0').split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let (bus, devfn) = rest.split_once(':')?;
+    let (dev, func) = devfn.split_once('.')?;
+    let bus = u8::from_str_radix(bus, 16).ok()?;
+    let dev = u8::from_str_radix(dev, 16).ok()?;
+    let func = u8::from_str_radix(func, 16).ok()?;
+    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+/// Turns NVML's CPU affinity bitmask words into a CPU list.
+pub fn affinity_list(words: &[std::os::raw::c_ulong]) -> String {
+    let bits = std::os::raw::c_ulong::BITS;
+    let ids: Vec<u32> = words
+        .iter()
+        .enumerate()
+        .flat_map(|(w, &word)| (0..bits).filter(move |b| word >> b & 1 == 1).map(move |b| w as u32 * bits + b))
+        .collect();
+    format_list(&ids)
+}
+
+/// Keeps a value, turns "not supported" into `None`, and records any other failure.
+fn opt<T>(src: &Source, gpu: u32, what: &str, result: Result<T, NvmlError>) -> Option<T> {
+    match result {
+        Ok(v) => Some(v),
+        Err(NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::InvalidArg) => None,
+        Err(e) => {
+            src.problem("nvml", ProblemKind::Unreadable, format!("GPU {gpu}: {what}: {e}"));
+            None
+        }
+    }
+}
+
+pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus {
+    let pci_gpus: Vec<String> = pci.iter().filter(|d| d.is_nvidia_gpu()).map(|d| d.address.clone()).collect();
+    let mut gpus = Gpus { pci_gpus: pci_gpus.clone(), ..Default::default() };
+    gpus.nvswitches = pci.iter().filter(|d| d.is_nvswitch()).map(|d| d.address.clone()).collect();
+    // NVML describes the machine kiln runs on: ask it for a snapshot only when told which library.
+    let explicit = library.is_some();
+    let Some(library) = library.map(OsStr::to_os_string).or_else(|| src.is_live().then(|| DEFAULT_LIBRARY.into())) else {
+        return gpus;
+    };
+    gpus.nvml_library = Some(library.to_string_lossy().into_owned());
+    let nvml = match Nvml::builder().lib_path(&library).init() {
+        Ok(nvml) => nvml,
+        Err(e) => {
+            let reason = match &e {
+                NvmlError::LibloadingError(_) => format!("cannot load {}: {e}", library.to_string_lossy()),
+                NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".to_string(),
+                _ => e.to_string(),
+            };
+            // Without NVIDIA GPUs on the bus, a missing default library is expected, not a problem.
+            if !pci_gpus.is_empty() || explicit {
+                src.problem(
+                    "nvml",
+                    ProblemKind::Unreadable,
+                    format!("NVML unavailable ({} NVIDIA GPU(s) on PCI): {reason}", pci_gpus.len()),
+                );
+            }
+            gpus.nvml_error = Some(reason);
+            gpus.missing_from_nvml = pci_gpus;
+            return gpus;
+        }
+    };
+    gpus.driver_version = opt(src, 0, "driver version", nvml.sys_driver_version());
+    gpus.nvml_version = opt(src, 0, "NVML version", nvml.sys_nvml_version());
+    gpus.cuda_driver_version =
+        opt(src, 0, "CUDA driver version", nvml.sys_cuda_driver_version()).map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
+    let count = match nvml.device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            src.problem("nvml", ProblemKind::Unreadable, format!("device count: {e}"));
+            0
+        }
+    };
+    for index in 0..count {
+        match nvml.device_by_index(index) {
+            Ok(device) => gpus.devices.push(read_gpu(src, &nvml, &device, index, pci)),
+            Err(e) => src.problem("nvml", ProblemKind::Unreadable, format!("GPU {index}: {e}")),
+        }
+    }
+    // Cross-check: every GPU on the bus must be visible to NVML.
+    let seen: Vec<&str> = gpus.devices.iter().filter_map(|g| g.pci_address.as_deref()).collect();
+    gpus.missing_from_nvml = pci_gpus.iter().filter(|a| !seen.contains(&a.as_str())).cloned().collect();
+    if !gpus.missing_from_nvml.is_empty() {
+        src.problem(
+            "nvml",
+            ProblemKind::NotPresent,
+            format!(
+                "NVML sees {} of {} GPUs on PCI; missing: {}",
+                pci_gpus.len() - gpus.missing_from_nvml.len(),
+                pci_gpus.len(),
+                gpus.missing_from_nvml.join(", ")
+            ),
+        );
+    }
+    if !pci_gpus.is_empty() {
+        gpus.missing_from_pci = seen.iter().filter(|a| !pci_gpus.iter().any(|p| p == *a)).map(|a| a.to_string()).collect();
+    }
+    for gpu in &gpus.devices {
+        for link in gpu.nvlinks.iter().filter(|l| l.remote_type == RemoteType::Nvswitch) {
+            if let Some(addr) = &link.remote_bus_id {
+                if !gpus.nvswitches.contains(addr) {
+                    gpus.nvswitches.push(addr.clone());
+                }
+            }
+        }
+    }
+    gpus.nvswitches.sort();
+    gpus
+}
+
+fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[PciDevice]) -> Gpu {
+    macro_rules! get {
+        ($what:expr, $result:expr) => {
+            opt(src, index, $what, $result)
+        };
+    }
+    let pci_info = get!("PCI info", device.pci_info());
+    let pci_address = pci_info.as_ref().and_then(|p| normalize_bus_id(&p.bus_id));
+    let ecc_mode = get!("ECC mode", device.is_ecc_enabled());
+    let ecc = ecc_mode.map(|m| {
+        let count = |e, c| opt(src, index, "ECC errors", device.total_ecc_errors(e, c));
+        Ecc {
+            enabled: m.currently_enabled,
+            pending_enabled: m.pending_enabled,
+            volatile_corrected: count(MemoryError::Corrected, EccCounter::Volatile),
+            volatile_uncorrected: count(MemoryError::Uncorrected, EccCounter::Volatile),
+            aggregate_corrected: count(MemoryError::Corrected, EccCounter::Aggregate),
+            aggregate_uncorrected: count(MemoryError::Uncorrected, EccCounter::Aggregate),
+        }
+    });
+    // SAFETY: the handle belongs to this live Nvml; the symbol takes four out-pointers to c_uint.
+    let remapped_rows = unsafe {
+        nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok().and_then(|f| {
+            let (mut corr, mut unc, mut pending, mut failure) = (0, 0, 0, 0);
+            (f(device.handle(), &mut corr, &mut unc, &mut pending, &mut failure) == 0)
+                .then_some(RemappedRows { correctable: corr, uncorrectable: unc, pending: pending != 0, failure: failure != 0 })
+        })
+    };
+    let retired = |cause| device.retired_pages(cause).ok().map(|p| p.len());
+    let retired_pages = match (retired(RetirementCause::MultipleSingleBitEccErrors), retired(RetirementCause::DoubleBitEccError)) {
+        (Some(single_bit), Some(double_bit)) => Some(RetiredPages { single_bit, double_bit }),
+        _ => None,
+    };
+    let constraints = get!("power limit constraints", device.power_management_limit_constraints());
+    let watts = |mw: u32| mw / 1000;
+    let mig = get!("MIG mode", device.mig_mode()).map(|m| Mig { enabled: m.current == 1, pending_enabled: m.pending == 1 });
+    let numa_node = device.numa_node_id().ok().or_else(|| {
+        let addr = pci_address.as_deref()?;
+        pci.iter().find(|d| d.address == addr)?.numa_node
+    });
+    let cpu_affinity = get!("CPU affinity", device.cpu_affinity(16)).map(|w| affinity_list(&w)).filter(|l| !l.is_empty());
+
+    let mut nvlinks = Vec::new();
+    // NVML_NVLINK_MAX_LINKS: 18 on Hopper and Blackwell.
+    for link in 0..18 {
+        let l = device.link_wrapper_for(link);
+        let active = match l.is_active() {
+            Ok(a) => a,
+            Err(_) => break, // past the last link, or no NVLink at all
+        };
+        // SAFETY: as above; the symbol writes one enum value.
+        let remote_type = unsafe {
+            nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref().ok().and_then(|f| {
+                let mut t = 0;
+                (f(device.handle(), link, &mut t) == 0).then_some(t)
+            })
+        };
+        let remote_bus_id = if active { l.remote_pci_info().ok().and_then(|p| normalize_bus_id(&p.bus_id)) } else { None };
+        let remote_device = remote_bus_id.as_ref().and_then(|a| pci.iter().find(|d| &d.address == a));
+        let remote_type = match remote_type {
+            Some(0) => RemoteType::Gpu,
+            Some(1) => RemoteType::Npu,
+            Some(2) => RemoteType::Nvswitch,
+            // Older drivers do not say: the far end's PCI identity does.
+            _ if remote_device.is_some_and(|d| d.is_nvswitch()) => RemoteType::Nvswitch,
+            _ if remote_device.is_some_and(|d| d.is_nvidia_gpu()) => RemoteType::Gpu,
+            _ => RemoteType::Unknown,
+        };
+        let counter = |c| l.error_counter(c).ok();
+        let errors = NvLinkErrors {
+            replay: counter(ErrorCounter::DlReplay),
+            recovery: counter(ErrorCounter::DlRecovery),
+            crc_flit: counter(ErrorCounter::DlCrcFlit),
+            crc_data: counter(ErrorCounter::DlCrcData),
+        };
+        let any_errors = errors.replay.is_some() || errors.recovery.is_some() || errors.crc_flit.is_some();
+        nvlinks.push(NvLink {
+            link,
+            active,
+            version: l.version().ok(),
+            remote_bus_id,
+            remote_type,
+            errors: any_errors.then_some(errors),
+        });
+    }
+
+    Gpu {
+        index,
+        name: get!("name", device.name()),
+        uuid: get!("UUID", device.uuid()),
+        serial: get!("serial", device.serial()),
+        board_part_number: get!("board part number", device.board_part_number()),
+        vbios: get!("VBIOS", device.vbios_version()),
+        pci_device_id: pci_info.as_ref().map(|p| format!("{:04x}", p.pci_device_id >> 16)),
+        pci_address,
+        memory_total_bytes: get!("memory", device.memory_info()).map(|m| m.total),
+        compute_capability: get!("compute capability", device.cuda_compute_capability()).map(|c| format!("{}.{}", c.major, c.minor)),
+        architecture: get!("architecture", device.architecture()).map(|a| format!("{a:?}")),
+        ecc,
+        remapped_rows,
+        retired_pages,
+        power: PowerLimits {
+            default_watts: get!("default power limit", device.power_management_limit_default()).map(watts),
+            enforced_watts: get!("enforced power limit", device.enforced_power_limit()).map(watts),
+            min_watts: constraints.as_ref().map(|c| watts(c.min_limit)),
+            max_watts: constraints.as_ref().map(|c| watts(c.max_limit)),
+        },
+        max_sm_clock_mhz: get!("max SM clock", device.max_clock_info(Clock::SM)),
+        max_memory_clock_mhz: get!("max memory clock", device.max_clock_info(Clock::Memory)),
+        pcie: GpuPcie {
+            current_gen: get!("PCIe generation", device.current_pcie_link_gen()),
+            max_gen: get!("max PCIe generation", device.max_pcie_link_gen()),
+            current_width: get!("PCIe width", device.current_pcie_link_width()),
+            max_width: get!("max PCIe width", device.max_pcie_link_width()),
+        },
+        persistence_mode: get!("persistence mode", device.is_in_persistent_mode()),
+        mig,
+        temperature_celsius: get!("temperature", device.temperature(TemperatureSensor::Gpu)),
+        numa_node,
+        cpu_affinity,
+        nvlinks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids() {
+        assert_eq!(normalize_bus_id("00000000:18:00.0").as_deref(), Some("0000:18:00.0"));
+        assert_eq!(normalize_bus_id("00000000:AB:00.0").as_deref(), Some("0000:ab:00.0"));
+        assert_eq!(normalize_bus_id("0000:ab:00.0").as_deref(), Some("0000:ab:00.0"));
+        assert_eq!(normalize_bus_id("garbage"), None);
+    }
+
+    #[test]
+    fn affinity() {
+        assert_eq!(affinity_list(&[0xfffff]), "0-19");
+        assert_eq!(affinity_list(&[0, 1]), "64");
+        assert_eq!(affinity_list(&[]), "");
+    }
+}

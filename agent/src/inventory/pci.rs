@@ -1,0 +1,323 @@
+//! Every PCI function under `/sys/bus/pci/devices`: identity and names, driver, NUMA placement,
+//! IOMMU group, link speed and width (current and maximum) with the chain of upstream bridges,
+//! SR-IOV, and where readable the AER counters and the ACS capability.
+
+use serde::{Deserialize, Serialize};
+
+use super::pciids::PciIds;
+use super::source::Source;
+
+const PCI_DIR: &str = "sys/bus/pci/devices";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PciLink {
+    pub current_speed_gts: Option<f64>,
+    pub current_width: Option<u32>,
+    pub max_speed_gts: Option<f64>,
+    pub max_width: Option<u32>,
+    /// PCIe generation of each speed (2.5 GT/s = 1 … 64 GT/s = 6).
+    pub current_gen: Option<u32>,
+    pub max_gen: Option<u32>,
+    /// Trained below what both ends support (width or speed). GPUs lower their speed at idle, so a
+    /// verdict reads this under load.
+    pub degraded: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sriov {
+    pub total_vfs: u32,
+    pub enabled_vfs: u32,
+}
+
+/// Totals of the PCIe Advanced Error Reporting counters since boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Aer {
+    pub correctable: Option<u64>,
+    pub nonfatal: Option<u64>,
+    pub fatal: Option<u64>,
+}
+
+/// Access Control Services capability and control registers (bridges and switch ports).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acs {
+    pub capability: u16,
+    pub control: u16,
+    /// P2P Request Redirect is on: peer-to-peer traffic goes up to the root complex (slow GPUDirect).
+    pub p2p_redirected: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PciDevice {
+    /// domain:bus:device.function, as the kernel names it.
+    pub address: String,
+    pub vendor_id: String,
+    pub device_id: String,
+    pub subsystem_vendor_id: Option<String>,
+    pub subsystem_device_id: Option<String>,
+    pub vendor_name: Option<String>,
+    pub device_name: Option<String>,
+    pub subsystem_name: Option<String>,
+    /// Class and subclass as four hex digits ("0302"), and the programming interface.
+    pub class: String,
+    pub prog_if: String,
+    pub class_name: Option<String>,
+    pub revision: Option<String>,
+    pub driver: Option<String>,
+    pub numa_node: Option<u32>,
+    pub local_cpus: Option<String>,
+    pub iommu_group: Option<u32>,
+    pub link: Option<PciLink>,
+    /// The host bridge ("pci0000:00") the device hangs from.
+    pub host_bridge: Option<String>,
+    /// The bridges and switch ports above the device, from the root port down to its parent.
+    pub upstream: Vec<String>,
+    pub sriov: Option<Sriov>,
+    /// For a virtual function, its physical function.
+    pub physfn: Option<String>,
+    pub aer: Option<Aer>,
+    pub acs: Option<Acs>,
+}
+
+impl PciDevice {
+    pub fn vendor(&self) -> u16 {
+        u16::from_str_radix(&self.vendor_id, 16).unwrap_or(0)
+    }
+    pub fn device(&self) -> u16 {
+        u16::from_str_radix(&self.device_id, 16).unwrap_or(0)
+    }
+    pub fn is_bridge(&self) -> bool {
+        self.class == "0604"
+    }
+    /// NVIDIA display or 3D controllers: the GPUs.
+    pub fn is_nvidia_gpu(&self) -> bool {
+        self.vendor() == 0x10de && (self.class == "0300" || self.class == "0302")
+    }
+    pub fn is_nvswitch(&self) -> bool {
+        self.vendor() == 0x10de && (self.class == "0680" || self.device_name.as_deref().is_some_and(|n| n.contains("NVSwitch")))
+    }
+}
+
+/// "32.0 GT/s PCIe" or "8 GT/s" -> 32.0, 8.0; "Unknown" -> None.
+pub fn parse_link_speed(text: &str) -> Option<f64> {
+    let value: f64 = text.split_whitespace().next()?.parse().ok()?;
+    (value > 0.0).then_some(value)
+}
+
+pub fn pcie_gen(speed_gts: f64) -> Option<u32> {
+    [(2.5, 1), (5.0, 2), (8.0, 3), (16.0, 4), (32.0, 5), (64.0, 6), (128.0, 7)]
+        .iter()
+        .find(|(s, _)| (speed_gts - s).abs() < 0.01)
+        .map(|(_, g)| *g)
+}
+
+/// The `TOTAL_ERR_*` line of an `aer_dev_*` file.
+pub fn parse_aer_total(text: &str) -> Option<u64> {
+    text.lines().find(|l| l.starts_with("TOTAL_ERR")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// Finds the ACS extended capability (id 0x000d) in a config-space dump. Only root reads past
+/// the first 64 bytes, so for others this finds nothing.
+pub fn parse_acs(config: &[u8]) -> Option<Acs> {
+    let dword = |off: usize| -> Option<u32> {
+        let b = config.get(off..off + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let mut offset = 0x100;
+    for _ in 0..64 {
+        let header = dword(offset)?;
+        if header == 0 || header == 0xffff_ffff {
+            return None;
+        }
+        if header & 0xffff == 0x000d {
+            let regs = dword(offset + 4)?;
+            let (capability, control) = (regs as u16, (regs >> 16) as u16);
+            // Control bit 2 is P2P Request Redirect.
+            return Some(Acs { capability, control, p2p_redirected: control & 0b100 != 0 });
+        }
+        let next = (header >> 20) as usize;
+        if next < 0x100 {
+            return None;
+        }
+        offset = next;
+    }
+    None
+}
+
+/// Looks like a PCI address: `0000:00:01.0` (domains may have more digits).
+pub fn is_pci_address(s: &str) -> bool {
+    let Some((rest, func)) = s.rsplit_once('.') else { return false };
+    let parts: Vec<&str> = rest.split(':').collect();
+    parts.len() == 3
+        && func.len() == 1
+        && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit()))
+        && parts[1].len() == 2
+        && parts[2].len() == 2
+}
+
+fn hex_attr(src: &Source, rel: &str) -> Option<String> {
+    let text = src.attr(rel)?;
+    Some(text.trim_start_matches("0x").to_ascii_lowercase())
+}
+
+pub fn collect(src: &Source) -> Vec<PciDevice> {
+    let addresses: Vec<String> = src.list_dir(PCI_DIR).into_iter().filter(|a| is_pci_address(a)).collect();
+    if addresses.is_empty() {
+        return Vec::new();
+    }
+    let ids = PciIds::get();
+    let mut devices: Vec<PciDevice> = addresses.iter().map(|a| read_device(src, ids, a)).collect();
+    devices.sort_by(|a, b| a.address.cmp(&b.address));
+    devices
+}
+
+fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
+    let base = format!("{PCI_DIR}/{address}");
+    let attr = |name: &str| src.attr(&format!("{base}/{name}"));
+    let vendor_id = hex_attr(src, &format!("{base}/vendor")).unwrap_or_default();
+    let device_id = hex_attr(src, &format!("{base}/device")).unwrap_or_default();
+    let sub_vendor = hex_attr(src, &format!("{base}/subsystem_vendor"));
+    let sub_device = hex_attr(src, &format!("{base}/subsystem_device"));
+    let class_raw = hex_attr(src, &format!("{base}/class")).unwrap_or_default();
+    let class_raw = format!("{class_raw:0>6}");
+    let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());
+    let h16 = |s: &str| u16::from_str_radix(s, 16).ok();
+    let h8 = |s: &str| u8::from_str_radix(s, 16).ok();
+    let (v, d) = (h16(&vendor_id), h16(&device_id));
+    let vendor_name = v.and_then(|v| ids.vendor(v)).map(str::to_string);
+    let device_name = v.zip(d).and_then(|(v, d)| ids.device(v, d)).map(str::to_string);
+    let subsystem_name = match (v, d, sub_vendor.as_deref().and_then(h16), sub_device.as_deref().and_then(h16)) {
+        (Some(v), Some(d), Some(sv), Some(sd)) => ids.subsystem(v, d, sv, sd).map(str::to_string),
+        _ => None,
+    };
+    let class_name = match (h8(&class[..2]), h8(&class[2..]), h8(&prog_if)) {
+        (Some(c), Some(s), Some(p)) => ids.class(c, s, p).map(str::to_string),
+        _ => None,
+    };
+
+    let current_speed = attr("current_link_speed").and_then(|s| parse_link_speed(&s));
+    let max_speed = attr("max_link_speed").and_then(|s| parse_link_speed(&s));
+    let current_width = attr("current_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
+    let max_width = attr("max_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
+    let link = (current_speed.is_some() || current_width.is_some() || max_speed.is_some()).then(|| PciLink {
+        current_gen: current_speed.and_then(pcie_gen),
+        max_gen: max_speed.and_then(pcie_gen),
+        degraded: matches!((current_width, max_width), (Some(c), Some(m)) if c < m)
+            || matches!((current_speed, max_speed), (Some(c), Some(m)) if c + 0.01 < m),
+        current_speed_gts: current_speed,
+        current_width,
+        max_speed_gts: max_speed,
+        max_width,
+    });
+
+    // The device's sysfs link, e.g. ../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0,
+    // names every bridge above it.
+    let (host_bridge, upstream) = match src.link_target(&base) {
+        Some(target) => {
+            let parts: Vec<String> =
+                target.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).collect();
+            let host = parts.iter().find(|p| p.starts_with("pci") && p.contains(':')).cloned();
+            let chain: Vec<String> = parts.into_iter().filter(|p| is_pci_address(p) && p != address).collect();
+            (host, chain)
+        }
+        None => (None, Vec::new()),
+    };
+
+    let sriov = attr("sriov_totalvfs").and_then(|t| t.parse().ok()).filter(|&t: &u32| t > 0).map(|total_vfs| Sriov {
+        total_vfs,
+        enabled_vfs: attr("sriov_numvfs").and_then(|n| n.parse().ok()).unwrap_or(0),
+    });
+    let aer_total = |name: &str| src.read_optional(&format!("{base}/{name}")).and_then(|t| parse_aer_total(&t));
+    let aer = src.exists(&format!("{base}/aer_dev_correctable")).then(|| Aer {
+        correctable: aer_total("aer_dev_correctable"),
+        nonfatal: aer_total("aer_dev_nonfatal"),
+        fatal: aer_total("aer_dev_fatal"),
+    });
+    let acs = if class == "0604" {
+        // Reading config space is quiet on failure: the first 64 bytes never hold ACS anyway.
+        std::fs::read(src.path(&format!("{base}/config"))).ok().and_then(|c| parse_acs(&c))
+    } else {
+        None
+    };
+
+    PciDevice {
+        address: address.to_string(),
+        vendor_id,
+        device_id,
+        subsystem_vendor_id: sub_vendor,
+        subsystem_device_id: sub_device,
+        vendor_name,
+        device_name,
+        subsystem_name,
+        class,
+        prog_if,
+        class_name,
+        revision: hex_attr(src, &format!("{base}/revision")),
+        driver: src.link_name(&format!("{base}/driver")),
+        numa_node: attr("numa_node").and_then(|n| n.parse::<i64>().ok()).filter(|&n| n >= 0).map(|n| n as u32),
+        local_cpus: attr("local_cpulist"),
+        iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
+        link,
+        host_bridge,
+        upstream,
+        sriov,
+        physfn: src.link_name(&format!("{base}/physfn")),
+        aer,
+        acs,
+    }
+}
+
+/// The first link on the path from the root port down to `address` (inclusive) that trained
+/// below its capability: a GPU at x16 behind a switch port at x8 is still slow.
+pub fn degraded_on_path<'a>(devices: &'a [PciDevice], address: &str) -> Vec<&'a PciDevice> {
+    let Some(dev) = devices.iter().find(|d| d.address == address) else { return Vec::new() };
+    dev.upstream
+        .iter()
+        .filter_map(|a| devices.iter().find(|d| &d.address == a))
+        .chain(std::iter::once(dev))
+        .filter(|d| d.link.as_ref().is_some_and(|l| l.degraded))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_speeds() {
+        assert_eq!(parse_link_speed("32.0 GT/s PCIe"), Some(32.0));
+        assert_eq!(parse_link_speed("2.5 GT/s"), Some(2.5));
+        assert_eq!(parse_link_speed("Unknown"), None);
+        assert_eq!(parse_link_speed("0 GT/s"), None);
+        assert_eq!(pcie_gen(16.0), Some(4));
+        assert_eq!(pcie_gen(3.0), None);
+    }
+
+    #[test]
+    fn addresses() {
+        assert!(is_pci_address("0000:00:01.0"));
+        assert!(is_pci_address("10000:e1:00.7"));
+        assert!(!is_pci_address("pci0000:00"));
+        assert!(!is_pci_address("virtio2"));
+        assert!(!is_pci_address("0000:00:01"));
+    }
+
+    #[test]
+    fn aer_totals() {
+        assert_eq!(parse_aer_total("RxErr 3\nBadTLP 1\nTOTAL_ERR_COR 4\n"), Some(4));
+        assert_eq!(parse_aer_total("Undefined 0\nTOTAL_ERR_FATAL 0\n"), Some(0));
+        assert_eq!(parse_aer_total("garbage"), None);
+    }
+
+    #[test]
+    fn acs_capability() {
+        let mut config = vec![0u8; 4096];
+        // Extended capability list: AER (0x0001) at 0x100 -> ACS (0x000d) at 0x148.
+        config[0x100..0x104].copy_from_slice(&(0x0001u32 | (1 << 16) | (0x148 << 20)).to_le_bytes());
+        config[0x148..0x14c].copy_from_slice(&(0x000du32 | (1 << 16)).to_le_bytes());
+        config[0x14c..0x150].copy_from_slice(&(0x005fu32 | (0x001d << 16)).to_le_bytes());
+        let acs = parse_acs(&config).unwrap();
+        assert_eq!((acs.capability, acs.control), (0x5f, 0x1d));
+        assert!(acs.p2p_redirected);
+        assert_eq!(parse_acs(&config[..64]), None);
+    }
+}

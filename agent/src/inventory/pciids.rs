@@ -1,0 +1,176 @@
+//! Names for PCI vendor, device, subsystem and class codes from a pci.ids database.
+//!
+//! kiln ships a snapshot (`agent/data/pci.ids`, 2025-07, which knows H100, H200, B200 and
+//! ConnectX-7) and uses the system's file instead where that one is newer. Lookups scan only the
+//! vendor's block, found through an index of vendor lines built once per process.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+static SHIPPED: &str = include_str!("../../data/pci.ids");
+const SYSTEM_PATHS: [&str; 3] = ["/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids"];
+
+pub struct PciIds {
+    text: String,
+    /// Database version ("2025.07.11"), from its header.
+    pub version: String,
+    pub source: String,
+    vendors: HashMap<u16, usize>,
+    classes: usize,
+}
+
+/// The `#	Version: 2025.07.11` line of a pci.ids file.
+pub fn version_of(text: &str) -> Option<String> {
+    text.lines().take(40).find_map(|l| l.strip_prefix("#\tVersion:").map(|v| v.trim().to_string()))
+}
+
+fn hex16(s: &str) -> Option<u16> {
+    u16::from_str_radix(s, 16).ok()
+}
+
+impl PciIds {
+    pub fn parse(text: String, source: String) -> PciIds {
+        let mut vendors = HashMap::new();
+        let mut classes = text.len();
+        let mut offset = 0;
+        for line in text.split_inclusive('\n') {
+            let bytes = line.as_bytes();
+            if line.starts_with("C ") {
+                // The class section ("C 03  Display controller") follows all vendors.
+                classes = classes.min(offset);
+            } else if bytes.first().is_some_and(u8::is_ascii_hexdigit) && line.len() > 6 && bytes[4] == b' ' {
+                if let Some(id) = hex16(&line[..4]) {
+                    vendors.entry(id).or_insert(offset);
+                }
+            }
+            offset += line.len();
+        }
+        let version = version_of(&text).unwrap_or_else(|| "unknown".to_string());
+        PciIds { text, version, source, vendors, classes }
+    }
+
+    /// The shipped database, or the system's when it is newer. Built once per process.
+    pub fn get() -> &'static PciIds {
+        static IDS: OnceLock<PciIds> = OnceLock::new();
+        IDS.get_or_init(|| {
+            let shipped_version = version_of(SHIPPED).unwrap_or_default();
+            for path in SYSTEM_PATHS {
+                let Ok(text) = std::fs::read_to_string(path) else { continue };
+                if version_of(&text).is_some_and(|v| v > shipped_version) {
+                    return PciIds::parse(text, path.to_string());
+                }
+                break;
+            }
+            PciIds::parse(SHIPPED.to_string(), "shipped".to_string())
+        })
+    }
+
+    fn vendor_block(&self, vendor: u16) -> Option<(&str, impl Iterator<Item = &str>)> {
+        let start = *self.vendors.get(&vendor)?;
+        let mut lines = self.text[start..].lines();
+        let name = lines.next()?.get(6..)?.trim();
+        Some((name, lines.take_while(|l| l.starts_with('\t') || l.starts_with('#') || l.is_empty())))
+    }
+
+    pub fn vendor(&self, vendor: u16) -> Option<&str> {
+        self.vendor_block(vendor).map(|(name, _)| name)
+    }
+
+    pub fn device(&self, vendor: u16, device: u16) -> Option<&str> {
+        let (_, lines) = self.vendor_block(vendor)?;
+        let key = format!("\t{device:04x}  ");
+        lines.filter(|l| !l.starts_with("\t\t")).find_map(|l| l.strip_prefix(key.as_str())).map(str::trim)
+    }
+
+    pub fn subsystem(&self, vendor: u16, device: u16, sub_vendor: u16, sub_device: u16) -> Option<&str> {
+        let (_, lines) = self.vendor_block(vendor)?;
+        let device_key = format!("\t{device:04x}  ");
+        let sub_key = format!("\t\t{sub_vendor:04x} {sub_device:04x}  ");
+        let mut in_device = false;
+        for line in lines {
+            if line.starts_with("\t\t") {
+                if in_device {
+                    if let Some(name) = line.strip_prefix(sub_key.as_str()) {
+                        return Some(name.trim());
+                    }
+                }
+            } else if line.starts_with('\t') {
+                if in_device {
+                    return None;
+                }
+                in_device = line.starts_with(device_key.as_str());
+            }
+        }
+        None
+    }
+
+    /// The most specific class name: prog-if, else subclass, else class.
+    pub fn class(&self, class: u8, subclass: u8, prog_if: u8) -> Option<&str> {
+        let mut lines = self.text.get(self.classes..)?.lines();
+        let class_key = format!("C {class:02x}  ");
+        let mut name = None;
+        for line in lines.by_ref() {
+            if let Some(n) = line.strip_prefix(class_key.as_str()) {
+                name = Some(n.trim());
+                break;
+            }
+        }
+        name?;
+        let sub_key = format!("\t{subclass:02x}  ");
+        let prog_key = format!("\t\t{prog_if:02x}  ");
+        let mut in_sub = false;
+        for line in lines {
+            if line.starts_with("C ") {
+                break;
+            }
+            if line.starts_with("\t\t") {
+                if in_sub {
+                    if let Some(n) = line.strip_prefix(prog_key.as_str()) {
+                        return Some(n.trim());
+                    }
+                }
+            } else if let Some(n) = line.strip_prefix(sub_key.as_str()) {
+                in_sub = true;
+                name = Some(n.trim());
+            } else if in_sub {
+                break;
+            }
+        }
+        name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> PciIds {
+        PciIds::parse(SHIPPED.to_string(), "shipped".into())
+    }
+
+    #[test]
+    fn knows_current_datacenter_parts() {
+        let ids = shipped();
+        assert_eq!(ids.vendor(0x10de), Some("NVIDIA Corporation"));
+        assert_eq!(ids.device(0x10de, 0x2330), Some("GH100 [H100 SXM5 80GB]"));
+        assert_eq!(ids.device(0x10de, 0x2335), Some("GH100 [H200 SXM 141GB]"));
+        assert_eq!(ids.device(0x10de, 0x2901), Some("GB100 [B200]"));
+        assert_eq!(ids.device(0x10de, 0x22a3), Some("GH100 [H100 NVSwitch]"));
+        assert!(ids.device(0x15b3, 0x1021).unwrap().contains("ConnectX-7"));
+        assert_eq!(ids.subsystem(0x10de, 0x2484, 0x10de, 0x14ae), Some("GA104 [GeForce RTX 3070 16GB]"));
+        assert_eq!(ids.subsystem(0x10de, 0x2484, 0x10de, 0x0001), None);
+        assert_eq!(ids.device(0x10de, 0xffff), None);
+        assert_eq!(ids.vendor(0x0002), None);
+        assert!(ids.version >= "2025.07.11".to_string());
+    }
+
+    #[test]
+    fn class_names() {
+        let ids = shipped();
+        assert_eq!(ids.class(0x03, 0x02, 0x00), Some("3D controller"));
+        assert_eq!(ids.class(0x01, 0x08, 0x02), Some("NVM Express"));
+        assert_eq!(ids.class(0x06, 0x04, 0x00), Some("Normal decode"));
+        assert_eq!(ids.class(0x02, 0x07, 0x00), Some("Infiniband controller"));
+        assert_eq!(ids.class(0xfe, 0x00, 0x00), None);
+    }
+}
