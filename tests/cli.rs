@@ -48,7 +48,10 @@ fn json_document_has_the_documented_shape() {
     top.sort();
     assert_eq!(
         top,
-        ["collected_at", "collection_micros", "cpu", "fingerprints", "kiln_version", "memory", "numa", "os", "problems", "root", "schema_version", "system"]
+        [
+            "collected_at", "collection_micros", "cpu", "fingerprints", "gpus", "kiln_version", "memory", "nics", "numa", "nvme",
+            "os", "pci", "problems", "rdma", "root", "schema_version", "system", "topology"
+        ]
     );
     assert_eq!((inv["cpu"]["packages"].as_u64(), inv["cpu"]["cores"].as_u64(), inv["cpu"]["online"].as_u64()), (Some(4), Some(8), Some(16)));
     assert!(inv["collected_at"].as_str().unwrap().ends_with('Z'));

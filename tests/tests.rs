@@ -6,4 +6,5 @@ mod util;
 mod bad_input;
 mod cli;
 mod ghw;
+mod gpu;
 mod hwloc;

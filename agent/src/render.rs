@@ -173,10 +173,16 @@ fn devices(out: &mut String, inv: &Inventory) {
         for gpu in &g.devices {
             let active = gpu.nvlinks.iter().filter(|l| l.active).count();
             let nvlink = if gpu.nvlinks.is_empty() { String::new() } else { format!(", NVLink {active}/{} up", gpu.nvlinks.len()) };
-            let pcie = match (gpu.pcie.current_gen, gpu.pcie.current_width) {
+            let p = &gpu.pcie;
+            let mut pcie = match (p.current_gen, p.current_width) {
                 (Some(gen), Some(w)) => format!(", PCIe Gen{gen} x{w}"),
                 _ => String::new(),
             };
+            if let (Some(mg), Some(mw)) = (p.max_gen, p.max_width) {
+                if p.current_gen.is_some_and(|g| g < mg) || p.current_width.is_some_and(|w| w < mw) {
+                    pcie.push_str(&format!(" (max Gen{mg} x{mw})"));
+                }
+            }
             let _ = writeln!(
                 out,
                 "          GPU{} {} {} {}{pcie}{nvlink}",

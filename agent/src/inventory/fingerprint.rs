@@ -9,6 +9,7 @@ use super::gpu::Gpus;
 use super::memory::Memory;
 use super::net::Nic;
 use super::nvme::NvmeController;
+use super::pci::PciDevice;
 use super::os::Os;
 use super::smbios::is_placeholder;
 use super::system::System;
@@ -92,6 +93,7 @@ pub fn compute(
     system: &System,
     os: &Os,
     gpus: &Gpus,
+    pci: &[PciDevice],
     nvme: &[NvmeController],
     nics: &[Nic],
 ) -> Fingerprints {
@@ -105,8 +107,9 @@ pub fn compute(
     // GPUs by NVML name, else (no driver) by PCI address count; drives by model; NICs by driver
     // and speed: what was bought, not how it is configured today.
     let gpu_names = counted(gpus.devices.iter().map(|g| g.name.as_deref().unwrap_or("unknown GPU")));
-    let gpu_names = if gpu_names.is_empty() && !gpus.pci_gpus.is_empty() {
-        vec![("NVIDIA GPU (no driver)".to_string(), gpus.pci_gpus.len())]
+    // Without a driver, the PCI database names the GPUs.
+    let gpu_names = if gpu_names.is_empty() {
+        counted(pci.iter().filter(|d| d.is_nvidia_gpu()).map(|d| d.device_name.as_deref().unwrap_or("NVIDIA GPU")))
     } else {
         gpu_names
     };

@@ -175,7 +175,7 @@ fn opt<T>(src: &Source, gpu: u32, what: &str, result: Result<T, NvmlError>) -> O
         Ok(v) => Some(v),
         Err(NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::InvalidArg) => None,
         Err(e) => {
-            src.problem("nvml", ProblemKind::Unreadable, format!("GPU {gpu}: {what}: {e}"));
+            src.problem_at(format!("nvml: GPU {gpu}"), ProblemKind::Unreadable, format!("{what}: {e}"));
             None
         }
     }
@@ -201,8 +201,8 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
             };
             // Without NVIDIA GPUs on the bus, a missing default library is expected, not a problem.
             if !pci_gpus.is_empty() || explicit {
-                src.problem(
-                    "nvml",
+                src.problem_at(
+                    library.to_string_lossy(),
                     ProblemKind::Unreadable,
                     format!("NVML unavailable ({} NVIDIA GPU(s) on PCI): {reason}", pci_gpus.len()),
                 );
@@ -219,21 +219,21 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
     let count = match nvml.device_count() {
         Ok(n) => n,
         Err(e) => {
-            src.problem("nvml", ProblemKind::Unreadable, format!("device count: {e}"));
+            src.problem_at("nvml", ProblemKind::Unreadable, format!("device count: {e}"));
             0
         }
     };
     for index in 0..count {
         match nvml.device_by_index(index) {
             Ok(device) => gpus.devices.push(read_gpu(src, &nvml, &device, index, pci)),
-            Err(e) => src.problem("nvml", ProblemKind::Unreadable, format!("GPU {index}: {e}")),
+            Err(e) => src.problem_at(format!("nvml: GPU {index}"), ProblemKind::Unreadable, e.to_string()),
         }
     }
     // Cross-check: every GPU on the bus must be visible to NVML.
     let seen: Vec<&str> = gpus.devices.iter().filter_map(|g| g.pci_address.as_deref()).collect();
     gpus.missing_from_nvml = pci_gpus.iter().filter(|a| !seen.contains(&a.as_str())).cloned().collect();
     if !gpus.missing_from_nvml.is_empty() {
-        src.problem(
+        src.problem_at(
             "nvml",
             ProblemKind::NotPresent,
             format!(

@@ -127,6 +127,11 @@ impl Source {
         self.problems.borrow_mut().push(Problem { path, kind, message: message.into() });
     }
 
+    /// A problem with something that is not a file under the root (a library, a device node).
+    pub fn problem_at(&self, what: impl Into<String>, kind: ProblemKind, message: impl Into<String>) {
+        self.problems.borrow_mut().push(Problem { path: what.into(), kind, message: message.into() });
+    }
+
     pub fn take_problems(&self) -> Vec<Problem> {
         std::mem::take(&mut self.problems.borrow_mut())
     }

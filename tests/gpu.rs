@@ -1,0 +1,501 @@
+//! GPUs through the fake NVML library, serving machines rebuilt from real `nvidia-smi -q`
+//! captures (`../shared/fixtures/nvidia/nvidia-smi`): the inventory must agree with the capture
+//! field by field, and the fault cases must be reported.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::util::{fake_nvml, fixtures, kiln, Run};
+
+/// One GPU block of `nvidia-smi -q`: (path, value) pairs, the path joined from the indentation
+/// ("PCI/GPU Link Info/PCIe Generation/Max").
+#[derive(Debug, Default)]
+struct SmiGpu {
+    fields: Vec<(String, String)>,
+}
+
+impl SmiGpu {
+    fn get(&self, path: &str) -> Option<&str> {
+        self.fields.iter().find(|(p, _)| p == path).map(|(_, v)| v.as_str()).filter(|v| *v != "N/A")
+    }
+    fn num(&self, path: &str) -> Option<f64> {
+        self.get(path)?.split_whitespace().next()?.trim_end_matches('x').parse().ok()
+    }
+}
+
+struct Smi {
+    driver: String,
+    cuda: String,
+    gpus: Vec<SmiGpu>,
+}
+
+/// Parses `nvidia-smi -q` text, alone (thamada's captures) or inside a capture bundle.
+fn parse_smi_q(text: &str) -> Smi {
+    let body = match text.find("# $ nvidia-smi -q\n") {
+        Some(start) => {
+            let rest = &text[start..];
+            let rest = &rest[rest.find("\n##").map_or(0, |i| i + 1)..];
+            let rest = &rest[rest.find('\n').map_or(0, |i| i + 1)..];
+            &rest[..rest.find("\n####").unwrap_or(rest.len())]
+        }
+        None => text,
+    };
+    let mut smi = Smi { driver: String::new(), cuda: String::new(), gpus: Vec::new() };
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    for line in body.lines() {
+        if let Some(bus) = line.strip_prefix("GPU ").filter(|_| !line.starts_with("GPU ") || !line.contains(':') || line.matches(':').count() == 2) {
+            if bus.len() >= 12 && bus.contains('.') {
+                smi.gpus.push(SmiGpu::default());
+                stack.clear();
+                continue;
+            }
+        }
+        let indent = line.len() - line.trim_start().len();
+        let (key, value) = match line.split_once(" : ") {
+            Some((k, v)) => (k.trim().to_string(), Some(v.trim().to_string())),
+            None => (line.trim().to_string(), None),
+        };
+        if key.is_empty() {
+            continue;
+        }
+        if smi.gpus.is_empty() {
+            match key.as_str() {
+                "Driver Version" => smi.driver = value.unwrap_or_default(),
+                "CUDA Version" => smi.cuda = value.unwrap_or_default(),
+                _ => {}
+            }
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        let path: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).chain(std::iter::once(key.as_str())).collect();
+        match value {
+            Some(v) => smi.gpus.last_mut().unwrap().fields.push((path.join("/"), v)),
+            None => stack.push((indent, key)),
+        }
+    }
+    smi
+}
+
+/// How a machine's NVLinks are wired; the captures do not record the far ends.
+#[derive(Clone, Copy)]
+enum Wiring {
+    None,
+    /// HGX H100: 18 links per GPU to NVSwitches. The switches' bus ids are not in the captures;
+    /// the four used here only need to be distinct.
+    NvSwitch18,
+    /// HGX A100 4-GPU: 12 links per GPU, 4 to each other GPU.
+    A100Mesh4,
+}
+
+const SWITCHES: [&str; 4] = ["00000000:05:00.0", "00000000:06:00.0", "00000000:07:00.0", "00000000:08:00.0"];
+
+fn arch_code(name: &str) -> u32 {
+    match name {
+        "Hopper" => 9,
+        "Ampere" => 7,
+        "Ada Lovelace" => 8,
+        "Blackwell" => 10,
+        _ => 0xffff_ffff,
+    }
+}
+
+fn compute_capability(arch: &str, name: &str) -> &'static str {
+    match arch {
+        "Hopper" => "9 0",
+        "Ampere" if name.contains("A100") => "8 0",
+        "Ampere" => "8 6",
+        "Ada Lovelace" => "8 9",
+        _ => "1 0",
+    }
+}
+
+fn enabled(v: Option<&str>) -> u32 {
+    u32::from(v == Some("Enabled") || v == Some("Yes"))
+}
+
+/// Writes the fake's fixture for a capture; `tweak(gpu index, lines)` injects faults.
+fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>)) -> String {
+    let (major, minor) = smi.cuda.split_once('.').unwrap();
+    let mut out = vec![
+        format!("driver {}", smi.driver),
+        format!("nvml 12.{}", smi.driver),
+        format!("cuda {}", major.parse::<u32>().unwrap() * 1000 + minor.parse::<u32>().unwrap() * 10),
+    ];
+    let bus_ids: Vec<&str> = smi.gpus.iter().map(|g| g.get("PCI/Bus Id").unwrap()).collect();
+    for (i, g) in smi.gpus.iter().enumerate() {
+        let mut lines = vec!["gpu".to_string()];
+        let text = |key: &str, path: &str| g.get(path).map(|v| format!("{key} {v}"));
+        lines.extend(text("name", "Product Name"));
+        lines.extend(text("uuid", "GPU UUID"));
+        lines.extend(text("serial", "Serial Number"));
+        lines.extend(text("board_part", "Board Part Number"));
+        lines.extend(text("vbios", "VBIOS Version"));
+        lines.extend(text("bus_id", "PCI/Bus Id"));
+        lines.extend(text("pci_device_id", "PCI/Device Id"));
+        lines.extend(text("pci_subsystem_id", "PCI/Sub System Id"));
+        if let Some(mib) = g.num("FB Memory Usage/Total") {
+            lines.push(format!("memory_total {}", mib as u64 * 1024 * 1024));
+        }
+        let arch = g.get("Product Architecture").unwrap_or("");
+        lines.push(format!("arch {}", arch_code(arch)));
+        lines.push(format!("cc {}", compute_capability(arch, g.get("Product Name").unwrap_or(""))));
+        if let (Some(cur), Some(pend)) = (g.get("ECC Mode/Current"), g.get("ECC Mode/Pending")) {
+            lines.push(format!("ecc {} {}", enabled(Some(cur)), enabled(Some(pend))));
+            let sum = |scope: &str, kinds: &[&str]| -> u64 {
+                kinds.iter().filter_map(|k| g.num(&format!("ECC Errors/{scope}/{k}"))).map(|v| v as u64).sum()
+            };
+            let corr = ["SRAM Correctable", "DRAM Correctable"];
+            let unc = ["SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable"];
+            lines.push(format!(
+                "ecc_errors {} {} {} {}",
+                sum("Volatile", &corr),
+                sum("Volatile", &unc),
+                sum("Aggregate", &corr),
+                sum("Aggregate", &unc)
+            ));
+        }
+        if let Some(c) = g.num("Remapped Rows/Correctable Error") {
+            lines.push(format!(
+                "remapped {} {} {} {}",
+                c,
+                g.num("Remapped Rows/Uncorrectable Error").unwrap_or(0.0),
+                enabled(g.get("Remapped Rows/Pending")),
+                enabled(g.get("Remapped Rows/Remapping Failure Occurred"))
+            ));
+        }
+        let mw = |k: &str| g.num(&format!("GPU Power Readings/{k}")).map(|w| (w * 1000.0) as u64);
+        if let (Some(d), Some(e), Some(mn), Some(mx)) =
+            (mw("Default Power Limit"), mw("Current Power Limit"), mw("Min Power Limit"), mw("Max Power Limit"))
+        {
+            lines.push(format!("power {d} {e} {mn} {mx}"));
+        }
+        if let (Some(sm), Some(mem)) = (g.num("Max Clocks/SM"), g.num("Max Clocks/Memory")) {
+            lines.push(format!("clocks {sm} {mem}"));
+        }
+        let link = |k: &str| g.num(&format!("PCI/GPU Link Info/{k}"));
+        if let (Some(cg), Some(mg), Some(cw), Some(mw)) = (
+            link("PCIe Generation/Current"),
+            link("PCIe Generation/Max"),
+            link("Link Width/Current"),
+            link("Link Width/Max"),
+        ) {
+            lines.push(format!("pcie {cg} {mg} {cw} {mw}"));
+        }
+        lines.push(format!("persistence {}", enabled(g.get("Persistence Mode"))));
+        if let (Some(c), Some(p)) = (g.get("MIG Mode/Current"), g.get("MIG Mode/Pending")) {
+            lines.push(format!("mig {} {}", enabled(Some(c)), enabled(Some(p))));
+        }
+        if let Some(t) = g.num("Temperature/GPU Current Temp") {
+            lines.push(format!("temp {t}"));
+        }
+        match wiring {
+            Wiring::None => {}
+            Wiring::NvSwitch18 => {
+                for l in 0..18 {
+                    lines.push(format!("nvlink {l} 1 4 {} 2", SWITCHES[l % 4]));
+                    lines.push(format!("nvlink_errors {l} 0 0 0 0"));
+                }
+            }
+            Wiring::A100Mesh4 => {
+                let peers: Vec<usize> = (0..bus_ids.len()).filter(|&j| j != i).collect();
+                for l in 0..12 {
+                    lines.push(format!("nvlink {l} 1 3 {} 0", bus_ids[peers[l / 4]]));
+                }
+            }
+        }
+        tweak(i, &mut lines);
+        out.extend(lines);
+    }
+    out.join("\n") + "\n"
+}
+
+fn capture(name: &str) -> Smi {
+    parse_smi_q(&std::fs::read_to_string(fixtures().join("nvidia/nvidia-smi").join(name)).unwrap())
+}
+
+struct FakeMachine {
+    _dir: tempfile::TempDir,
+    fixture: PathBuf,
+}
+
+impl FakeMachine {
+    fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = dir.path().join("machine.txt");
+        std::fs::write(&fixture, text).unwrap();
+        FakeMachine { _dir: dir, fixture }
+    }
+
+    fn kiln(&self, args: &[&str]) -> Run {
+        let lib = fake_nvml();
+        let mut all = args.to_vec();
+        all.extend(["--nvml-lib", lib.to_str().unwrap()]);
+        kiln(&all, &[("KILN_FAKE_NVML_FIXTURE", &self.fixture)])
+    }
+
+    fn inventory(&self, root: Option<&Path>) -> Value {
+        let mut args = vec!["inventory", "--json"];
+        if let Some(r) = root {
+            args.extend(["--root", r.to_str().unwrap()]);
+        }
+        self.kiln(&args).success().json()
+    }
+}
+
+/// Every GPU field kiln reports must equal the capture's.
+#[track_caller]
+fn assert_matches_capture(inv: &Value, smi: &Smi) {
+    let gpus = inv["gpus"]["devices"].as_array().unwrap();
+    assert_eq!(gpus.len(), smi.gpus.len());
+    assert_eq!(inv["gpus"]["driver_version"], smi.driver.as_str());
+    assert_eq!(inv["gpus"]["cuda_driver_version"], smi.cuda.as_str());
+    for (gpu, g) in gpus.iter().zip(&smi.gpus) {
+        let bus = g.get("PCI/Bus Id").unwrap();
+        let expect_bus = format!("{}:{}", &bus[4..8], bus[9..].to_ascii_lowercase());
+        assert_eq!(gpu["pci_address"], expect_bus.as_str());
+        assert_eq!(gpu["name"], g.get("Product Name").unwrap());
+        assert_eq!(gpu["uuid"], g.get("GPU UUID").unwrap());
+        assert_eq!(gpu["serial"].as_str(), g.get("Serial Number"));
+        assert_eq!(gpu["vbios"].as_str(), g.get("VBIOS Version"));
+        assert_eq!(gpu["board_part_number"].as_str(), g.get("Board Part Number"));
+        let mib = g.num("FB Memory Usage/Total").unwrap() as u64;
+        assert_eq!(gpu["memory_total_bytes"].as_u64(), Some(mib << 20));
+        assert_eq!(gpu["architecture"].as_str().unwrap(), g.get("Product Architecture").unwrap().split(' ').next().unwrap());
+        let link = |k: &str| g.num(&format!("PCI/GPU Link Info/{k}")).map(|v| v as u64);
+        assert_eq!(gpu["pcie"]["current_gen"].as_u64(), link("PCIe Generation/Current"));
+        assert_eq!(gpu["pcie"]["max_gen"].as_u64(), link("PCIe Generation/Max"));
+        assert_eq!(gpu["pcie"]["current_width"].as_u64(), link("Link Width/Current"));
+        assert_eq!(gpu["pcie"]["max_width"].as_u64(), link("Link Width/Max"));
+        assert_eq!(gpu["power"]["default_watts"].as_f64(), g.num("GPU Power Readings/Default Power Limit"));
+        assert_eq!(gpu["max_sm_clock_mhz"].as_f64(), g.num("Max Clocks/SM"));
+        assert_eq!(gpu["persistence_mode"], g.get("Persistence Mode") == Some("Enabled"));
+        match g.get("MIG Mode/Current") {
+            Some(mode) => assert_eq!(gpu["mig"]["enabled"], mode == "Enabled"),
+            None => assert!(gpu["mig"].is_null(), "no MIG on this GPU"),
+        }
+        assert_eq!(gpu["temperature_celsius"].as_f64(), g.num("Temperature/GPU Current Temp"));
+    }
+}
+
+#[test]
+fn hgx_h100_eight_gpus_and_nvswitch_fabric() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    assert_eq!(smi.gpus.len(), 8);
+    let machine = FakeMachine::new(&fixture(&smi, Wiring::NvSwitch18, |_, _| {}));
+    let inv = machine.inventory(None);
+    assert_matches_capture(&inv, &smi);
+    let gpus = inv["gpus"]["devices"].as_array().unwrap();
+    for gpu in gpus {
+        assert_eq!(gpu["pcie"]["current_gen"], 5);
+        assert_eq!(gpu["pcie"]["current_width"], 16);
+        let links = gpu["nvlinks"].as_array().unwrap();
+        assert_eq!(links.len(), 18);
+        assert!(links.iter().all(|l| l["active"] == true && l["remote_type"] == "nvswitch"));
+        assert!(gpu["uuid"].as_str().unwrap().starts_with("GPU-"));
+        assert_eq!(gpu["serial"].as_str().unwrap().len(), 13);
+    }
+    assert_eq!(inv["gpus"]["nvswitches"].as_array().unwrap().len(), 4);
+    // Every GPU pair: NV18 through the switches, as `nvidia-smi topo -m` shows on HGX H100.
+    let topo = &inv["topology"];
+    assert_eq!(topo["nvswitch"], true);
+    for i in 0..8 {
+        for j in 0..8 {
+            let want = if i == j { "X" } else { "NV18" };
+            assert_eq!(topo["matrix"][i][j], want, "GPU{i} -> GPU{j}");
+        }
+    }
+    assert_eq!(inv["fingerprints"]["config_name"].as_str().unwrap().contains("8× H100 80GB HBM3"), true);
+    let summary = machine.kiln(&["inventory"]).success().stdout();
+    assert!(summary.contains("GPU7 NVIDIA H100 80GB HBM3 0000:db:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 18/18 up"), "{summary}");
+}
+
+#[test]
+fn hgx_a100_four_gpus_fully_meshed() {
+    let smi = capture("A100SXMx4_smi_q.txt");
+    assert_eq!(smi.gpus.len(), 4);
+    let machine = FakeMachine::new(&fixture(&smi, Wiring::A100Mesh4, |_, _| {}));
+    let inv = machine.inventory(None);
+    assert_matches_capture(&inv, &smi);
+    for i in 0..4 {
+        for j in 0..4 {
+            assert_eq!(inv["topology"]["matrix"][i][j], if i == j { "X" } else { "NV4" });
+        }
+    }
+    assert_eq!(inv["topology"]["nvswitch"], false);
+}
+
+#[test]
+fn pcie_cards_downtrain_at_idle() {
+    let smi = capture("RTX4090_smi_q.txt");
+    assert_eq!(smi.gpus.len(), 8);
+    let machine = FakeMachine::new(&fixture(&smi, Wiring::None, |_, _| {}));
+    let inv = machine.inventory(None);
+    assert_matches_capture(&inv, &smi);
+    let idle = inv["gpus"]["devices"].as_array().unwrap().iter().filter(|g| g["pcie"]["current_gen"].as_u64() < g["pcie"]["max_gen"].as_u64()).count();
+    assert!(idle > 0, "the capture has GPUs at a lower generation than their maximum, at idle");
+    assert!(inv["gpus"]["devices"][0]["nvlinks"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn h100_in_mig_mode_with_topology_affinity() {
+    let text = std::fs::read_to_string(fixtures().join("nvidia/nvidia-smi/linux-x86_64__nvidia-h100-mig__590.48.01.txt")).unwrap();
+    let smi = parse_smi_q(&text);
+    assert_eq!(smi.gpus.len(), 1);
+    // `nvidia-smi topo -m` in the same capture: GPU0, CPU affinity 0-19, NUMA affinity 0.
+    let topo_line = text.lines().find(|l| l.starts_with("GPU0\t")).unwrap();
+    let cols: Vec<&str> = topo_line.split('\t').map(str::trim).collect();
+    let (affinity, numa) = (cols[2], cols[3]);
+    let machine = FakeMachine::new(&fixture(&smi, Wiring::None, |_, lines| {
+        lines.push(format!("affinity {affinity}"));
+        lines.push(format!("numa {numa}"));
+    }));
+    let inv = machine.inventory(None);
+    assert_matches_capture(&inv, &smi);
+    assert_eq!(inv["gpus"]["devices"][0]["mig"]["enabled"], true);
+    let d = &inv["topology"]["devices"][0];
+    assert_eq!((d["label"].as_str(), d["cpu_affinity"].as_str()), (Some("GPU0"), Some(affinity)));
+    assert_eq!(d["numa_node"].as_u64(), numa.parse().ok());
+    let out = machine.kiln(&["topo"]).success().stdout();
+    let row = out.lines().find(|l| l.starts_with("GPU0")).unwrap();
+    assert!(row.contains(" X ") && row.contains(affinity), "{out}");
+}
+
+#[test]
+fn driver_not_loaded_lists_gpus_from_pci() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let tree = SyntheticPci::hgx(&smi);
+    let machine = FakeMachine::new("init_error 9\n");
+    let inv = machine.inventory(Some(tree.root()));
+    assert!(inv["gpus"]["devices"].as_array().unwrap().is_empty());
+    assert_eq!(inv["gpus"]["pci_gpus"].as_array().unwrap().len(), 8);
+    assert_eq!(inv["gpus"]["nvml_error"], "the NVIDIA driver is not loaded");
+    let lib = fake_nvml();
+    let p = inv["problems"].as_array().unwrap().iter().find(|p| p["path"] == lib.to_str().unwrap()).unwrap();
+    assert_eq!(p["message"], "NVML unavailable (8 NVIDIA GPU(s) on PCI): the NVIDIA driver is not loaded");
+    assert!(inv["fingerprints"]["config_name"].as_str().unwrap().contains("8× GH100 [H100 SXM5 80GB]"));
+}
+
+#[test]
+fn a_gpu_missing_from_nvml_is_reported_loudly() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let tree = SyntheticPci::hgx(&smi);
+    let mut text = fixture(&smi, Wiring::NvSwitch18, |_, _| {});
+    // Drop GPU 3 from what NVML serves; PCI still has it.
+    let blocks: Vec<&str> = text.split("\ngpu\n").collect();
+    text = blocks.iter().enumerate().filter(|(i, _)| *i != 4).map(|(_, b)| *b).collect::<Vec<_>>().join("\ngpu\n");
+    let machine = FakeMachine::new(&text);
+    let inv = machine.inventory(Some(tree.root()));
+    assert_eq!(inv["gpus"]["devices"].as_array().unwrap().len(), 7);
+    assert_eq!(inv["gpus"]["missing_from_nvml"], serde_json::json!(["0000:5d:00.0"]));
+    let p = inv["problems"].as_array().unwrap().iter().find(|p| p["path"] == "nvml").unwrap();
+    assert_eq!(p["message"], "NVML sees 7 of 8 GPUs on PCI; missing: 0000:5d:00.0");
+    let summary = machine.kiln(&["inventory", "--root", tree.root().to_str().unwrap()]).success().stdout();
+    assert!(summary.contains("GPU at 0000:5d:00.0 is on PCI but NVML does not see it"), "{summary}");
+}
+
+#[test]
+fn faults_nvlink_down_gen4_x8_ecc_and_pending_remap() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let text = fixture(&smi, Wiring::NvSwitch18, |i, lines| match i {
+        2 => {
+            let at = lines.iter().position(|l| l.starts_with("nvlink 5 ")).unwrap();
+            lines[at] = format!("nvlink 5 0 4 {} 2", SWITCHES[1]);
+        }
+        4 => {
+            let at = lines.iter().position(|l| l.starts_with("pcie ")).unwrap();
+            lines[at] = "pcie 4 5 8 16".to_string();
+        }
+        6 => {
+            lines.retain(|l| !l.starts_with("ecc_errors") && !l.starts_with("remapped"));
+            lines.push("ecc_errors 12 1 340 2".to_string());
+            lines.push("remapped 3 1 1 0".to_string());
+        }
+        _ => {}
+    });
+    let machine = FakeMachine::new(&text);
+    let inv = machine.inventory(None);
+    let gpus = inv["gpus"]["devices"].as_array().unwrap();
+    let active = |g: &Value| g["nvlinks"].as_array().unwrap().iter().filter(|l| l["active"] == true).count();
+    assert_eq!(active(&gpus[2]), 17);
+    assert_eq!(inv["topology"]["matrix"][2][3], "NV17");
+    assert_eq!(inv["topology"]["matrix"][0][1], "NV18");
+    assert_eq!((gpus[4]["pcie"]["current_gen"].as_u64(), gpus[4]["pcie"]["current_width"].as_u64()), (Some(4), Some(8)));
+    let ecc = &gpus[6]["ecc"];
+    assert_eq!((ecc["volatile_corrected"].as_u64(), ecc["volatile_uncorrected"].as_u64()), (Some(12), Some(1)));
+    assert_eq!((ecc["aggregate_corrected"].as_u64(), ecc["aggregate_uncorrected"].as_u64()), (Some(340), Some(2)));
+    let rr = &gpus[6]["remapped_rows"];
+    assert_eq!((rr["correctable"].as_u64(), rr["uncorrectable"].as_u64(), rr["pending"].as_bool()), (Some(3), Some(1), Some(true)));
+    let summary = machine.kiln(&["inventory"]).success().stdout();
+    assert!(summary.contains("GPU2 NVIDIA H100 80GB HBM3 0000:3a:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 17/18 up"), "{summary}");
+    assert!(summary.contains("GPU4 NVIDIA H100 80GB HBM3 0000:9a:00.0 79.6 GiB, PCIe Gen4 x8 (max Gen5 x16)"), "{summary}");
+}
+
+#[test]
+fn no_library_on_a_cpu_only_snapshot_is_not_a_problem() {
+    let root = crate::util::unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
+    let inv = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json();
+    assert!(inv["gpus"]["nvml_library"].is_null(), "a snapshot does not consult this machine's NVML");
+    let run = kiln(&["inventory", "--json", "--root", root.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"], &[]).success();
+    let inv = run.json();
+    assert!(inv["gpus"]["nvml_error"].as_str().unwrap().contains("cannot load /nonexistent/libnvidia-ml.so.1"));
+}
+
+/// A minimal `/sys` of an HGX box: each GPU behind a PCIe switch under its own root port, on
+/// the bus ids of the capture, two NUMA nodes. Only what the PCI reader needs.
+struct SyntheticPci {
+    dir: tempfile::TempDir,
+}
+
+impl SyntheticPci {
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn device(&self, chain: &[&str], vendor: &str, device: &str, class: &str, numa: i32, link: (&str, u32, &str, u32)) {
+        let host = format!("pci{}", &chain[0][..7]);
+        let mut path = self.root().join("sys/devices").join(&host);
+        for part in chain {
+            path = path.join(part);
+        }
+        std::fs::create_dir_all(&path).unwrap();
+        for (name, value) in [
+            ("vendor", format!("0x{vendor}")),
+            ("device", format!("0x{device}")),
+            ("class", format!("0x{class}")),
+            ("numa_node", numa.to_string()),
+            ("current_link_speed", link.0.to_string()),
+            ("current_link_width", link.1.to_string()),
+            ("max_link_speed", link.2.to_string()),
+            ("max_link_width", link.3.to_string()),
+        ] {
+            std::fs::write(path.join(name), format!("{value}\n")).unwrap();
+        }
+        let bus = self.root().join("sys/bus/pci/devices");
+        std::fs::create_dir_all(&bus).unwrap();
+        let target = format!("../../../devices/{host}/{}", chain.join("/"));
+        std::os::unix::fs::symlink(target, bus.join(chain.last().unwrap())).unwrap();
+    }
+
+    fn hgx(smi: &Smi) -> SyntheticPci {
+        let tree = SyntheticPci { dir: tempfile::tempdir().unwrap() };
+        std::fs::create_dir_all(tree.root().join("proc")).unwrap();
+        let gen5 = ("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16);
+        for (i, g) in smi.gpus.iter().enumerate() {
+            let bus = g.get("PCI/Bus Id").unwrap().to_ascii_lowercase();
+            let gpu = format!("{}:{}", &bus[4..8], &bus[9..]);
+            let b = u8::from_str_radix(&gpu[5..7], 16).unwrap();
+            let root_port = format!("0000:{:02x}:01.0", b - 3);
+            let up = format!("0000:{:02x}:00.0", b - 2);
+            let down = format!("0000:{:02x}:00.0", b - 1);
+            let numa = if i < 4 { 0 } else { 1 };
+            tree.device(&[&root_port], "8086", "352a", "060400", numa, gen5);
+            tree.device(&[&root_port, &up], "1000", "c030", "060400", numa, gen5);
+            tree.device(&[&root_port, &up, &down], "1000", "c030", "060400", numa, gen5);
+            tree.device(&[&root_port, &up, &down, &gpu], "10de", "2330", "030200", numa, gen5);
+        }
+        tree
+    }
+}
