@@ -5,6 +5,7 @@ mod util;
 
 mod bad_input;
 mod cli;
+mod devices;
 mod ghw;
 mod gpu;
 mod hwloc;

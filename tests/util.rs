@@ -135,3 +135,37 @@ pub fn fake_nvml() -> PathBuf {
     *built = Some(out.clone());
     out
 }
+
+/// Unpacks a ttar text archive (prometheus/procfs's fixture format) below `dest`.
+/// Blocks are separated by `# ttar - - -` lines: `Directory:`, or `Path:` with `Lines: N` and the
+/// content (`NULLBYTE` for NUL, a trailing `EOF` for no final newline), or `SymlinkTo:`.
+pub fn unpack_ttar(archive: &Path, dest: &Path) {
+    let text = std::fs::read_to_string(archive).unwrap();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if let Some(dir) = line.strip_prefix("Directory: ") {
+            std::fs::create_dir_all(dest.join(dir)).unwrap();
+        } else if let Some(path) = line.strip_prefix("Path: ") {
+            let target = dest.join(path);
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            let next = lines.next().unwrap_or("");
+            if let Some(link) = next.strip_prefix("SymlinkTo: ") {
+                let _ = std::os::unix::fs::symlink(link, &target);
+            } else if let Some(n) = next.strip_prefix("Lines: ") {
+                let n: usize = n.trim().parse().unwrap();
+                let mut content = String::new();
+                for i in 0..n {
+                    let l = lines.next().unwrap_or("").replace("NULLBYTE", "\0");
+                    match l.strip_suffix("EOF") {
+                        Some(last) if i + 1 == n => content.push_str(last),
+                        _ => {
+                            content.push_str(&l);
+                            content.push('\n');
+                        }
+                    }
+                }
+                std::fs::write(&target, content).unwrap();
+            }
+        }
+    }
+}

@@ -173,10 +173,22 @@ pub fn collect(src: &Source) -> Vec<PciDevice> {
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
     let attr = |name: &str| src.attr(&format!("{base}/{name}"));
-    let vendor_id = hex_attr(src, &format!("{base}/vendor")).unwrap_or_default();
-    let device_id = hex_attr(src, &format!("{base}/device")).unwrap_or_default();
-    let sub_vendor = hex_attr(src, &format!("{base}/subsystem_vendor"));
-    let sub_device = hex_attr(src, &format!("{base}/subsystem_device"));
+    // Old kernels lack some attributes; the standard header (first 64 bytes of config space,
+    // readable by anyone) has them all.
+    let header = std::fs::read(src.path(&format!("{base}/config"))).ok().filter(|c| c.len() >= 0x30);
+    let from_header = |off: usize, len: usize| -> Option<String> {
+        let h = header.as_ref()?;
+        Some(match len {
+            1 => format!("{:02x}", h[off]),
+            _ => format!("{:04x}", u16::from_le_bytes([h[off], h[off + 1]])),
+        })
+    };
+    let vendor_id = hex_attr(src, &format!("{base}/vendor")).or_else(|| from_header(0, 2)).unwrap_or_default();
+    let device_id = hex_attr(src, &format!("{base}/device")).or_else(|| from_header(2, 2)).unwrap_or_default();
+    // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
+    let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
+    let sub_vendor = hex_attr(src, &format!("{base}/subsystem_vendor")).or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
+    let sub_device = hex_attr(src, &format!("{base}/subsystem_device")).or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
     let class_raw = hex_attr(src, &format!("{base}/class")).unwrap_or_default();
     let class_raw = format!("{class_raw:0>6}");
     let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());
@@ -251,7 +263,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class,
         prog_if,
         class_name,
-        revision: hex_attr(src, &format!("{base}/revision")),
+        revision: hex_attr(src, &format!("{base}/revision")).or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
         numa_node: attr("numa_node").and_then(|n| n.parse::<i64>().ok()).filter(|&n| n >= 0).map(|n| n as u32),
         local_cpus: attr("local_cpulist"),

@@ -1,0 +1,177 @@
+//! The device inventory on real snapshots: PCI functions against hwloc's expected lists, NICs,
+//! RDMA and NVMe from the hwloc server snapshot and prometheus/procfs's archive, and the live
+//! machine's NICs resolved to their PCI functions.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::util::{fixtures, inventory_json, kiln, unpack, unpack_ttar};
+
+fn hwloc_root(tarball: &str, top: &str) -> std::path::PathBuf {
+    unpack(&fixtures().join("hwloc").join(tarball)).join(top)
+}
+
+fn by_address(inv: &Value) -> BTreeMap<String, &Value> {
+    inv["pci"].as_array().unwrap().iter().map(|d| (d["address"].as_str().unwrap().to_string(), d)).collect()
+}
+
+/// hwloc lists each PCI function as "class [vendor:device] [subvendor:subdevice] revision prog-if".
+#[test]
+fn pci_functions_agree_with_hwloc() {
+    let dir = fixtures().join("hwloc");
+    let expected: BTreeMap<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    let mut seen_tarballs = std::collections::BTreeSet::new();
+    for exp in expected.values() {
+        let list = exp["hwloc_expected"]["pci_devices"].as_array().unwrap();
+        let tarball = exp["tarball"].as_str().unwrap();
+        if list.is_empty() || !seen_tarballs.insert(tarball.to_string()) {
+            continue;
+        }
+        let inv = inventory_json(&unpack(&dir.join(tarball)).join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()));
+        let pci = by_address(&inv);
+        assert_eq!(pci.len() as u64, exp["raw_sysfs_facts"]["pci_devices"].as_u64().unwrap(), "{tarball}: every function");
+        for entry in list {
+            let addr = entry[0].as_str().unwrap();
+            let desc = entry[1].as_str().unwrap();
+            let dev = pci.get(addr).unwrap_or_else(|| panic!("{tarball}: {addr} missing"));
+            if !desc.contains('[') {
+                // The console form: "vendor:device" and "class(name)".
+                let got = format!("{}:{} {}", dev["vendor_id"].as_str().unwrap(), dev["device_id"].as_str().unwrap(), dev["class"].as_str().unwrap());
+                let class = &entry[2].as_str().unwrap()[..4];
+                assert_eq!(got, format!("{desc} {class}"), "{tarball}: {addr}");
+                checked += 1;
+                continue;
+            }
+            let parts: Vec<&str> = desc.split_whitespace().collect();
+            let (ids, sub) = (parts[1].trim_matches(['[', ']']), parts[2].trim_matches(['[', ']']));
+            let got = format!(
+                "{} [{}:{}] [{}:{}] {} {}",
+                dev["class"].as_str().unwrap(),
+                dev["vendor_id"].as_str().unwrap(),
+                dev["device_id"].as_str().unwrap(),
+                dev["subsystem_vendor_id"].as_str().unwrap_or("0000"),
+                dev["subsystem_device_id"].as_str().unwrap_or("0000"),
+                dev["revision"].as_str().unwrap(),
+                dev["prog_if"].as_str().unwrap()
+            );
+            assert_eq!(got, format!("{} [{ids}] [{sub}] {} {}", parts[0], parts[3], parts[4]), "{tarball}: {addr}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 147, "every PCI function hwloc lists in the four snapshots with PCI data");
+}
+
+#[test]
+fn server_snapshot_nics_rdma_nvme_and_names() {
+    let inv = inventory_json(&hwloc_root("32em64t-2n8c+dax+nvme+mic+dimms.tar.bz2", "32em64t-2n8c+1mic"));
+    let pci = by_address(&inv);
+    assert_eq!(pci["0000:02:00.0"]["device_name"], "I350 Gigabit Network Connection");
+    assert_eq!(pci["0000:02:00.0"]["vendor_name"], "Intel Corporation");
+    assert_eq!(pci["0000:82:00.0"]["device_name"], "MT27500 Family [ConnectX-3]");
+    assert_eq!(pci["0000:02:00.0"]["numa_node"], 0);
+    assert_eq!(pci["0000:82:00.0"]["numa_node"], 1);
+    // Upstream chain: the ConnectX-3 hangs from root port 80:02.2 of host bridge pci0000:80.
+    assert_eq!(pci["0000:82:00.0"]["upstream"], serde_json::json!(["0000:80:02.2"]));
+    assert_eq!(pci["0000:82:00.0"]["host_bridge"], "pci0000:80");
+
+    let nics: BTreeMap<&str, &Value> = inv["nics"].as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n)).collect();
+    assert_eq!(nics.keys().copied().collect::<Vec<_>>(), ["eth0", "eth1", "ib0"], "physical interfaces only");
+    assert_eq!(nics["eth0"]["pci_address"], "0000:02:00.0");
+    assert_eq!(nics["eth1"]["pci_address"], "0000:02:00.3");
+    assert_eq!(nics["ib0"]["pci_address"], "0000:82:00.0");
+    assert_eq!(nics["ib0"]["link_type"], "infiniband");
+
+    let all = kiln(&["inventory", "--json", "--all", "--root", inv["root"].as_str().unwrap()], &[]).success().json();
+    assert!(all["nics"].as_array().unwrap().iter().any(|n| n["name"] == "br0" && n["virtual_device"] == true));
+
+    let rdma = inv["rdma"].as_array().unwrap();
+    let mlx = rdma.iter().find(|r| r["name"] == "mlx4_0").unwrap();
+    assert_eq!(mlx["pci_address"], "0000:82:00.0");
+    assert_eq!(mlx["ports"][0]["netdev"], "ib0");
+    assert_eq!(mlx["ports"][0]["state"], "ACTIVE");
+
+    let nvme = inv["nvme"].as_array().unwrap();
+    assert_eq!(nvme.len(), 1);
+    assert_eq!(nvme[0]["pci_address"], "0000:00:02.0");
+    assert_eq!(nvme[0]["namespaces"][0]["name"], "nvme0n1");
+    assert!(nvme[0]["namespaces"][0]["size_bytes"].as_u64().unwrap() > 100 << 30);
+
+    // The topology relates the NICs through the PCI tree: eth0 and eth1 are functions of one card.
+    let topo = &inv["topology"];
+    let labels: Vec<&str> = topo["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let at = |n: &str| labels.iter().position(|l| *l == n).unwrap();
+    assert_eq!(topo["matrix"][at("eth0")][at("eth1")], "PIX");
+    assert_eq!(topo["matrix"][at("eth0")][at("mlx4_0")], "SYS");
+}
+
+#[test]
+fn link_speeds_are_read() {
+    let inv = inventory_json(&hwloc_root("fakepcilocalities.tar.bz2", "fakepcilocalities"));
+    let mut speeds: Vec<String> = inv["pci"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["link"]["current_speed_gts"].as_f64())
+        .map(|s| format!("{s} GT/s"))
+        .collect();
+    speeds.sort();
+    speeds.dedup();
+    assert_eq!(speeds, ["2.5 GT/s", "5 GT/s", "8 GT/s"], "the speeds hwloc's raw facts list");
+}
+
+#[test]
+fn prometheus_infiniband_and_nvme() {
+    let dir = tempfile::tempdir().unwrap();
+    unpack_ttar(&fixtures().join("sysfs/prometheus-procfs/fixtures.ttar"), dir.path());
+    let inv = inventory_json(&dir.path().join("fixtures"));
+    let rdma: BTreeMap<&str, &Value> = inv["rdma"].as_array().unwrap().iter().map(|r| (r["name"].as_str().unwrap(), r)).collect();
+    assert_eq!(rdma.keys().copied().collect::<Vec<_>>(), ["hfi1_0", "mlx4_0", "mlx5_0"]);
+    let mlx4 = rdma["mlx4_0"];
+    assert_eq!((mlx4["hca_type"].as_str(), mlx4["firmware"].as_str(), mlx4["board_id"].as_str()), (Some("MT4099"), Some("2.31.5050"), Some("SM_1141000001000")));
+    let p1 = &mlx4["ports"][0];
+    assert_eq!((p1["state"].as_str(), p1["physical_state"].as_str(), p1["link_layer"].as_str()), (Some("ACTIVE"), Some("LinkUp"), Some("InfiniBand")));
+    assert_eq!((p1["rate"].as_str(), p1["rate_gbps"].as_f64()), (Some("40 Gb/sec (4X QDR)"), Some(40.0)));
+    assert_eq!(rdma["hfi1_0"]["ports"][0]["rate_gbps"].as_f64(), Some(100.0));
+
+    let nvme = inv["nvme"].as_array().unwrap();
+    let n0 = nvme.iter().find(|n| n["name"] == "nvme0").unwrap();
+    assert_eq!(n0["model"], "Samsung SSD 970 PRO 512GB");
+    assert_eq!(n0["serial"], "S680HF8N190894I");
+    assert_eq!(n0["firmware"], "1B2QEXP7");
+    assert_eq!(n0["state"], "live");
+    let ns = &n0["namespaces"][0];
+    assert_eq!((ns["size_bytes"].as_u64(), ns["logical_block_bytes"].as_u64()), (Some(3_906_250_000 * 512), Some(4096)));
+}
+
+#[test]
+fn passed_through_gpu_is_listed_from_pci() {
+    let inv = inventory_json(&unpack(&fixtures().join("sysfs/ghw/linux-amd64-accel-nvidia.tar.gz")));
+    let gpus = &inv["gpus"];
+    assert_eq!(gpus["pci_gpus"].as_array().unwrap().len(), 1);
+    let addr = gpus["pci_gpus"][0].as_str().unwrap();
+    let dev = by_address(&inv)[addr];
+    assert!(dev["device_name"].as_str().unwrap().contains("P100"), "{dev}");
+    assert!(inv["fingerprints"]["config_name"].as_str().unwrap().contains("P100"));
+}
+
+#[test]
+fn live_nics_resolve_to_their_pci_function() {
+    let inv = kiln(&["inventory", "--json"], &[]).success().json();
+    for nic in inv["nics"].as_array().unwrap() {
+        let name = nic["name"].as_str().unwrap();
+        let target = std::fs::read_link(format!("/sys/class/net/{name}")).unwrap();
+        let expected = target
+            .components()
+            .filter_map(|c| c.as_os_str().to_str())
+            .filter(|c| c.len() >= 12 && c.as_bytes()[4] == b':' && c.contains('.'))
+            .last()
+            .map(str::to_string);
+        assert_eq!(nic["pci_address"].as_str().map(str::to_string), expected, "{name}");
+        if let Some(addr) = &expected {
+            assert!(by_address(&inv).contains_key(addr), "{name}'s function {addr} is in the PCI list");
+        }
+    }
+}
