@@ -118,10 +118,15 @@ pub fn parse_aer_total(text: &str) -> Option<u64> {
 /// Finds the ACS extended capability (id 0x000d) in a config-space dump. Only root reads past
 /// the first 64 bytes, so for others this finds nothing.
 pub fn parse_acs(config: &[u8]) -> Option<Acs> {
-    let dword = |off: usize| -> Option<u32> {
+    find_acs(|off| {
         let b = config.get(off..off + 4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
+    })
+}
+
+/// Walks the extended capability list through `dword(offset)`. Reading config space is slow in
+/// a VM (every dword traps to the hypervisor), so the live reader fetches only the dwords walked.
+pub fn find_acs(dword: impl Fn(usize) -> Option<u32>) -> Option<Acs> {
     let mut offset = 0x100;
     for _ in 0..64 {
         let header = dword(offset)?;
@@ -174,8 +179,9 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
     let attr = |name: &str| src.attr(&format!("{base}/{name}"));
     // Old kernels lack some attributes; the standard header (first 64 bytes of config space,
-    // readable by anyone) has them all.
-    let header = std::fs::read(src.path(&format!("{base}/config"))).ok().filter(|c| c.len() >= 0x30);
+    // readable by anyone) has them all. Read it only then: config reads are slow in VMs.
+    let complete = ["vendor", "device", "revision"].iter().all(|a| src.exists(&format!("{base}/{a}")));
+    let header = if complete { None } else { read_config(src, &base, 0, 64).filter(|c| c.len() >= 0x30) };
     let from_header = |off: usize, len: usize| -> Option<String> {
         let h = header.as_ref()?;
         Some(match len {
@@ -245,8 +251,16 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         fatal: aer_total("aer_dev_fatal"),
     });
     let acs = if class == "0604" {
-        // Reading config space is quiet on failure: the first 64 bytes never hold ACS anyway.
-        std::fs::read(src.path(&format!("{base}/config"))).ok().and_then(|c| parse_acs(&c))
+        // Quiet on failure: without root only the first 64 bytes read, and they never hold ACS.
+        let file = std::fs::File::open(src.path(&format!("{base}/config"))).ok();
+        file.and_then(|f| {
+            use std::os::unix::fs::FileExt;
+            find_acs(|off| {
+                let mut b = [0u8; 4];
+                f.read_exact_at(&mut b, off as u64).ok()?;
+                Some(u32::from_le_bytes(b))
+            })
+        })
     } else {
         None
     };
@@ -276,6 +290,15 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         aer,
         acs,
     }
+}
+
+fn read_config(src: &Source, base: &str, offset: u64, len: usize) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(src.path(&format!("{base}/config"))).ok()?;
+    let mut buf = vec![0u8; len];
+    let n = file.read_at(&mut buf, offset).ok()?;
+    buf.truncate(n);
+    Some(buf)
 }
 
 /// The first link on the path from the root port down to `address` (inclusive) that trained

@@ -4,18 +4,25 @@
 //! ConnectX-7) and uses the system's file instead where that one is newer. Lookups scan only the
 //! vendor's block, found through an index of vendor lines built once per process.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::io::Read;
 use std::sync::OnceLock;
 
 static SHIPPED: &str = include_str!("../../data/pci.ids");
 const SYSTEM_PATHS: [&str; 3] = ["/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids"];
 
+mod shipped_index {
+    include!(concat!(env!("OUT_DIR"), "/pci_ids_index.rs"));
+}
+
 pub struct PciIds {
-    text: String,
+    text: Cow<'static, str>,
     /// Database version ("2025.07.11"), from its header.
     pub version: String,
     pub source: String,
-    vendors: HashMap<u16, usize>,
+    /// Each vendor's id and the offset of its line, sorted by id.
+    vendors: Cow<'static, [(u16, usize)]>,
+    /// Where the class list ("C 00  ...") begins.
     classes: usize,
 }
 
@@ -29,24 +36,37 @@ fn hex16(s: &str) -> Option<u16> {
 }
 
 impl PciIds {
-    pub fn parse(text: String, source: String) -> PciIds {
-        let mut vendors = HashMap::new();
+    /// Indexes a pci.ids file read at run time (a system file newer than the shipped one).
+    pub fn parse(text: Cow<'static, str>, source: String) -> PciIds {
+        let mut vendors = Vec::new();
         let mut classes = text.len();
         let mut offset = 0;
         for line in text.split_inclusive('\n') {
-            let bytes = line.as_bytes();
+            let b = line.as_bytes();
             if line.starts_with("C ") {
-                // The class section ("C 03  Display controller") follows all vendors.
                 classes = classes.min(offset);
-            } else if bytes.first().is_some_and(u8::is_ascii_hexdigit) && line.len() > 6 && bytes[4] == b' ' {
+            } else if b.len() > 6 && b[4] == b' ' && b[5] == b' ' {
                 if let Some(id) = hex16(&line[..4]) {
-                    vendors.entry(id).or_insert(offset);
+                    vendors.push((id, offset));
                 }
             }
             offset += line.len();
         }
+        vendors.sort_by_key(|v| v.0);
+        vendors.dedup_by_key(|v| v.0);
         let version = version_of(&text).unwrap_or_else(|| "unknown".to_string());
-        PciIds { text, version, source, vendors, classes }
+        PciIds { text, version, source, vendors: Cow::Owned(vendors), classes }
+    }
+
+    /// The shipped database, indexed at build time.
+    pub fn shipped() -> PciIds {
+        PciIds {
+            text: Cow::Borrowed(SHIPPED),
+            version: version_of(SHIPPED).unwrap_or_default(),
+            source: "shipped".to_string(),
+            vendors: Cow::Borrowed(shipped_index::SHIPPED_VENDORS),
+            classes: shipped_index::SHIPPED_CLASSES,
+        }
     }
 
     /// The shipped database, or the system's when it is newer. Built once per process.
@@ -55,18 +75,25 @@ impl PciIds {
         IDS.get_or_init(|| {
             let shipped_version = version_of(SHIPPED).unwrap_or_default();
             for path in SYSTEM_PATHS {
-                let Ok(text) = std::fs::read_to_string(path) else { continue };
-                if version_of(&text).is_some_and(|v| v > shipped_version) {
-                    return PciIds::parse(text, path.to_string());
+                // The version is in the header: read 4 KiB, and the whole file only if it is newer.
+                let Ok(mut file) = std::fs::File::open(path) else { continue };
+                let mut head = vec![0u8; 4096];
+                let n = file.read(&mut head).unwrap_or(0);
+                let newer = version_of(&String::from_utf8_lossy(&head[..n])).is_some_and(|v| v > shipped_version);
+                if newer {
+                    if let Ok(text) = std::fs::read_to_string(path) {
+                        return PciIds::parse(Cow::Owned(text), path.to_string());
+                    }
                 }
                 break;
             }
-            PciIds::parse(SHIPPED.to_string(), "shipped".to_string())
+            PciIds::shipped()
         })
     }
 
     fn vendor_block(&self, vendor: u16) -> Option<(&str, impl Iterator<Item = &str>)> {
-        let start = *self.vendors.get(&vendor)?;
+        let at = self.vendors.binary_search_by_key(&vendor, |v| v.0).ok()?;
+        let start = self.vendors[at].1;
         let mut lines = self.text[start..].lines();
         let name = lines.next()?.get(6..)?.trim();
         Some((name, lines.take_while(|l| l.starts_with('\t') || l.starts_with('#') || l.is_empty())))
@@ -144,8 +171,17 @@ impl PciIds {
 mod tests {
     use super::*;
 
+    #[test]
+    fn build_time_index_matches_a_run_time_parse() {
+        let built = PciIds::shipped();
+        let parsed = PciIds::parse(Cow::Borrowed(SHIPPED), "parsed".into());
+        assert_eq!(built.vendors, parsed.vendors);
+        assert_eq!(built.classes, parsed.classes);
+        assert!(built.vendors.len() > 2000);
+    }
+
     fn shipped() -> PciIds {
-        PciIds::parse(SHIPPED.to_string(), "shipped".into())
+        PciIds::shipped()
     }
 
     #[test]
