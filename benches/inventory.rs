@@ -6,6 +6,10 @@
 //!    for (`hwloc-ls`, `lshw -json`, `inxi -Fxxx`), interleaved round by round so that both see the
 //!    same machine state, with wall time and peak RSS per command and the ratios printed.
 //!
+//! A third case adds the devices of an 8× H100 HGX box: the fake NVML library
+//! (`tests/fake-nvml`, built here with `cc`) serving `tests/fake-nvml/machines/hgx-h100x8.txt`,
+//! over this machine's own PCI tree.
+//!
 //! Run with `cargo bench --bench inventory`. The anchors come from Debian's packages hwloc, lshw
 //! and inxi; a missing one is reported and skipped.
 
@@ -55,15 +59,37 @@ fn peak_rss_mib(argv: &[&str]) -> Option<f64> {
     text.lines().last()?.trim().parse::<f64>().ok().map(|kib| kib / 1024.0)
 }
 
+/// Builds the fake NVML into the target directory and points it at the 8× H100 machine.
+fn fake_h100() -> Option<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-libnvidia-ml.so.1");
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(root.join("tests/fake-nvml/fake_nvml.c"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("fake NVML: cc failed, 8x H100 case skipped");
+        return None;
+    }
+    std::env::set_var("KILN_FAKE_NVML_FIXTURE", root.join("tests/fake-nvml/machines/hgx-h100x8.txt"));
+    Some(lib.to_string_lossy().into_owned())
+}
+
 fn whole_process() {
     let kiln = env!("CARGO_BIN_EXE_kiln");
     let rounds: usize = std::env::var("KILN_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
-    let commands: Vec<(&str, Vec<&str>)> = vec![
+    let fake = fake_h100();
+    let mut commands: Vec<(&str, Vec<&str>)> = vec![
         ("kiln inventory --json", vec![kiln, "inventory", "--json"]),
         ("hwloc-ls", vec!["hwloc-ls"]),
         ("lshw -json", vec!["lshw", "-json"]),
         ("inxi -Fxxx", vec!["inxi", "-Fxxx"]),
     ];
+    if let Some(lib) = fake.as_deref() {
+        commands.insert(1, ("kiln ... + fake 8x H100", vec![kiln, "inventory", "--json", "--nvml-lib", lib]));
+    }
     let mut present = Vec::new();
     for (name, argv) in &commands {
         if run_once(argv).is_some() {
@@ -103,9 +129,9 @@ fn whole_process() {
         );
         medians.push((**name, sum.median));
     }
-    if let Some(&(_, kiln_ms)) = medians.first() {
-        for (name, ms) in medians.iter().skip(1) {
-            println!("kiln is {:.1}x faster than {name}", ms / kiln_ms);
+    for (kiln_name, kiln_ms) in medians.iter().filter(|(n, _)| n.starts_with("kiln")) {
+        for (name, ms) in medians.iter().filter(|(n, _)| !n.starts_with("kiln")) {
+            println!("{kiln_name}: {:.1}x faster than {name}", ms / kiln_ms);
         }
     }
 }

@@ -312,6 +312,20 @@ fn hgx_h100_eight_gpus_and_nvswitch_fabric() {
     assert!(summary.contains("GPU7 NVIDIA H100 80GB HBM3 0000:db:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 18/18 up"), "{summary}");
 }
 
+/// The benchmark serves `tests/fake-nvml/machines/hgx-h100x8.txt`; it must be what the generator
+/// makes of the capture. `KILN_UPDATE_FIXTURES=1` rewrites it.
+#[test]
+fn committed_machine_matches_the_capture() {
+    let generated = fixture(&capture("H100SXMx8_smi_q.txt"), Wiring::NvSwitch18, |_, _| {});
+    let header = "# 8x H100 SXM HGX, generated from ../shared/fixtures/nvidia/nvidia-smi/H100SXMx8_smi_q.txt by tests/gpu.rs\n";
+    let want = format!("{header}{generated}");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/machines/hgx-h100x8.txt");
+    if std::env::var_os("KILN_UPDATE_FIXTURES").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    assert!(std::fs::read_to_string(&path).unwrap_or_default() == want, "{} is stale: run with KILN_UPDATE_FIXTURES=1", path.display());
+}
+
 #[test]
 fn hgx_a100_four_gpus_fully_meshed() {
     let smi = capture("A100SXMx4_smi_q.txt");

@@ -186,8 +186,10 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
     let mut gpus = Gpus { pci_gpus: pci_gpus.clone(), ..Default::default() };
     gpus.nvswitches = pci.iter().filter(|d| d.is_nvswitch()).map(|d| d.address.clone()).collect();
     // NVML describes the machine kiln runs on: ask it for a snapshot only when told which library.
+    // On the live system, a PCI bus without any NVIDIA device needs no NVML (a CPU-only box).
     let explicit = library.is_some();
-    let Some(library) = library.map(OsStr::to_os_string).or_else(|| src.is_live().then(|| DEFAULT_LIBRARY.into())) else {
+    let worth_asking = src.is_live() && (pci.is_empty() || pci.iter().any(|d| d.vendor() == 0x10de));
+    let Some(library) = library.map(OsStr::to_os_string).or_else(|| worth_asking.then(|| DEFAULT_LIBRARY.into())) else {
         return gpus;
     };
     gpus.nvml_library = Some(library.to_string_lossy().into_owned());

@@ -178,9 +178,12 @@ pub fn collect(src: &Source) -> Vec<PciDevice> {
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
     let attr = |name: &str| src.attr(&format!("{base}/{name}"));
+    let vendor_attr = hex_attr(src, &format!("{base}/vendor"));
+    let device_attr = hex_attr(src, &format!("{base}/device"));
+    let revision_attr = hex_attr(src, &format!("{base}/revision"));
     // Old kernels lack some attributes; the standard header (first 64 bytes of config space,
     // readable by anyone) has them all. Read it only then: config reads are slow in VMs.
-    let complete = ["vendor", "device", "revision"].iter().all(|a| src.exists(&format!("{base}/{a}")));
+    let complete = vendor_attr.is_some() && device_attr.is_some() && revision_attr.is_some();
     let header = if complete { None } else { read_config(src, &base, 0, 64).filter(|c| c.len() >= 0x30) };
     let from_header = |off: usize, len: usize| -> Option<String> {
         let h = header.as_ref()?;
@@ -189,8 +192,8 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
             _ => format!("{:04x}", u16::from_le_bytes([h[off], h[off + 1]])),
         })
     };
-    let vendor_id = hex_attr(src, &format!("{base}/vendor")).or_else(|| from_header(0, 2)).unwrap_or_default();
-    let device_id = hex_attr(src, &format!("{base}/device")).or_else(|| from_header(2, 2)).unwrap_or_default();
+    let vendor_id = vendor_attr.or_else(|| from_header(0, 2)).unwrap_or_default();
+    let device_id = device_attr.or_else(|| from_header(2, 2)).unwrap_or_default();
     // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
     let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
     let sub_vendor = hex_attr(src, &format!("{base}/subsystem_vendor")).or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
@@ -277,7 +280,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class,
         prog_if,
         class_name,
-        revision: hex_attr(src, &format!("{base}/revision")).or_else(|| from_header(8, 1)),
+        revision: revision_attr.or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
         numa_node: attr("numa_node").and_then(|n| n.parse::<i64>().ok()).filter(|&n| n >= 0).map(|n| n as u32),
         local_cpus: attr("local_cpulist"),

@@ -91,44 +91,47 @@ impl PciIds {
         })
     }
 
-    fn vendor_block(&self, vendor: u16) -> Option<(&str, impl Iterator<Item = &str>)> {
+    /// A vendor's lines: from its own line to the next vendor's (the index knows both).
+    fn vendor_block(&self, vendor: u16) -> Option<&str> {
         let at = self.vendors.binary_search_by_key(&vendor, |v| v.0).ok()?;
         let start = self.vendors[at].1;
-        let mut lines = self.text[start..].lines();
-        let name = lines.next()?.get(6..)?.trim();
-        Some((name, lines.take_while(|l| l.starts_with('\t') || l.starts_with('#') || l.is_empty())))
+        let end = self.vendors.get(at + 1).map_or(self.classes, |v| v.1).min(self.text.len());
+        self.text.get(start..end)
+    }
+
+    /// The rest of the line after `key` in `block`, searched as a substring (fast, no line loop).
+    fn line_after<'t>(block: &'t str, key: &str) -> Option<(usize, &'t str)> {
+        let at = block.find(key)? + key.len();
+        let end = block[at..].find('\n').map_or(block.len(), |e| at + e);
+        Some((end, block[at..end].trim()))
     }
 
     pub fn vendor(&self, vendor: u16) -> Option<&str> {
-        self.vendor_block(vendor).map(|(name, _)| name)
+        let block = self.vendor_block(vendor)?;
+        let line = block.lines().next()?;
+        line.get(6..).map(str::trim)
     }
 
     pub fn device(&self, vendor: u16, device: u16) -> Option<&str> {
-        let (_, lines) = self.vendor_block(vendor)?;
-        let key = format!("\t{device:04x}  ");
-        lines.filter(|l| !l.starts_with("\t\t")).find_map(|l| l.strip_prefix(key.as_str())).map(str::trim)
+        Self::line_after(self.vendor_block(vendor)?, &format!("\n\t{device:04x}  ")).map(|(_, name)| name)
     }
 
     pub fn subsystem(&self, vendor: u16, device: u16, sub_vendor: u16, sub_device: u16) -> Option<&str> {
-        let (_, lines) = self.vendor_block(vendor)?;
-        let device_key = format!("\t{device:04x}  ");
-        let sub_key = format!("\t\t{sub_vendor:04x} {sub_device:04x}  ");
-        let mut in_device = false;
-        for line in lines {
-            if line.starts_with("\t\t") {
-                if in_device {
-                    if let Some(name) = line.strip_prefix(sub_key.as_str()) {
-                        return Some(name.trim());
-                    }
-                }
-            } else if line.starts_with('\t') {
-                if in_device {
-                    return None;
-                }
-                in_device = line.starts_with(device_key.as_str());
+        let block = self.vendor_block(vendor)?;
+        let (device_end, _) = Self::line_after(block, &format!("\n\t{device:04x}  "))?;
+        // The device's subsystem lines follow it, each starting with two tabs.
+        let rest = &block[device_end..];
+        let mut sub_end = rest.len();
+        let mut pos = 0;
+        while let Some(nl) = rest[pos..].find('\n') {
+            let line_start = pos + nl + 1;
+            if !rest[line_start..].starts_with("\t\t") && !rest[line_start..].starts_with('#') {
+                sub_end = line_start;
+                break;
             }
+            pos = line_start;
         }
-        None
+        Self::line_after(&rest[..sub_end], &format!("\n\t\t{sub_vendor:04x} {sub_device:04x}  ")).map(|(_, name)| name)
     }
 
     /// The most specific class name: prog-if, else subclass, else class.

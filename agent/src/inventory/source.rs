@@ -90,7 +90,23 @@ impl Source {
     }
 
     pub fn read_bytes(&self, rel: &str, required: bool) -> Option<Vec<u8>> {
-        match std::fs::read(self.path(rel)) {
+        // Not fs::read or read_to_end: their size hints cost a statx and an lseek per file, and
+        // sysfs sizes are fictional anyway.
+        let read = || -> io::Result<Vec<u8>> {
+            use std::io::Read;
+            let mut file = std::fs::File::open(self.path(rel))?;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                match file.read(&mut chunk) {
+                    Ok(0) => return Ok(buf),
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        match read() {
             Ok(bytes) => Some(bytes),
             Err(e) => {
                 self.io_problem(rel, &e, required);
