@@ -493,7 +493,23 @@ impl SyntheticPci {
         std::os::unix::fs::symlink(target, bus.join(chain.last().unwrap())).unwrap();
     }
 
-    fn hgx(smi: &Smi) -> SyntheticPci {
+    /// An RDMA device (ConnectX-7 port) on a PCI function, as /sys/class/infiniband shows it.
+    fn rdma(&self, chain: &[&str], name: &str) {
+        let host = format!("pci{}", &chain[0][..7]);
+        let dev = format!("devices/{host}/{}/infiniband/{name}", chain.join("/"));
+        let port = self.root().join("sys").join(&dev).join("ports/1");
+        std::fs::create_dir_all(&port).unwrap();
+        std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+        std::fs::write(port.join("rate"), "400 Gb/sec (4X NDR)\n").unwrap();
+        std::fs::write(port.join("link_layer"), "InfiniBand\n").unwrap();
+        let class = self.root().join("sys/class/infiniband");
+        std::fs::create_dir_all(&class).unwrap();
+        std::os::unix::fs::symlink(format!("../../{dev}"), class.join(name)).unwrap();
+    }
+
+    /// Each GPU and one ConnectX-7 share a PCIe switch under their own root port, as on HGX
+    /// H100 boards; GPUs 0-3 on NUMA node 0, 4-7 on node 1. `x8_port` trains one switch port at x8.
+    fn hgx_with(smi: &Smi, x8_port: Option<usize>) -> SyntheticPci {
         let tree = SyntheticPci { dir: tempfile::tempdir().unwrap() };
         std::fs::create_dir_all(tree.root().join("proc")).unwrap();
         let gen5 = ("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16);
@@ -504,12 +520,63 @@ impl SyntheticPci {
             let root_port = format!("0000:{:02x}:01.0", b - 3);
             let up = format!("0000:{:02x}:00.0", b - 2);
             let down = format!("0000:{:02x}:00.0", b - 1);
+            let down_nic = format!("0000:{:02x}:01.0", b - 1);
+            let nic = format!("0000:{:02x}:00.0", b + 1);
             let numa = if i < 4 { 0 } else { 1 };
+            let port_link = if x8_port == Some(i) { ("32.0 GT/s PCIe", 8, "32.0 GT/s PCIe", 16) } else { gen5 };
             tree.device(&[&root_port], "8086", "352a", "060400", numa, gen5);
             tree.device(&[&root_port, &up], "1000", "c030", "060400", numa, gen5);
-            tree.device(&[&root_port, &up, &down], "1000", "c030", "060400", numa, gen5);
+            tree.device(&[&root_port, &up, &down], "1000", "c030", "060400", numa, port_link);
             tree.device(&[&root_port, &up, &down, &gpu], "10de", "2330", "030200", numa, gen5);
+            tree.device(&[&root_port, &up, &down_nic], "1000", "c030", "060400", numa, gen5);
+            tree.device(&[&root_port, &up, &down_nic, &nic], "15b3", "1021", "020700", numa, gen5);
+            tree.rdma(&[&root_port, &up, &down_nic, &nic], &format!("mlx5_{i}"));
         }
         tree
     }
+
+    fn hgx(smi: &Smi) -> SyntheticPci {
+        Self::hgx_with(smi, None)
+    }
+}
+
+/// The PCIe side of the matrix on an HGX-like tree: each GPU shares a switch with its NIC (PIX),
+/// reaches the other NICs of its socket through the host bridges (NODE) and the rest across the
+/// sockets (SYS), as `nvidia-smi topo -m` shows on HGX H100 servers; NVLink pairs stay NV18.
+#[test]
+fn topology_over_a_pcie_tree() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let tree = SyntheticPci::hgx_with(&smi, Some(4));
+    let machine = FakeMachine::new(&fixture(&smi, Wiring::NvSwitch18, |_, _| {}));
+    let inv = machine.inventory(Some(tree.root()));
+    let topo = &inv["topology"];
+    let labels: Vec<&str> = topo["devices"].as_array().unwrap().iter().map(|d| d["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["GPU0", "GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "GPU6", "GPU7", "NIC0", "NIC1", "NIC2", "NIC3", "NIC4", "NIC5", "NIC6", "NIC7"]);
+    let nic_names: Vec<&str> = topo["devices"].as_array().unwrap()[8..].iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(nic_names, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]);
+    let m = |i: usize, j: usize| topo["matrix"][i][j].as_str().unwrap().to_string();
+    for g in 0..8 {
+        for n in 0..8 {
+            let want = if g == n { "PIX" } else if (g < 4) == (n < 4) { "NODE" } else { "SYS" };
+            assert_eq!(m(g, 8 + n), want, "GPU{g} -> NIC{n}");
+            assert_eq!(m(8 + n, g), want, "symmetric");
+        }
+        assert_eq!(m(g, (g + 1) % 8), "NV18");
+    }
+    assert_eq!(topo["devices"][4]["numa_node"], 1);
+
+    // The same tree without NVLink: GPU pairs go through PCIe.
+    let pcie_only = FakeMachine::new(&fixture(&smi, Wiring::None, |_, _| {}));
+    let inv2 = pcie_only.inventory(Some(tree.root()));
+    assert_eq!(inv2["topology"]["matrix"][0][1], "NODE");
+    assert_eq!(inv2["topology"]["matrix"][0][5], "SYS");
+
+    // A switch port trained at x8 above GPU4 is visible even though the GPU's own link is fine.
+    let port = inv["pci"].as_array().unwrap().iter().find(|d| d["address"] == "0000:99:00.0").unwrap();
+    assert_eq!(port["link"]["degraded"], true);
+    let gpu4 = inv["pci"].as_array().unwrap().iter().find(|d| d["address"] == "0000:9a:00.0").unwrap();
+    assert_eq!(gpu4["link"]["degraded"], false);
+    assert!(gpu4["upstream"].as_array().unwrap().contains(&serde_json::json!("0000:99:00.0")));
+    let summary = machine.kiln(&["inventory", "--root", tree.root().to_str().unwrap()]).success().stdout();
+    assert!(summary.contains("0000:99:00.0") && summary.contains("Gen5 x8 (max Gen5 x16)"), "{summary}");
 }

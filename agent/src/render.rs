@@ -234,7 +234,7 @@ fn devices(out: &mut String, inv: &Inventory) {
     let degraded: Vec<String> = inv
         .pci
         .iter()
-        .filter(|d| d.link.as_ref().is_some_and(|l| l.degraded) && !d.is_bridge())
+        .filter(|d| d.link.as_ref().is_some_and(|l| l.degraded))
         .map(|d| format!("{} {} at {}", d.address, d.device_name.as_deref().unwrap_or(&d.class), link_text(d.link.as_ref().unwrap())))
         .collect();
     let _ = writeln!(out, "pci       {} functions{}", inv.pci.len(), if degraded.is_empty() { String::new() } else { format!(", {} links below their maximum", degraded.len()) });
