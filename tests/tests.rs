@@ -4,6 +4,7 @@
 mod util;
 
 mod bad_input;
+mod bench;
 mod cli;
 mod devices;
 mod ghw;

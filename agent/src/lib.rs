@@ -3,4 +3,6 @@
 
 pub mod inventory;
 pub mod render;
+pub mod runs;
+pub mod telemetry;
 pub mod timefmt;

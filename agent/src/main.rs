@@ -62,6 +62,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a benchmark on this machine and store the run
+    Bench {
+        #[command(subcommand)]
+        what: Bench,
+    },
+    /// List the stored benchmark runs, newest first
+    Runs {
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
     /// List the hosts in the results database
     Hosts {
         #[arg(long)]
@@ -79,6 +91,31 @@ enum Show {
     /// A stored inventory, by its id or a unique prefix of it
     Inventory {
         id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A stored run with its metrics, raw samples and telemetry
+    Run {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Host memory bandwidth: the STREAM kernels per NUMA node and in total
+    Membw {
+        /// Size of each of the three arrays [default: 4x the last-level caches, at least 64 MiB]
+        #[arg(long, value_name = "MIB")]
+        array_mib: Option<usize>,
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        #[arg(long, default_value_t = 10)]
+        repetitions: usize,
+        /// Do not store the run
+        #[arg(long)]
+        no_save: bool,
         #[arg(long)]
         json: bool,
     },
@@ -183,6 +220,101 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench { what: Bench::Membw { array_mib, warmup, repetitions, no_save, json } } => {
+            anyhow::ensure!(repetitions >= 1, "--repetitions must be at least 1");
+            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let elements = match array_mib {
+                Some(0) => anyhow::bail!("--array-mib must be at least 1"),
+                Some(mib) => mib << 17,
+                None => kiln::runs::default_membw_elements(&inv),
+            };
+            let config = kiln_bench::membw::Config { elements, warmup, repetitions };
+            let started_at = kiln::timefmt::now_rfc3339();
+            let (report, metrics, samples, telemetry) = kiln::runs::run_membw(&inv, config.clone());
+            let run_id = if no_save {
+                None
+            } else {
+                let db = db_path(cli.db)?;
+                let run = |host_id, inventory_id| {
+                    kiln::runs::new_run(&inv, host_id, inventory_id, "membw", &config, started_at.clone(), &report.status, metrics.clone(), samples.clone(), telemetry.clone())
+                };
+                Some(block_on(store_run(&db, &inv, run))??)
+            };
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "membw", "run_id": run_id, "report": report }))?;
+            } else {
+                let mut text = kiln::runs::render_membw(&report);
+                if let Some(id) = &run_id {
+                    text.push_str(&format!("stored run {id}\n"));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs { limit, json } => {
+            let db = db_path(cli.db)?;
+            let runs = block_on(async {
+                let mut store = Store::open(&db).await?;
+                let runs = store.runs(limit).await?;
+                store.close().await?;
+                anyhow::Ok(runs)
+            })??;
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "runs": runs }))?;
+            } else if runs.is_empty() {
+                emit(&format!("no runs in {} yet: run `kiln bench membw`", db.display()))?;
+            } else {
+                let mut text = format!("{:<36}  {:<20}  {:<10}  {:<8}  {}\n", "RUN", "STARTED", "BENCHMARK", "STATUS", "HEADLINE");
+                for r in &runs {
+                    let headline = r.metrics.iter().find(|m| m.name.ends_with("all.triad_gbps")).or(r.metrics.first());
+                    text.push_str(&format!(
+                        "{:<36}  {:<20}  {:<10}  {:<8}  {}\n",
+                        r.id,
+                        r.started_at,
+                        r.benchmark,
+                        r.status,
+                        headline.map(|m| format!("{} {:.2} {}", m.name, m.value, m.unit)).unwrap_or_default()
+                    ));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { what: Show::Run { id, json } } => {
+            let db = db_path(cli.db)?;
+            let run = block_on(async {
+                let mut store = Store::open(&db).await?;
+                let run = store.run(&id).await?;
+                store.close().await?;
+                anyhow::Ok(run)
+            })??;
+            if json {
+                emit_json(&run)?;
+            } else {
+                let r = &run.run;
+                let mut text = format!(
+                    "run {} on {} ({}), {} {}\n{} .. {}\nconfig {}\n",
+                    r.id,
+                    r.hostname.as_deref().unwrap_or("?"),
+                    r.host_id,
+                    r.benchmark,
+                    r.status,
+                    r.started_at,
+                    r.finished_at.as_deref().unwrap_or("?"),
+                    r.config
+                );
+                for m in &r.metrics {
+                    let n = run.samples.iter().filter(|s| s.0 == m.name).count();
+                    text.push_str(&format!("  {:<32} {:>10.3} {:<6} ({} samples, {:?} is better)\n", m.name, m.value, m.unit, n, m.direction));
+                }
+                let tel: Vec<(i64, String, String, f64)> = run.telemetry.clone();
+                for line in kiln::telemetry::summarize(&tel) {
+                    text.push_str(&format!("telemetry {line}\n"));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Hosts { json } => {
             let db = db_path(cli.db)?;
             let hosts = block_on(async {
@@ -270,6 +402,19 @@ async fn store_inventory(db: &Path, inv: &Inventory) -> Result<(PathBuf, kiln_db
     let saved = store.save_inventory(&record).await?;
     store.close().await?;
     Ok((db.to_owned(), saved))
+}
+
+/// Stores the inventory the run was measured on, then the run, and returns the run's id.
+async fn store_run(
+    db: &Path,
+    inv: &Inventory,
+    make: impl FnOnce(String, String) -> kiln_db::NewRun,
+) -> Result<String> {
+    let (_, saved) = store_inventory(db, inv).await?;
+    let mut store = Store::open(db).await?;
+    let id = store.save_run(&make(saved.host_id, saved.inventory_id)).await?;
+    store.close().await?;
+    Ok(id)
 }
 
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {

@@ -3,4 +3,5 @@
 //!
 //! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
 
+pub mod membw;
 pub mod stats;

@@ -95,6 +95,77 @@ pub struct InventoryRow {
     pub document: String,
 }
 
+/// Whether a bigger value of a metric is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Higher,
+    Lower,
+    None,
+}
+
+impl Direction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Direction::Higher => "higher",
+            Direction::Lower => "lower",
+            Direction::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Metric {
+    pub name: String,
+    pub value: f64,
+    pub unit: String,
+    pub direction: Direction,
+}
+
+/// One benchmark run with everything measured in it; written in one transaction.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub host_id: String,
+    pub inventory_id: Option<String>,
+    /// The software stack (kernel, driver, frameworks) as JSON, deduplicated by its fingerprint.
+    pub software: Option<(String, String)>,
+    pub benchmark: String,
+    pub config: String,
+    pub started_at: String,
+    pub finished_at: String,
+    pub status: String,
+    pub metrics: Vec<Metric>,
+    /// (metric, repetition, value): every raw sample behind the metrics.
+    pub samples: Vec<(String, i64, f64)>,
+    /// (milliseconds since start, source, name, value).
+    pub telemetry: Vec<(i64, String, String, f64)>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunRow {
+    pub id: String,
+    pub host_id: String,
+    pub hostname: Option<String>,
+    pub benchmark: String,
+    pub config: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: String,
+    pub metrics: Vec<Metric>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunRow,
+    pub software: Option<String>,
+    pub samples: Vec<(String, i64, f64)>,
+    pub telemetry: Vec<(i64, String, String, f64)>,
+}
+
+/// SQLite allows 32766 bound values per statement; stay well under.
+const MAX_BINDS: usize = 30_000;
+
 pub struct Store {
     path: PathBuf,
     conn: SqliteConnection,
@@ -291,6 +362,183 @@ impl Store {
         Ok(SavedInventory { inventory_id, host_id, new_host })
     }
 
+    /// Stores a run, its metrics, samples and telemetry in one transaction, with batched inserts.
+    pub async fn save_run(&mut self, run: &NewRun) -> Result<String> {
+        use sqlx::QueryBuilder;
+        let err = self.sql_err();
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let software_id = match &run.software {
+            Some((fingerprint, document)) => {
+                let existing: Option<String> = sqlx::query_scalar("SELECT id FROM software_stacks WHERE fingerprint = ?")
+                    .bind(fingerprint)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(&err)?;
+                match existing {
+                    Some(id) => Some(id),
+                    None => {
+                        let sid = uuid::Uuid::new_v4().to_string();
+                        sqlx::query("INSERT INTO software_stacks (id, fingerprint, document) VALUES (?, ?, ?)")
+                            .bind(&sid)
+                            .bind(fingerprint)
+                            .bind(document)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(&err)?;
+                        Some(sid)
+                    }
+                }
+            }
+            None => None,
+        };
+        sqlx::query(
+            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(&run.host_id)
+        .bind(&run.inventory_id)
+        .bind(&software_id)
+        .bind(&run.benchmark)
+        .bind(&run.config)
+        .bind(&run.started_at)
+        .bind(&run.finished_at)
+        .bind(&run.status)
+        .execute(&mut *tx)
+        .await
+        .map_err(&err)?;
+        for chunk in run.metrics.chunks(MAX_BINDS / 5) {
+            let mut q = QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
+            q.push_values(chunk, |mut b, m| {
+                b.push_bind(&id).push_bind(&m.name).push_bind(m.value).push_bind(&m.unit).push_bind(m.direction.as_str());
+            });
+            q.build().execute(&mut *tx).await.map_err(&err)?;
+        }
+        for chunk in run.samples.chunks(MAX_BINDS / 4) {
+            let mut q = QueryBuilder::new("INSERT INTO samples (run_id, metric, idx, value) ");
+            q.push_values(chunk, |mut b, (metric, idx, value)| {
+                b.push_bind(&id).push_bind(metric).push_bind(idx).push_bind(value);
+            });
+            q.build().execute(&mut *tx).await.map_err(&err)?;
+        }
+        for chunk in run.telemetry.chunks(MAX_BINDS / 5) {
+            let mut q = QueryBuilder::new("INSERT INTO telemetry (run_id, t_ms, source, name, value) ");
+            q.push_values(chunk, |mut b, (t, source, name, value)| {
+                b.push_bind(&id).push_bind(t).push_bind(source).push_bind(name).push_bind(value);
+            });
+            q.build().execute(&mut *tx).await.map_err(&err)?;
+        }
+        tx.commit().await.map_err(&err)?;
+        Ok(id)
+    }
+
+    async fn metrics_of(&mut self, run_id: &str) -> Result<Vec<Metric>> {
+        let err = self.sql_err();
+        let rows = sqlx::query("SELECT name, value, unit, direction FROM metrics WHERE run_id = ? ORDER BY name")
+            .bind(run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(err)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Metric {
+                name: r.get(0),
+                value: r.get(1),
+                unit: r.get(2),
+                direction: match r.get::<String, _>(3).as_str() {
+                    "higher" => Direction::Higher,
+                    "lower" => Direction::Lower,
+                    _ => Direction::None,
+                },
+            })
+            .collect())
+    }
+
+    /// The most recent runs first, with their metrics.
+    pub async fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status \
+             FROM runs r JOIN hosts h ON h.id = r.host_id ORDER BY r.started_at DESC, r.rowid DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let id: String = r.get(0);
+            let metrics = self.metrics_of(&id).await?;
+            out.push(RunRow {
+                id,
+                host_id: r.get(1),
+                hostname: r.get(2),
+                benchmark: r.get(3),
+                config: r.get(4),
+                started_at: r.get(5),
+                finished_at: r.get(6),
+                status: r.get(7),
+                metrics,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One run by id or unique prefix, with its samples and telemetry.
+    pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
+        let err = self.sql_err();
+        let pattern = format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let rows = sqlx::query(
+            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document \
+             FROM runs r JOIN hosts h ON h.id = r.host_id LEFT JOIN software_stacks s ON s.id = r.software_id \
+             WHERE r.id LIKE ? ESCAPE '\\' LIMIT 2",
+        )
+        .bind(&pattern)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(&err)?;
+        let r = match rows.len() {
+            0 => return Err(DbError::NotFound { what: "run", id: id.to_string() }),
+            1 => &rows[0],
+            count => return Err(DbError::Ambiguous { what: "run", id: id.to_string(), count }),
+        };
+        let run_id: String = r.get(0);
+        let samples = sqlx::query("SELECT metric, idx, value FROM samples WHERE run_id = ? ORDER BY metric, idx")
+            .bind(&run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(&err)?
+            .into_iter()
+            .map(|s| (s.get(0), s.get(1), s.get(2)))
+            .collect();
+        let telemetry = sqlx::query("SELECT t_ms, source, name, value FROM telemetry WHERE run_id = ? ORDER BY t_ms, source, name")
+            .bind(&run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(&err)?
+            .into_iter()
+            .map(|t| (t.get(0), t.get(1), t.get(2), t.get(3)))
+            .collect();
+        let metrics = self.metrics_of(&run_id).await?;
+        Ok(RunDetail {
+            software: r.get(8),
+            run: RunRow {
+                id: run_id,
+                host_id: r.get(1),
+                hostname: r.get(2),
+                benchmark: r.get(3),
+                config: r.get(4),
+                started_at: r.get(5),
+                finished_at: r.get(6),
+                status: r.get(7),
+                metrics,
+            },
+            samples,
+            telemetry,
+        })
+    }
+
     /// Every known host with its inventory count, most recently seen first.
     pub async fn hosts(&mut self) -> Result<Vec<HostRow>> {
         let err = self.sql_err();
@@ -398,6 +646,40 @@ mod tests {
         store.close().await.unwrap();
         // Reopening an up-to-date database is a no-op.
         Store::open(&path).await.unwrap().close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn runs_round_trip_with_batches_larger_than_one_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("kiln.db")).await.unwrap();
+        let saved = store.save_inventory(&sample("host-a")).await.unwrap();
+        // More samples than fit in one statement's bound values.
+        let samples: Vec<(String, i64, f64)> = (0..20_000).map(|i| ("triad".to_string(), i, i as f64)).collect();
+        let run = NewRun {
+            host_id: saved.host_id.clone(),
+            inventory_id: Some(saved.inventory_id.clone()),
+            software: Some(("sw1".into(), "{\"kernel\":\"6.8\"}".into())),
+            benchmark: "membw".into(),
+            config: "{}".into(),
+            started_at: "2026-12-02T10:00:00Z".into(),
+            finished_at: "2026-12-02T10:00:05Z".into(),
+            status: "ok".into(),
+            metrics: vec![Metric { name: "triad".into(), value: 42.0, unit: "GB/s".into(), direction: Direction::Higher }],
+            samples,
+            telemetry: vec![(0, "cpu".into(), "utilization_percent".into(), 99.0)],
+        };
+        let id = store.save_run(&run).await.unwrap();
+        let second = store.save_run(&run).await.unwrap();
+        let detail = store.run(&id[..8]).await.unwrap();
+        assert_eq!(detail.samples.len(), 20_000);
+        assert_eq!(detail.run.metrics[0].value, 42.0);
+        assert_eq!(detail.telemetry.len(), 1);
+        assert_eq!(detail.software.as_deref(), Some("{\"kernel\":\"6.8\"}"));
+        let stacks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM software_stacks").fetch_one(&mut store.conn).await.unwrap();
+        assert_eq!(stacks, 1, "one software stack shared by both runs");
+        let runs = store.runs(10).await.unwrap();
+        assert_eq!(runs.len(), 2);
+        assert!(runs.iter().any(|r| r.id == second));
     }
 
     #[tokio::test]

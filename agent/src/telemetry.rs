@@ -1,0 +1,103 @@
+//! Telemetry sampled in the background while a benchmark runs, so that a slow result can say why:
+//! CPU utilisation (from /proc/stat) and mean CPU frequency (cpufreq, else cpuinfo).
+//! GPU clocks, power and throttle reasons join here once the GPU benchmarks land.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// (milliseconds since start, source, name, value).
+pub type Sample = (i64, String, String, f64);
+
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<Sample>>,
+}
+
+/// (busy, total) jiffies of the aggregate "cpu" line.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
+fn mean_mhz() -> Option<f64> {
+    let mut sum = 0.0;
+    let mut n = 0;
+    if let Ok(entries) = std::fs::read_dir("/sys/devices/system/cpu") {
+        for e in entries.flatten() {
+            let p = e.path().join("cpufreq/scaling_cur_freq");
+            if let Some(khz) = std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<f64>().ok()) {
+                sum += khz / 1000.0;
+                n += 1;
+            }
+        }
+    }
+    if n == 0 {
+        let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        for l in info.lines().filter(|l| l.starts_with("cpu MHz")) {
+            if let Some(v) = l.split(':').nth(1).and_then(|v| v.trim().parse::<f64>().ok()) {
+                sum += v;
+                n += 1;
+            }
+        }
+    }
+    (n > 0).then(|| sum / n as f64)
+}
+
+impl Sampler {
+    /// Starts sampling every `interval` on a background thread.
+    pub fn start(interval: Duration) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut out = Vec::new();
+            let mut last = cpu_jiffies();
+            while !flag.load(Ordering::Relaxed) {
+                // Sleep in small steps so that stop() returns promptly.
+                let until = Instant::now() + interval;
+                while Instant::now() < until && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let t = start.elapsed().as_millis() as i64;
+                let now = cpu_jiffies();
+                if let (Some((b0, t0)), Some((b1, t1))) = (last, now) {
+                    if t1 > t0 {
+                        out.push((t, "cpu".to_string(), "utilization_percent".to_string(), 100.0 * (b1 - b0) as f64 / (t1 - t0) as f64));
+                    }
+                }
+                last = now;
+                if let Some(mhz) = mean_mhz() {
+                    out.push((t, "cpu".to_string(), "frequency_mhz".to_string(), mhz));
+                }
+            }
+            out
+        });
+        Sampler { stop, handle }
+    }
+
+    pub fn stop(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// One line per series: "cpu utilization_percent: median 98.5, min 90.1 (12 samples)".
+pub fn summarize(samples: &[Sample]) -> Vec<String> {
+    let mut series: std::collections::BTreeMap<(String, String), Vec<f64>> = Default::default();
+    for (_, source, name, v) in samples {
+        series.entry((source.clone(), name.clone())).or_default().push(*v);
+    }
+    series
+        .into_iter()
+        .filter_map(|((source, name), v)| {
+            let s = kiln_bench::stats::summarize(&v)?;
+            Some(format!("{source} {name}: median {:.1}, min {:.1}, max {:.1} ({} samples)", s.median, s.min, s.max, s.n))
+        })
+        .collect()
+}
