@@ -45,3 +45,50 @@ fn membw_rejects_nonsense_sizes() {
         assert!(run.stderr().contains("must be at least 1"), "{}", run.describe());
     }
 }
+
+#[test]
+fn disk_run_in_a_directory_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    let db = dir.path().join("kiln.db");
+    let out = kiln(&["bench", "disk", target.to_str().unwrap(), "--size-mib", "4", "--seconds", "0.05", "--qd", "1,4", "--json"], &[("KILN_DB", &db)]).success().json();
+    let tests: Vec<&str> = out["report"]["tests"].as_array().unwrap().iter().map(|t| t["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["seq_write", "seq_read", "rand_read", "rand_read", "rand_write", "rand_write"]);
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "the test file is gone");
+    let shown = kiln(&["show", "run", out["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    assert!(shown["metrics"].as_array().unwrap().iter().any(|m| m["name"] == "disk.rand_read_4k_qd4.iops"));
+}
+
+#[test]
+fn disk_interrupted_removes_its_file_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["bench", "disk", dir.path().to_str().unwrap(), "--size-mib", "8", "--seconds", "30", "--no-save"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the test file exists, then interrupt as Ctrl-C would.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(dir.path()).unwrap().count() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left behind");
+}
+
+#[test]
+fn disk_refuses_a_device_that_holds_data() {
+    // A regular file is neither a directory nor a block device: refused with the path.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let run = kiln(&["bench", "disk", file.path().to_str().unwrap(), "--no-save"], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    assert!(run.stderr().contains("not a directory or a block device"), "{}", run.describe());
+}

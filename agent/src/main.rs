@@ -119,6 +119,42 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Storage: sequential and 4 KiB random read/write, O_DIRECT, at several queue depths
+    Disk {
+        /// A directory (a temporary file in it, removed afterwards) or a block device
+        path: PathBuf,
+        /// Size of the test file or device region
+        #[arg(long, default_value_t = 1024, value_name = "MIB")]
+        size_mib: u64,
+        /// Seconds per test
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Queue depths for the random tests
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        qd: Vec<usize>,
+        /// Allow writing to a block device that holds a partition table or a filesystem
+        #[arg(long)]
+        destructive: bool,
+        #[arg(long)]
+        no_save: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Set by SIGINT/SIGTERM so that long benchmarks stop cleanly and remove what they created.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn catch_interrupts() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
 }
 
 fn main() -> ExitCode {
@@ -244,6 +280,61 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "membw", "run_id": run_id, "report": report }))?;
             } else {
                 let mut text = kiln::runs::render_membw(&report);
+                if let Some(id) = &run_id {
+                    text.push_str(&format!("stored run {id}\n"));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { what: Bench::Disk { path, size_mib, seconds, qd, destructive, no_save, json } } => {
+            anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
+            anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
+            anyhow::ensure!(!qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)), "--qd takes depths from 1 to 256");
+            catch_interrupts();
+            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let config = kiln_bench::disk::Config { size_bytes: size_mib << 20, seconds, queue_depths: qd };
+            let started_at = kiln::timefmt::now_rfc3339();
+            let progress = kiln::runs::Progress::new();
+            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
+            let result = kiln_bench::disk::measure(&path, &config, destructive, &INTERRUPTED, |p| progress.update(&format!("disk {p}")));
+            progress.finish();
+            let telemetry = sampler.stop();
+            let report = result.with_context(|| format!("disk benchmark on {}", path.display()))?;
+            let mut metrics = Vec::new();
+            for t in &report.tests {
+                let base = format!("disk.{}_{}k_qd{}", t.test, t.block_bytes / 1024, t.queue_depth);
+                let higher = kiln_db::Direction::Higher;
+                metrics.push(kiln_db::Metric { name: format!("{base}.mb_per_s"), value: t.mb_per_s, unit: "MB/s".into(), direction: higher });
+                metrics.push(kiln_db::Metric { name: format!("{base}.iops"), value: t.iops, unit: "IOPS".into(), direction: higher });
+                metrics.push(kiln_db::Metric { name: format!("{base}.p99_us"), value: t.latency_us.p99, unit: "us".into(), direction: kiln_db::Direction::Lower });
+            }
+            let run_id = if no_save {
+                None
+            } else {
+                let db = db_path(cli.db)?;
+                let make = |host_id, inventory_id| {
+                    kiln::runs::new_run(&inv, host_id, inventory_id, "disk", &serde_json::json!({ "target": path, "config": config, "direct": report.direct }), started_at.clone(), "ok", metrics.clone(), Vec::new(), telemetry.clone())
+                };
+                Some(block_on(store_run(&db, &inv, make))??)
+            };
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "disk", "run_id": run_id, "report": report }))?;
+            } else {
+                let mut text = format!(
+                    "disk {} ({}), {} MiB, {} s per test\n{:<11} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
+                    report.target,
+                    if report.direct { "O_DIRECT" } else { "buffered: the filesystem refuses O_DIRECT" },
+                    size_mib,
+                    seconds,
+                    "test", "block", "QD", "MB/s", "IOPS", "p50 us", "p99 us", "max us"
+                );
+                for t in &report.tests {
+                    text.push_str(&format!(
+                        "{:<11} {:>5}K {:>4} {:>10.1} {:>10.0} {:>9.1} {:>9.1} {:>9.1}\n",
+                        t.test, t.block_bytes / 1024, t.queue_depth, t.mb_per_s, t.iops, t.latency_us.p50, t.latency_us.p99, t.latency_us.max
+                    ));
+                }
                 if let Some(id) = &run_id {
                     text.push_str(&format!("stored run {id}\n"));
                 }

@@ -3,5 +3,6 @@
 //!
 //! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
 
+pub mod disk;
 pub mod membw;
 pub mod stats;
