@@ -63,7 +63,7 @@ fn disk_run_in_a_directory_leaves_nothing_behind() {
 #[test]
 fn disk_interrupted_removes_its_file_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["bench", "disk", dir.path().to_str().unwrap(), "--size-mib", "8", "--seconds", "30", "--no-save"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -91,4 +91,38 @@ fn disk_refuses_a_device_that_holds_data() {
     let run = kiln(&["bench", "disk", file.path().to_str().unwrap(), "--no-save"], &[]);
     assert_eq!(run.code(), Some(2), "{}", run.describe());
     assert!(run.stderr().contains("not a directory or a block device"), "{}", run.describe());
+}
+
+#[test]
+fn net_between_two_kiln_processes_on_loopback() {
+    use std::io::BufRead;
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["bench", "net", "--serve", "127.0.0.1:0", "--idle", "20"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line:?}")).to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let out = kiln(&["bench", "net", "--connect", &addr, "--seconds", "0.1", "--repetitions", "2", "--streams", "2", "--json"], &[("KILN_DB", &db)]).success().json();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(out["report"]["throughput_gbps"].as_array().unwrap().len(), 2);
+    assert!(out["report"]["throughput"]["median"].as_f64().unwrap() > 0.0);
+    assert!(out["report"]["rtt_us"]["median"].as_f64().unwrap() > 0.0);
+    let shown = kiln(&["show", "run", out["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    assert_eq!(shown["benchmark"], "net");
+    assert_eq!(shown["samples"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn net_without_a_server_says_what_to_do() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let run = kiln(&["bench", "net", "--connect", &addr, "--no-save"], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    assert!(run.stderr().contains("is `kiln bench net --serve` running there?"), "{}", run.describe());
 }

@@ -119,6 +119,28 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Network: TCP throughput and latency to another kiln (`--serve` there, `--connect` here)
+    Net {
+        /// Serve clients on this address until idle for --idle seconds
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:5201", conflicts_with = "connect")]
+        serve: Option<String>,
+        /// Measure against a serving kiln
+        #[arg(long, value_name = "HOST:PORT")]
+        connect: Option<String>,
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 5)]
+        repetitions: usize,
+        /// The server stops after this many seconds without a connection
+        #[arg(long, default_value_t = 600)]
+        idle: u64,
+        #[arg(long)]
+        no_save: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Storage: sequential and 4 KiB random read/write, O_DIRECT, at several queue depths
     Disk {
         /// A directory (a temporary file in it, removed afterwards) or a block device
@@ -335,6 +357,59 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         t.test, t.block_bytes / 1024, t.queue_depth, t.mb_per_s, t.iops, t.latency_us.p50, t.latency_us.p99, t.latency_us.max
                     ));
                 }
+                if let Some(id) = &run_id {
+                    text.push_str(&format!("stored run {id}\n"));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { what: Bench::Net { serve, connect, streams, seconds, repetitions, idle, no_save, json } } => {
+            if let Some(addr) = serve {
+                let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
+                // The address first, flushed: a script (or a test) reads it to learn the port.
+                emit(&format!("listening on {}", listener.local_addr()?))?;
+                kiln_bench::net::serve(listener, std::time::Duration::from_secs(idle)).context("serving")?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let Some(server) = connect else { anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other") };
+            anyhow::ensure!(streams >= 1 && repetitions >= 1 && seconds > 0.0, "--streams, --repetitions and --seconds must be positive");
+            let config = kiln_bench::net::Config { streams, seconds_per_repetition: seconds, repetitions, latency_messages: 2000 };
+            let started_at = kiln::timefmt::now_rfc3339();
+            let progress = kiln::runs::Progress::new();
+            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
+            let result = kiln_bench::net::measure(&server, &config, |p| progress.update(&format!("net {p}")));
+            progress.finish();
+            let telemetry = sampler.stop();
+            let report = result.with_context(|| format!("network benchmark against {server} (is `kiln bench net --serve` running there?)"))?;
+            let status = if report.throughput.cv > kiln::runs::MAX_CV { "unstable" } else { "ok" };
+            let run_id = if no_save {
+                None
+            } else {
+                let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+                let db = db_path(cli.db)?;
+                let metrics = vec![
+                    kiln_db::Metric { name: "net.tcp_throughput_gbps".into(), value: report.throughput.median, unit: "Gb/s".into(), direction: kiln_db::Direction::Higher },
+                    kiln_db::Metric { name: "net.tcp_rtt_p50_us".into(), value: report.rtt_us.median, unit: "us".into(), direction: kiln_db::Direction::Lower },
+                    kiln_db::Metric { name: "net.tcp_rtt_p99_us".into(), value: report.rtt_p99_us, unit: "us".into(), direction: kiln_db::Direction::Lower },
+                ];
+                let samples: Vec<(String, i64, f64)> =
+                    report.throughput_gbps.iter().enumerate().map(|(i, v)| ("net.tcp_throughput_gbps".to_string(), i as i64, *v)).collect();
+                let make = |host_id, inventory_id| {
+                    kiln::runs::new_run(&inv, host_id, inventory_id, "net", &serde_json::json!({ "server": report.server, "config": config }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
+                };
+                Some(block_on(store_run(&db, &inv, make))??)
+            };
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "net", "run_id": run_id, "status": status, "report": report }))?;
+            } else {
+                let t = &report.throughput;
+                let mut text = format!(
+                    "net to {}: {} streams, {} x {} s\nthroughput {:.2} Gb/s (95% CI {:.2}..{:.2}, CV {:.1} %){}\nround trip (64 B) p50 {:.1} us, p99 {:.1} us\n",
+                    report.server, streams, repetitions, seconds, t.median, t.median_ci.0, t.median_ci.1, t.cv * 100.0,
+                    if status == "unstable" { ", unstable" } else { "" },
+                    report.rtt_us.median, report.rtt_p99_us
+                );
                 if let Some(id) = &run_id {
                     text.push_str(&format!("stored run {id}\n"));
                 }

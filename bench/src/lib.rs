@@ -5,4 +5,5 @@
 
 pub mod disk;
 pub mod membw;
+pub mod net;
 pub mod stats;
