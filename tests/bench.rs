@@ -126,3 +126,45 @@ fn net_without_a_server_says_what_to_do() {
     assert_eq!(run.code(), Some(2), "{}", run.describe());
     assert!(run.stderr().contains("is `kiln bench net --serve` running there?"), "{}", run.describe());
 }
+
+#[test]
+fn tiny_training_run_learns_and_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let run = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--json"], &[("KILN_DB", &db)]);
+    let out = run.json();
+    let r = &out["report"];
+    assert_eq!(out["status"].as_str().map(|s| s != "failed"), Some(true), "{}", run.describe());
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    assert!(r["learned"].as_bool().unwrap());
+    let (start, end, chance) = (r["loss_start"].as_f64().unwrap(), r["loss_end"].as_f64().unwrap(), r["loss_chance"].as_f64().unwrap());
+    assert!(end < 0.6 * chance && end < start, "loss {start} -> {end}, chance {chance}");
+    assert_eq!(r["loss_curve"].as_array().unwrap().len(), 100);
+    assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["mfu"].as_f64().unwrap() > 0.0 && r["mfu"].as_f64().unwrap() < 1.0);
+    assert_eq!(r["config"]["seed"], 1234);
+    let shown = kiln(&["show", "run", out["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let samples = shown["samples"].as_array().unwrap();
+    assert_eq!(samples.iter().filter(|s| s[0] == "train.tiny.loss").count(), 100);
+    assert_eq!(samples.iter().filter(|s| s[0] == "train.tiny.step_s").count(), 100);
+}
+
+#[test]
+fn training_that_cannot_learn_fails_loudly() {
+    // Three steps cannot learn the corpus: the run says so and exits 1, like a failed check.
+    let run = kiln(&["bench", "train", "--size", "tiny", "--steps", "3", "--no-save"], &[]);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    assert!(run.stderr().contains("did not learn"), "{}", run.describe());
+    let bad = kiln(&["bench", "train", "--size", "tiny", "--heads", "5", "--no-save"], &[]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.describe());
+    assert!(bad.stderr().contains("not a multiple of heads"), "{}", bad.describe());
+}
+
+#[test]
+fn gemm_small_sizes_against_the_peak() {
+    let out = kiln(&["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"], &[]).success().json();
+    assert!(out["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));
+}

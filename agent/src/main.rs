@@ -119,6 +119,46 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The reference training run: a GPT-style transformer trained with AdamW (candle, on the CPU)
+    Train {
+        /// tiny, anchor, small, gpt2, 350m, 1b
+        #[arg(long, default_value = "tiny")]
+        size: String,
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long)]
+        d_model: Option<usize>,
+        #[arg(long)]
+        heads: Option<usize>,
+        #[arg(long)]
+        seq: Option<usize>,
+        #[arg(long)]
+        batch: Option<usize>,
+        #[arg(long)]
+        steps: Option<usize>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only f32 on the CPU for now
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        #[arg(long)]
+        no_save: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dense matrix multiply per dtype and size, against the measured FMA peak
+    Gemm {
+        #[arg(long, value_delimiter = ',', default_value = "256,512,1024,2048")]
+        sizes: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "f32,bf16,f16")]
+        dtypes: Vec<String>,
+        #[arg(long, default_value_t = 10)]
+        repetitions: usize,
+        #[arg(long)]
+        no_save: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Network: TCP throughput and latency to another kiln (`--serve` there, `--connect` here)
     Net {
         /// Serve clients on this address until idle for --idle seconds
@@ -410,6 +450,123 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     if status == "unstable" { ", unstable" } else { "" },
                     report.rtt_us.median, report.rtt_p99_us
                 );
+                if let Some(id) = &run_id {
+                    text.push_str(&format!("stored run {id}\n"));
+                }
+                emit(&text)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, no_save, json } } => {
+            anyhow::ensure!(dtype == "f32", "--dtype {dtype}: the CPU run trains in f32 (bf16 arrives with the CUDA build)");
+            let mut config = kiln_bench::train::Config::preset(&size)
+                .with_context(|| format!("unknown size {size:?}: choose tiny, anchor, small, gpt2, 350m or 1b"))?;
+            config.layers = layers.unwrap_or(config.layers);
+            config.d_model = d_model.unwrap_or(config.d_model);
+            config.heads = heads.unwrap_or(config.heads);
+            config.seq = seq.unwrap_or(config.seq);
+            config.batch = batch.unwrap_or(config.batch);
+            config.steps = steps.unwrap_or(config.steps);
+            config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
+            config.seed = seed.unwrap_or(config.seed);
+            config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let progress = kiln::runs::Progress::new();
+            progress.update("measuring the FMA peak");
+            let cpus = kiln::runs::allowed_cpus(&inv);
+            let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
+            let started_at = kiln::timefmt::now_rfc3339();
+            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
+            let result = kiln_bench::train::run(&config, Some(peak.summary.median * 1e9), |step, total, loss| {
+                progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));
+            });
+            progress.finish();
+            let telemetry = sampler.stop();
+            let report = result.context("training")?;
+            let status = if !report.learned { "failed" } else if report.step_s.cv > kiln::runs::MAX_CV { "unstable" } else { "ok" };
+            let run_id = if no_save {
+                None
+            } else {
+                let db = db_path(cli.db)?;
+                let (metrics, samples) = kiln::runs::train_metrics(&report);
+                let make = |host_id, inventory_id| {
+                    kiln::runs::new_run(&inv, host_id, inventory_id, "train", &serde_json::json!({ "config": report.config, "peak_gflops": peak.summary.median }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
+                };
+                Some(block_on(store_run(&db, &inv, make))??)
+            };
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "train", "run_id": run_id, "status": status, "peak": peak, "report": report }))?;
+            } else {
+                let mut text = kiln::runs::render_train(&report, &peak);
+                text.push_str(&format!("status {status}\n"));
+                if let Some(id) = &run_id {
+                    text.push_str(&format!("stored run {id}\n"));
+                }
+                emit(&text)?;
+            }
+            if !report.learned {
+                eprintln!(
+                    "kiln: the model did not learn: loss {:.3} -> {:.3}, chance {:.3}; the numerics of this machine or stack are suspect",
+                    report.loss_start, report.loss_end, report.loss_chance
+                );
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { what: Bench::Gemm { sizes, dtypes, repetitions, no_save, json } } => {
+            anyhow::ensure!(repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1), "--sizes and --repetitions must be positive");
+            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let progress = kiln::runs::Progress::new();
+            progress.update("measuring the FMA peak");
+            let peak = kiln_bench::gemm::fma_peak(&kiln::runs::allowed_cpus(&inv), 3, 20_000_000);
+            let started_at = kiln::timefmt::now_rfc3339();
+            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
+            let mut results = Vec::new();
+            let mut skipped = Vec::new();
+            for d in &dtypes {
+                let dtype = match d.as_str() {
+                    "f32" => candle_core::DType::F32,
+                    "bf16" => candle_core::DType::BF16,
+                    "f16" => candle_core::DType::F16,
+                    other => anyhow::bail!("--dtypes: unknown dtype {other:?} (f32, bf16, f16)"),
+                };
+                for &n in &sizes {
+                    progress.update(&format!("gemm {d} {n}x{n}x{n}"));
+                    match kiln_bench::gemm::measure(dtype, n, repetitions, Some(peak.summary.median)) {
+                        Ok(r) => results.push(r),
+                        Err(e) => skipped.push(format!("{d} {n}: {e}")),
+                    }
+                }
+            }
+            progress.finish();
+            let telemetry = sampler.stop();
+            let mut metrics = vec![kiln_db::Metric { name: "cpu.fma_peak_gflops".into(), value: peak.summary.median, unit: "GFLOP/s".into(), direction: kiln_db::Direction::Higher }];
+            let mut samples: Vec<(String, i64, f64)> = peak.gflops.iter().enumerate().map(|(i, v)| ("cpu.fma_peak_gflops".to_string(), i as i64, *v)).collect();
+            for r in &results {
+                let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
+                metrics.push(kiln_db::Metric { name: name.clone(), value: r.summary.median, unit: "GFLOP/s".into(), direction: kiln_db::Direction::Higher });
+                samples.extend(r.gflops.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
+            }
+            let status = if results.iter().any(|r| r.summary.cv > kiln::runs::MAX_CV) { "unstable" } else { "ok" };
+            let run_id = if no_save {
+                None
+            } else {
+                let db = db_path(cli.db)?;
+                let make = |host_id, inventory_id| {
+                    kiln::runs::new_run(&inv, host_id, inventory_id, "gemm", &serde_json::json!({ "sizes": sizes, "dtypes": dtypes, "repetitions": repetitions }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
+                };
+                Some(block_on(store_run(&db, &inv, make))??)
+            };
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "gemm", "run_id": run_id, "status": status, "peak": peak, "results": results, "skipped": skipped }))?;
+            } else {
+                let mut text = format!("measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s\n{:<6} {:>6} {:>12} {:>8} {:>7}\n", peak.isa, kiln::runs::allowed_cpus(&inv).len(), peak.summary.median, "dtype", "n", "GFLOP/s", "of peak", "CV");
+                for r in &results {
+                    text.push_str(&format!("{:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n", r.dtype, r.n, r.summary.median, r.percent_of_peak.unwrap_or(0.0), r.summary.cv * 100.0));
+                }
+                for s in &skipped {
+                    text.push_str(&format!("skipped {s}\n"));
+                }
                 if let Some(id) = &run_id {
                     text.push_str(&format!("stored run {id}\n"));
                 }

@@ -81,14 +81,56 @@ pub struct MembwReport {
     pub telemetry: Vec<String>,
 }
 
-/// The NUMA nodes with CPUs this process may use, each a scope, plus "all" when there are several.
-pub fn membw_scopes(inv: &Inventory) -> Vec<membw::Scope> {
-    let allowed: Vec<u32> = inv
-        .cpu
+/// The CPUs this process may use.
+pub fn allowed_cpus(inv: &Inventory) -> Vec<u32> {
+    inv.cpu
         .allowed_cpus
         .as_deref()
         .and_then(parse_list)
-        .unwrap_or_else(|| parse_list(&inv.cpu.online_cpus).unwrap_or_default());
+        .unwrap_or_else(|| parse_list(&inv.cpu.online_cpus).unwrap_or_default())
+}
+
+/// The stored metrics of a training run, with the step times as raw samples.
+pub fn train_metrics(r: &kiln_bench::train::Report) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
+    let size = &r.config.size;
+    let m = |name: &str, value: f64, unit: &str, direction| Metric { name: format!("train.{size}.{name}"), value, unit: unit.into(), direction };
+    let mut metrics = vec![
+        m("tokens_per_s", r.tokens_per_s, "tokens/s", Direction::Higher),
+        m("step_p50_s", r.step_s.median, "s", Direction::Lower),
+        m("step_p95_s", r.step_p95_s, "s", Direction::Lower),
+        m("achieved_gflops", r.achieved_flops / 1e9, "GFLOP/s", Direction::Higher),
+        m("loss_start", r.loss_start, "nats", Direction::None),
+        m("loss_end", r.loss_end, "nats", Direction::Lower),
+    ];
+    if let Some(mfu) = r.mfu {
+        metrics.push(m("mfu", mfu, "ratio", Direction::Higher));
+    }
+    let mut samples: Vec<(String, i64, f64)> =
+        r.loss_curve.iter().enumerate().map(|(i, v)| (format!("train.{size}.loss"), i as i64, *v)).collect();
+    let step = format!("train.{size}.step_s");
+    samples.extend(r.step_times_s.iter().enumerate().map(|(i, v)| (step.clone(), i as i64, *v)));
+    (metrics, samples)
+}
+
+pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::gemm::PeakResult) -> String {
+    let c = &r.config;
+    format!(
+        "train {}: {} layers, d_model {}, {} heads, seq {}, batch {}, {} steps, seed {} ({} parameters, {} without embeddings)\n\
+         tokens/s {:.0}  samples/s {:.1}  step p50 {:.1} ms  p95 {:.1} ms  max {:.1} ms  (CV {:.1} %, first {} steps excluded)\n\
+         achieved {:.2} GFLOP/s ({}), {:.1} % of the measured {} peak {:.1} GFLOP/s\n\
+         loss {:.3} -> {:.3} (chance {:.3}, corpus entropy {:.3}){}\n\
+         peak memory {}\n",
+        c.size, c.layers, c.d_model, c.heads, c.seq, c.batch, c.steps, c.seed, r.parameters, r.non_embedding_parameters,
+        r.tokens_per_s, r.samples_per_s, r.step_s.median * 1e3, r.step_p95_s * 1e3, r.step_max_s * 1e3, r.step_s.cv * 100.0, r.warmup_steps_excluded,
+        r.achieved_flops / 1e9, r.flops_formula, r.mfu.unwrap_or(0.0) * 100.0, peak.isa, peak.summary.median,
+        r.loss_start, r.loss_end, r.loss_chance, r.loss_floor, if r.learned { "" } else { "  DID NOT LEARN" },
+        r.peak_rss_bytes.map_or("unknown".to_string(), crate::inventory::fingerprint::human_bytes),
+    )
+}
+
+/// The NUMA nodes with CPUs this process may use, each a scope, plus "all" when there are several.
+pub fn membw_scopes(inv: &Inventory) -> Vec<membw::Scope> {
+    let allowed = allowed_cpus(inv);
     let mut scopes: Vec<membw::Scope> = inv
         .numa
         .nodes

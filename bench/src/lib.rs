@@ -4,6 +4,8 @@
 //! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
 
 pub mod disk;
+pub mod gemm;
 pub mod membw;
 pub mod net;
 pub mod stats;
+pub mod train;

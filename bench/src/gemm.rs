@@ -1,0 +1,186 @@
+//! Dense matrix multiply through candle, per dtype and size, in GFLOP/s and as a share of the
+//! processor's measured FMA peak (`fma_peak`: every core running independent FMA chains, the
+//! ceiling a GEMM can approach).
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{summarize, Summary};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GemmResult {
+    pub dtype: String,
+    pub n: usize,
+    pub gflops: Vec<f64>,
+    pub summary: Summary,
+    /// Share of the measured f32 FMA peak (bf16/f16 on CPUs without native support run at f32 speed at best).
+    pub percent_of_peak: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeakResult {
+    /// GFLOP/s (f32) with every thread running independent FMA chains.
+    pub gflops: Vec<f64>,
+    pub summary: Summary,
+    /// "avx512f", "avx2+fma" or "scalar": the widest instructions used.
+    pub isa: String,
+}
+
+fn pin(cpu: u32) {
+    // SAFETY: plain data; affects only the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains_avx512(iterations: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    acc.iter().map(|x| _mm512_reduce_add_ps(*x)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_avx2(iterations: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
+        }
+    }
+    let mut out = [0f32; 8];
+    let mut sum = 0.0;
+    for x in acc {
+        _mm256_storeu_ps(out.as_mut_ptr(), x);
+        sum += out.iter().sum::<f32>();
+    }
+    sum
+}
+
+fn fma_chains_scalar(iterations: u64) -> f32 {
+    let mut acc = [1.0f32; 16];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(0.999_999, 1e-7);
+        }
+    }
+    acc.iter().sum()
+}
+
+/// The instruction set used for the peak, and FLOPs per iteration of one thread.
+fn isa() -> (&'static str, f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return ("avx512f", 12.0 * 16.0 * 2.0);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return ("avx2+fma", 12.0 * 8.0 * 2.0);
+        }
+    }
+    ("scalar", 16.0 * 2.0)
+}
+
+fn run_chains(iterations: u64) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (name, _) = isa();
+        // SAFETY: the features were detected at run time just above.
+        unsafe {
+            match name {
+                "avx512f" => return fma_chains_avx512(iterations),
+                "avx2+fma" => return fma_chains_avx2(iterations),
+                _ => {}
+            }
+        }
+    }
+    fma_chains_scalar(iterations)
+}
+
+/// Measures the f32 FMA peak over `cpus` (one pinned thread each).
+pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult {
+    let (name, flops_per_iter) = isa();
+    let threads = cpus.len().max(1);
+    let mut gflops = Vec::new();
+    for rep in 0..repetitions + 1 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let cpu = cpus.get(t).copied();
+                s.spawn(move || {
+                    if let Some(c) = cpu {
+                        pin(c);
+                    }
+                    std::hint::black_box(run_chains(iterations));
+                });
+            }
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            gflops.push(iterations as f64 * flops_per_iter * threads as f64 / secs / 1e9);
+        }
+    }
+    PeakResult { summary: summarize(&gflops).expect("repetitions"), gflops, isa: name.to_string() }
+}
+
+/// Multiplies two n×n matrices of `dtype` on the CPU `repetitions` times after a warm-up.
+///
+/// # Errors
+/// When candle cannot multiply in that dtype on this device.
+pub fn measure(dtype: DType, n: usize, repetitions: usize, peak_gflops: Option<f64>) -> candle_core::Result<GemmResult> {
+    let device = Device::Cpu;
+    let a = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;
+    let _ = a.matmul(&b)?; // warm-up: thread pool, caches
+    let mut gflops = Vec::new();
+    for _ in 0..repetitions {
+        let t0 = Instant::now();
+        let c = a.matmul(&b)?;
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(c);
+        gflops.push(2.0 * (n as f64).powi(3) / secs / 1e9);
+    }
+    let summary = summarize(&gflops).expect("repetitions");
+    Ok(GemmResult {
+        dtype: format!("{dtype:?}").to_lowercase(),
+        n,
+        percent_of_peak: peak_gflops.map(|p| 100.0 * summary.median / p),
+        summary,
+        gflops,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_gemm_and_peak() {
+        let peak = fma_peak(&[0], 2, 200_000);
+        assert!(peak.summary.median > 0.0);
+        let r = measure(DType::F32, 64, 3, Some(peak.summary.median)).unwrap();
+        assert_eq!(r.gflops.len(), 3);
+        assert!(r.summary.median > 0.0 && r.percent_of_peak.unwrap() > 0.0);
+    }
+
+    #[test]
+    fn matmul_is_right() {
+        let a = Tensor::new(&[[1f32, 2.], [3., 4.]], &Device::Cpu).unwrap();
+        let c = a.matmul(&a).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(c, [[7., 10.], [15., 22.]]);
+    }
+}
