@@ -64,10 +64,10 @@ fn commission_stores_into_the_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("results/kiln.db");
     let db_arg = db.to_str().unwrap();
-    let first = kiln(&["--db", db_arg, "commission"], &[]).success();
+    let first = kiln(&["--db", db_arg, "commission", "--no-bench"], &[]).success();
     assert!(first.stdout().contains(db_arg), "commission says where the result went\n{}", first.describe());
     assert!(first.stdout().contains("new host"), "{}", first.describe());
-    let second = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
+    let second = kiln(&["commission", "--no-bench", "--json"], &[("KILN_DB", &db)]).success().json();
     assert_eq!(second["stored"]["new_host"], false);
     assert_eq!(second["kind"], "commission");
 
@@ -103,7 +103,7 @@ fn inventory_save_from_snapshots_keeps_hosts_apart() {
 #[track_caller]
 fn assert_refused_untouched(db: &Path, expect: &str) {
     let before = std::fs::read(db).unwrap();
-    for args in [&["commission"][..], &["hosts"][..], &["inventory", "--save"][..]] {
+    for args in [&["commission"][..], &["hosts"][..], &["inventory", "--save"][..], &["bench", "membw", "--array-mib", "1"][..]] {
         let run = kiln(args, &[("KILN_DB", db)]);
         assert_eq!(run.code(), Some(2), "{}", run.describe());
         let err = run.stderr();
@@ -125,7 +125,7 @@ fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
 fn a_corrupt_database_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    kiln(&["commission"], &[("KILN_DB", &db)]).success();
+    kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]).success();
     // Keep SQLite's header, wreck everything after it (a disk error or a torn copy).
     let mut bytes = std::fs::read(&db).unwrap();
     assert!(bytes.len() > 4096);
@@ -160,4 +160,24 @@ fn usage_errors_exit_2() {
     for cmd in ["inventory", "commission", "hosts", "show"] {
         assert!(run.stdout().contains(cmd), "{}", run.describe());
     }
+}
+
+/// The main job end to end: inventory, the quick benchmark suite, everything stored.
+#[test]
+fn commission_runs_the_quick_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let out = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
+    let benchmarks: Vec<&str> = out["benchmarks"].as_array().unwrap().iter().map(|b| b["benchmark"].as_str().unwrap()).collect();
+    assert_eq!(benchmarks, ["membw", "gemm", "train", "disk"]);
+    let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 4);
+    // Every run points at the inventory the commission stored.
+    let id = out["benchmarks"][2]["run_id"].as_str().unwrap();
+    let shown = kiln(&["show", "run", id, "--json"], &[("KILN_DB", &db)]).success().json();
+    assert_eq!(shown["host_id"], out["stored"]["host_id"]);
+    // A snapshot is inventoried, never benchmarked.
+    let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
+    let snap = kiln(&["commission", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();
+    assert!(snap.stdout().contains("benchmarks skipped"), "{}", snap.describe());
 }

@@ -48,10 +48,16 @@ enum Command {
         #[arg(long)]
         save: bool,
     },
-    /// Commission this machine: inventory, store, and summarise (the main job)
+    /// Commission this machine: inventory, the quick benchmark suite, store, and summarise (the main job)
     Commission {
         #[command(flatten)]
         source: Source,
+        /// Inventory only, no benchmarks
+        #[arg(long)]
+        no_bench: bool,
+        /// Time budget of the benchmark suite, in seconds
+        #[arg(long, value_name = "SECONDS")]
+        budget: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -114,6 +120,22 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         repetitions: usize,
         /// Do not store the run
+        #[arg(long)]
+        no_save: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The set a commission or a nightly run uses: membw, gemm, train, disk, within a time budget
+    Suite {
+        /// The short set (under two minutes on a small VM)
+        #[arg(long)]
+        quick: bool,
+        /// Stop starting benchmarks after this many seconds
+        #[arg(long, value_name = "SECONDS")]
+        budget: Option<u64>,
+        /// Where the disk benchmark writes its temporary file [default: the temporary directory]
+        #[arg(long, value_name = "DIR")]
+        disk_path: Option<PathBuf>,
         #[arg(long)]
         no_save: bool,
         #[arg(long)]
@@ -292,21 +314,55 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Commission { source, json } => {
+        Command::Commission { source, json, no_bench, budget } => {
             let db = db_path(cli.db)?;
+            // Open (and so check) the database first: a corrupt or foreign file should stop the
+            // job before minutes of benchmarks, not after.
+            block_on(async { Store::open(&db).await?.close().await })??;
             progress("taking the inventory");
             let inv = take_inventory(&source)?;
+            let live = source.root == Path::new("/");
+            let outcomes = if no_bench || !live {
+                Vec::new()
+            } else {
+                catch_interrupts();
+                run_suite(&inv, true, budget, None)?
+            };
             progress("storing the results");
             let (path, saved) = block_on(store_inventory(&db, &inv))??;
+            let run_ids = block_on(async {
+                let mut store = Store::open(&db).await?;
+                let mut ids = Vec::new();
+                for o in &outcomes {
+                    ids.push(store.save_run(&o.to_run(&inv, saved.host_id.clone(), saved.inventory_id.clone())).await?);
+                }
+                store.close().await?;
+                anyhow::Ok(ids)
+            })??;
+            let failed = outcomes.iter().any(|o| o.failed_check);
             if json {
+                let runs: Vec<serde_json::Value> = outcomes
+                    .iter()
+                    .zip(&run_ids)
+                    .map(|(o, id)| serde_json::json!({ "benchmark": o.benchmark, "status": o.status, "run_id": id, "headline": o.headline }))
+                    .collect();
                 emit_json(&serde_json::json!({
                     "schema_version": inventory::SCHEMA_VERSION,
                     "kind": "commission",
                     "inventory": inv,
+                    "benchmarks": runs,
                     "stored": { "database": path, "inventory_id": saved.inventory_id, "host_id": saved.host_id, "new_host": saved.new_host },
                 }))?;
             } else {
                 let mut text = render::summary(&inv);
+                if !outcomes.is_empty() {
+                    text.push_str("\nbenchmarks (quick suite)\n");
+                    for (o, id) in outcomes.iter().zip(&run_ids) {
+                        text.push_str(&format!("  {:<8} {:<9} {}  [run {}]\n", o.benchmark, o.status, o.headline, &id[..8]));
+                    }
+                } else if !live {
+                    text.push_str("\nbenchmarks skipped: they measure this machine, not the snapshot under --root\n");
+                }
                 text.push_str(&format!(
                     "\nstored    inventory {} for {} host {}\n          in {}\n",
                     saved.inventory_id,
@@ -316,93 +372,30 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ));
                 emit(&text)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }
         Command::Bench { what: Bench::Membw { array_mib, warmup, repetitions, no_save, json } } => {
+            preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(repetitions >= 1, "--repetitions must be at least 1");
-            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let inv = live_inventory()?;
             let elements = match array_mib {
                 Some(0) => anyhow::bail!("--array-mib must be at least 1"),
                 Some(mib) => mib << 17,
                 None => kiln::runs::default_membw_elements(&inv),
             };
-            let config = kiln_bench::membw::Config { elements, warmup, repetitions };
-            let started_at = kiln::timefmt::now_rfc3339();
-            let (report, metrics, samples, telemetry) = kiln::runs::run_membw(&inv, config.clone());
-            let run_id = if no_save {
-                None
-            } else {
-                let db = db_path(cli.db)?;
-                let run = |host_id, inventory_id| {
-                    kiln::runs::new_run(&inv, host_id, inventory_id, "membw", &config, started_at.clone(), &report.status, metrics.clone(), samples.clone(), telemetry.clone())
-                };
-                Some(block_on(store_run(&db, &inv, run))??)
-            };
-            if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "membw", "run_id": run_id, "report": report }))?;
-            } else {
-                let mut text = kiln::runs::render_membw(&report);
-                if let Some(id) = &run_id {
-                    text.push_str(&format!("stored run {id}\n"));
-                }
-                emit(&text)?;
-            }
-            Ok(ExitCode::SUCCESS)
+            let outcome = kiln::runs::membw(&inv, kiln_bench::membw::Config { elements, warmup, repetitions });
+            finish_bench(cli.db, &inv, outcome, no_save, json)
         }
         Command::Bench { what: Bench::Disk { path, size_mib, seconds, qd, destructive, no_save, json } } => {
+            preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
             anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
             anyhow::ensure!(!qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)), "--qd takes depths from 1 to 256");
             catch_interrupts();
-            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
+            let inv = live_inventory()?;
             let config = kiln_bench::disk::Config { size_bytes: size_mib << 20, seconds, queue_depths: qd };
-            let started_at = kiln::timefmt::now_rfc3339();
-            let progress = kiln::runs::Progress::new();
-            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
-            let result = kiln_bench::disk::measure(&path, &config, destructive, &INTERRUPTED, |p| progress.update(&format!("disk {p}")));
-            progress.finish();
-            let telemetry = sampler.stop();
-            let report = result.with_context(|| format!("disk benchmark on {}", path.display()))?;
-            let mut metrics = Vec::new();
-            for t in &report.tests {
-                let base = format!("disk.{}_{}k_qd{}", t.test, t.block_bytes / 1024, t.queue_depth);
-                let higher = kiln_db::Direction::Higher;
-                metrics.push(kiln_db::Metric { name: format!("{base}.mb_per_s"), value: t.mb_per_s, unit: "MB/s".into(), direction: higher });
-                metrics.push(kiln_db::Metric { name: format!("{base}.iops"), value: t.iops, unit: "IOPS".into(), direction: higher });
-                metrics.push(kiln_db::Metric { name: format!("{base}.p99_us"), value: t.latency_us.p99, unit: "us".into(), direction: kiln_db::Direction::Lower });
-            }
-            let run_id = if no_save {
-                None
-            } else {
-                let db = db_path(cli.db)?;
-                let make = |host_id, inventory_id| {
-                    kiln::runs::new_run(&inv, host_id, inventory_id, "disk", &serde_json::json!({ "target": path, "config": config, "direct": report.direct }), started_at.clone(), "ok", metrics.clone(), Vec::new(), telemetry.clone())
-                };
-                Some(block_on(store_run(&db, &inv, make))??)
-            };
-            if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "disk", "run_id": run_id, "report": report }))?;
-            } else {
-                let mut text = format!(
-                    "disk {} ({}), {} MiB, {} s per test\n{:<11} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
-                    report.target,
-                    if report.direct { "O_DIRECT" } else { "buffered: the filesystem refuses O_DIRECT" },
-                    size_mib,
-                    seconds,
-                    "test", "block", "QD", "MB/s", "IOPS", "p50 us", "p99 us", "max us"
-                );
-                for t in &report.tests {
-                    text.push_str(&format!(
-                        "{:<11} {:>5}K {:>4} {:>10.1} {:>10.0} {:>9.1} {:>9.1} {:>9.1}\n",
-                        t.test, t.block_bytes / 1024, t.queue_depth, t.mb_per_s, t.iops, t.latency_us.p50, t.latency_us.p99, t.latency_us.max
-                    ));
-                }
-                if let Some(id) = &run_id {
-                    text.push_str(&format!("stored run {id}\n"));
-                }
-                emit(&text)?;
-            }
-            Ok(ExitCode::SUCCESS)
+            let outcome = kiln::runs::disk(&path, config, destructive, &INTERRUPTED)?;
+            finish_bench(cli.db, &inv, outcome, no_save, json)
         }
         Command::Bench { what: Bench::Net { serve, connect, streams, seconds, repetitions, idle, no_save, json } } => {
             if let Some(addr) = serve {
@@ -458,6 +451,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, no_save, json } } => {
+            preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(dtype == "f32", "--dtype {dtype}: the CPU run trains in f32 (bf16 arrives with the CUDA build)");
             let mut config = kiln_bench::train::Config::preset(&size)
                 .with_context(|| format!("unknown size {size:?}: choose tiny, anchor, small, gpt2, 350m or 1b"))?;
@@ -470,109 +464,65 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
             config.seed = seed.unwrap_or(config.seed);
             config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
-            let progress = kiln::runs::Progress::new();
-            progress.update("measuring the FMA peak");
-            let cpus = kiln::runs::allowed_cpus(&inv);
-            let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
-            let started_at = kiln::timefmt::now_rfc3339();
-            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
-            let result = kiln_bench::train::run(&config, Some(peak.summary.median * 1e9), |step, total, loss| {
-                progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));
-            });
-            progress.finish();
-            let telemetry = sampler.stop();
-            let report = result.context("training")?;
-            let status = if !report.learned { "failed" } else if report.step_s.cv > kiln::runs::MAX_CV { "unstable" } else { "ok" };
-            let run_id = if no_save {
-                None
-            } else {
-                let db = db_path(cli.db)?;
-                let (metrics, samples) = kiln::runs::train_metrics(&report);
-                let make = |host_id, inventory_id| {
-                    kiln::runs::new_run(&inv, host_id, inventory_id, "train", &serde_json::json!({ "config": report.config, "peak_gflops": peak.summary.median }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
-                };
-                Some(block_on(store_run(&db, &inv, make))??)
-            };
-            if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "train", "run_id": run_id, "status": status, "peak": peak, "report": report }))?;
-            } else {
-                let mut text = kiln::runs::render_train(&report, &peak);
-                text.push_str(&format!("status {status}\n"));
-                if let Some(id) = &run_id {
-                    text.push_str(&format!("stored run {id}\n"));
-                }
-                emit(&text)?;
-            }
-            if !report.learned {
+            let inv = live_inventory()?;
+            let outcome = kiln::runs::train(&inv, &config)?;
+            if outcome.failed_check {
+                let r = &outcome.report["train"];
                 eprintln!(
                     "kiln: the model did not learn: loss {:.3} -> {:.3}, chance {:.3}; the numerics of this machine or stack are suspect",
-                    report.loss_start, report.loss_end, report.loss_chance
+                    r["loss_start"].as_f64().unwrap_or(f64::NAN),
+                    r["loss_end"].as_f64().unwrap_or(f64::NAN),
+                    r["loss_chance"].as_f64().unwrap_or(f64::NAN)
                 );
-                return Ok(ExitCode::from(1));
             }
-            Ok(ExitCode::SUCCESS)
+            finish_bench(cli.db, &inv, outcome, no_save, json)
         }
         Command::Bench { what: Bench::Gemm { sizes, dtypes, repetitions, no_save, json } } => {
+            preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1), "--sizes and --repetitions must be positive");
-            let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
-            let progress = kiln::runs::Progress::new();
-            progress.update("measuring the FMA peak");
-            let peak = kiln_bench::gemm::fma_peak(&kiln::runs::allowed_cpus(&inv), 3, 20_000_000);
-            let started_at = kiln::timefmt::now_rfc3339();
-            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
-            let mut results = Vec::new();
-            let mut skipped = Vec::new();
-            for d in &dtypes {
-                let dtype = match d.as_str() {
-                    "f32" => candle_core::DType::F32,
-                    "bf16" => candle_core::DType::BF16,
-                    "f16" => candle_core::DType::F16,
-                    other => anyhow::bail!("--dtypes: unknown dtype {other:?} (f32, bf16, f16)"),
-                };
-                for &n in &sizes {
-                    progress.update(&format!("gemm {d} {n}x{n}x{n}"));
-                    match kiln_bench::gemm::measure(dtype, n, repetitions, Some(peak.summary.median)) {
-                        Ok(r) => results.push(r),
-                        Err(e) => skipped.push(format!("{d} {n}: {e}")),
-                    }
-                }
-            }
-            progress.finish();
-            let telemetry = sampler.stop();
-            let mut metrics = vec![kiln_db::Metric { name: "cpu.fma_peak_gflops".into(), value: peak.summary.median, unit: "GFLOP/s".into(), direction: kiln_db::Direction::Higher }];
-            let mut samples: Vec<(String, i64, f64)> = peak.gflops.iter().enumerate().map(|(i, v)| ("cpu.fma_peak_gflops".to_string(), i as i64, *v)).collect();
-            for r in &results {
-                let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
-                metrics.push(kiln_db::Metric { name: name.clone(), value: r.summary.median, unit: "GFLOP/s".into(), direction: kiln_db::Direction::Higher });
-                samples.extend(r.gflops.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
-            }
-            let status = if results.iter().any(|r| r.summary.cv > kiln::runs::MAX_CV) { "unstable" } else { "ok" };
-            let run_id = if no_save {
-                None
-            } else {
-                let db = db_path(cli.db)?;
-                let make = |host_id, inventory_id| {
-                    kiln::runs::new_run(&inv, host_id, inventory_id, "gemm", &serde_json::json!({ "sizes": sizes, "dtypes": dtypes, "repetitions": repetitions }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
-                };
-                Some(block_on(store_run(&db, &inv, make))??)
+            let dtypes = dtypes
+                .iter()
+                .map(|d| match d.as_str() {
+                    "f32" => Ok(candle_core::DType::F32),
+                    "bf16" => Ok(candle_core::DType::BF16),
+                    "f16" => Ok(candle_core::DType::F16),
+                    other => Err(anyhow::anyhow!("--dtypes: unknown dtype {other:?} (f32, bf16, f16)")),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let inv = live_inventory()?;
+            let outcome = kiln::runs::gemm(&inv, &sizes, &dtypes, repetitions);
+            finish_bench(cli.db, &inv, outcome, no_save, json)
+        }
+        Command::Bench { what: Bench::Suite { quick, budget, disk_path, no_save, json } } => {
+            preflight_db(&cli.db, no_save)?;
+            catch_interrupts();
+            let inv = live_inventory()?;
+            let outcomes = run_suite(&inv, quick, budget, disk_path)?;
+            let db = if no_save { None } else { Some(db_path(cli.db)?) };
+            let stored = match &db {
+                Some(db) => block_on(store_outcomes(db, &inv, &outcomes))??,
+                None => Vec::new(),
             };
+            let failed = outcomes.iter().any(|o| o.failed_check);
             if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "gemm", "run_id": run_id, "status": status, "peak": peak, "results": results, "skipped": skipped }))?;
+                let runs: Vec<serde_json::Value> = outcomes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| serde_json::json!({ "benchmark": o.benchmark, "status": o.status, "run_id": stored.get(i), "headline": o.headline, "report": o.report }))
+                    .collect();
+                emit_json(&serde_json::json!({ "schema_version": 1, "suite": if quick { "quick" } else { "full" }, "runs": runs }))?;
             } else {
-                let mut text = format!("measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s\n{:<6} {:>6} {:>12} {:>8} {:>7}\n", peak.isa, kiln::runs::allowed_cpus(&inv).len(), peak.summary.median, "dtype", "n", "GFLOP/s", "of peak", "CV");
-                for r in &results {
-                    text.push_str(&format!("{:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n", r.dtype, r.n, r.summary.median, r.percent_of_peak.unwrap_or(0.0), r.summary.cv * 100.0));
-                }
-                for s in &skipped {
-                    text.push_str(&format!("skipped {s}\n"));
-                }
-                if let Some(id) = &run_id {
-                    text.push_str(&format!("stored run {id}\n"));
+                let mut text = String::new();
+                for (i, o) in outcomes.iter().enumerate() {
+                    text.push_str(&o.text);
+                    if let Some(id) = stored.get(i) {
+                        text.push_str(&format!("stored run {id}\n"));
+                    }
+                    text.push('\n');
                 }
                 emit(&text)?;
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
         }
         Command::Runs { limit, json } => {
             let db = db_path(cli.db)?;
@@ -725,6 +675,93 @@ async fn store_inventory(db: &Path, inv: &Inventory) -> Result<(PathBuf, kiln_db
     let saved = store.save_inventory(&record).await?;
     store.close().await?;
     Ok((db.to_owned(), saved))
+}
+
+/// Opens the database before a benchmark runs, so that a bad file stops the job before the
+/// minutes of measuring, not after.
+fn preflight_db(db: &Option<PathBuf>, no_save: bool) -> Result<()> {
+    if no_save {
+        return Ok(());
+    }
+    let path = db_path(db.clone())?;
+    block_on(async { Store::open(&path).await?.close().await })??;
+    Ok(())
+}
+
+fn live_inventory() -> Result<Inventory> {
+    take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })
+}
+
+/// Prints a benchmark's outcome (text or JSON), stores it unless told not to, and maps a failed
+/// check to exit code 1.
+fn finish_bench(db: Option<PathBuf>, inv: &Inventory, outcome: kiln::runs::Outcome, no_save: bool, json: bool) -> Result<ExitCode> {
+    let run_id = if no_save {
+        None
+    } else {
+        let db = db_path(db)?;
+        Some(block_on(store_run(&db, inv, |host, inventory| outcome.to_run(inv, host, inventory)))??)
+    };
+    if json {
+        emit_json(&serde_json::json!({
+            "schema_version": 1, "benchmark": outcome.benchmark, "run_id": run_id, "status": outcome.status, "report": outcome.report,
+        }))?;
+    } else {
+        let mut text = outcome.text.clone();
+        if let Some(id) = &run_id {
+            text.push_str(&format!("stored run {id}\n"));
+        }
+        emit(&text)?;
+    }
+    Ok(if outcome.failed_check { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// The suite: quick for commissioning and CI-sized machines, full for nightly runs.
+fn run_suite(inv: &Inventory, quick: bool, budget: Option<u64>, disk_path: Option<PathBuf>) -> Result<Vec<kiln::runs::Outcome>> {
+    let started = std::time::Instant::now();
+    let budget = std::time::Duration::from_secs(budget.unwrap_or(if quick { 110 } else { 1800 }));
+    let mut outcomes = Vec::new();
+    let over = |name: &str| {
+        let out = started.elapsed() > budget;
+        if out {
+            eprintln!("kiln: time budget of {} s spent; {name} skipped", budget.as_secs());
+        }
+        out
+    };
+    if !over("membw") {
+        let elements = kiln::runs::default_membw_elements(inv);
+        outcomes.push(kiln::runs::membw(inv, kiln_bench::membw::Config { elements, warmup: 1, repetitions: if quick { 8 } else { 20 } }));
+    }
+    if !over("gemm") {
+        let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
+        let dtypes: &[candle_core::DType] = if quick { &[candle_core::DType::F32] } else { &[candle_core::DType::F32, candle_core::DType::BF16] };
+        outcomes.push(kiln::runs::gemm(inv, sizes, dtypes, if quick { 5 } else { 10 }));
+    }
+    if !over("train") {
+        let config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).expect("preset");
+        outcomes.push(kiln::runs::train(inv, &config)?);
+    }
+    if !over("disk") && !INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+        let dir = disk_path.unwrap_or_else(std::env::temp_dir);
+        let config = kiln_bench::disk::Config {
+            size_bytes: if quick { 256 << 20 } else { 4 << 30 },
+            seconds: if quick { 1.0 } else { 10.0 },
+            queue_depths: vec![1, 32],
+        };
+        outcomes.push(kiln::runs::disk(&dir, config, false, &INTERRUPTED)?);
+    }
+    Ok(outcomes)
+}
+
+/// Stores each outcome as a run against one stored inventory; returns the run ids in order.
+async fn store_outcomes(db: &Path, inv: &Inventory, outcomes: &[kiln::runs::Outcome]) -> Result<Vec<String>> {
+    let (_, saved) = store_inventory(db, inv).await?;
+    let mut store = Store::open(db).await?;
+    let mut ids = Vec::new();
+    for o in outcomes {
+        ids.push(store.save_run(&o.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone())).await?);
+    }
+    store.close().await?;
+    Ok(ids)
 }
 
 /// Stores the inventory the run was measured on, then the run, and returns the run's id.

@@ -149,10 +149,11 @@ pub fn membw_scopes(inv: &Inventory) -> Vec<membw::Scope> {
     scopes
 }
 
-/// STREAM's rule: each array at least four times the last-level caches together, and 64 MiB.
+/// STREAM's rule: each array at least four times the last-level caches together; and at least
+/// 256 MiB, because a VM sees only its slice of a host cache that may be far larger.
 pub fn default_membw_elements(inv: &Inventory) -> usize {
     let llc: u64 = inv.cpu.caches.iter().filter(|c| c.level >= 3).map(|c| c.size_bytes * u64::from(c.instances)).sum();
-    let bytes = (4 * llc).max(64 << 20);
+    let bytes = (4 * llc).max(256 << 20);
     (bytes / 8) as usize
 }
 
@@ -227,7 +228,256 @@ pub fn render_membw(report: &MembwReport) -> String {
     out
 }
 
+/// What one benchmark produced, ready to print, to emit as JSON and to store.
+pub struct Outcome {
+    pub benchmark: &'static str,
+    pub status: String,
+    pub started_at: String,
+    /// The exact configuration (stored with the run).
+    pub config: serde_json::Value,
+    /// The full result document (`report` in `--json`).
+    pub report: serde_json::Value,
+    pub text: String,
+    /// One line for summaries (`kiln commission`).
+    pub headline: String,
+    pub metrics: Vec<Metric>,
+    pub samples: Vec<(String, i64, f64)>,
+    pub telemetry: Vec<telemetry::Sample>,
+    /// A check inside the benchmark failed (training did not learn): exit 1.
+    pub failed_check: bool,
+}
+
+impl Outcome {
+    pub fn to_run(&self, inv: &Inventory, host_id: String, inventory_id: String) -> NewRun {
+        new_run(
+            inv,
+            host_id,
+            inventory_id,
+            self.benchmark,
+            &self.config,
+            self.started_at.clone(),
+            &self.status,
+            self.metrics.clone(),
+            self.samples.clone(),
+            self.telemetry.clone(),
+        )
+    }
+}
+
+fn status_of(unstable: bool) -> String {
+    if unstable { "unstable" } else { "ok" }.to_string()
+}
+
+pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
+    let started_at = now_rfc3339();
+    let (report, metrics, samples, telemetry) = run_membw(inv, config);
+    let all = report.scopes.iter().find(|s| s.scope == "all");
+    let triad = all.and_then(|s| s.kernels.iter().find(|k| k.kernel == membw::Kernel::Triad));
+    Outcome {
+        benchmark: "membw",
+        status: report.status.clone(),
+        started_at,
+        config: serde_json::to_value(&report.config).unwrap_or_default(),
+        headline: triad.map_or(String::new(), |t| format!("STREAM triad {:.1} GB/s (CV {:.1} %)", t.summary.median, t.summary.cv * 100.0)),
+        text: render_membw(&report),
+        report: serde_json::to_value(&report).unwrap_or_default(),
+        metrics,
+        samples,
+        telemetry,
+        failed_check: false,
+    }
+}
+
+pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], repetitions: usize) -> Outcome {
+    let progress = Progress::new();
+    progress.update("measuring the FMA peak");
+    let cpus = allowed_cpus(inv);
+    let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
+    let started_at = now_rfc3339();
+    let sampler = Sampler::start(Duration::from_millis(500));
+    let mut results = Vec::new();
+    let mut skipped = Vec::new();
+    for &dtype in dtypes {
+        for &n in sizes {
+            progress.update(&format!("gemm {dtype:?} {n}x{n}x{n}"));
+            match kiln_bench::gemm::measure(dtype, n, repetitions, Some(peak.summary.median)) {
+                Ok(r) => results.push(r),
+                Err(e) => skipped.push(format!("{dtype:?} {n}: {e}")),
+            }
+        }
+    }
+    progress.finish();
+    let telemetry = sampler.stop();
+    let mut metrics =
+        vec![Metric { name: "cpu.fma_peak_gflops".into(), value: peak.summary.median, unit: "GFLOP/s".into(), direction: Direction::Higher }];
+    let mut samples: Vec<(String, i64, f64)> =
+        peak.gflops.iter().enumerate().map(|(i, v)| ("cpu.fma_peak_gflops".to_string(), i as i64, *v)).collect();
+    for r in &results {
+        let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
+        metrics.push(Metric { name: name.clone(), value: r.summary.median, unit: "GFLOP/s".into(), direction: Direction::Higher });
+        samples.extend(r.gflops.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
+    }
+    let mut text = format!(
+        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s\n{:<6} {:>6} {:>12} {:>8} {:>7}\n",
+        peak.isa,
+        cpus.len(),
+        peak.summary.median,
+        "dtype",
+        "n",
+        "GFLOP/s",
+        "of peak",
+        "CV"
+    );
+    for r in &results {
+        text.push_str(&format!(
+            "{:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n",
+            r.dtype,
+            r.n,
+            r.summary.median,
+            r.percent_of_peak.unwrap_or(0.0),
+            r.summary.cv * 100.0
+        ));
+    }
+    for s in &skipped {
+        text.push_str(&format!("skipped {s}\n"));
+    }
+    let best = results.iter().filter(|r| r.dtype == "f32").max_by(|a, b| a.n.cmp(&b.n));
+    Outcome {
+        benchmark: "gemm",
+        status: status_of(results.iter().any(|r| r.summary.cv > MAX_CV)),
+        started_at,
+        config: serde_json::json!({ "sizes": sizes, "dtypes": dtypes.iter().map(|d| format!("{d:?}").to_lowercase()).collect::<Vec<_>>(), "repetitions": repetitions }),
+        headline: best.map_or(String::new(), |b| {
+            format!("GEMM f32 {}³ {:.1} GFLOP/s, {:.0} % of the {:.1} GFLOP/s FMA peak", b.n, b.summary.median, b.percent_of_peak.unwrap_or(0.0), peak.summary.median)
+        }),
+        report: serde_json::json!({ "peak": peak, "results": results, "skipped": skipped }),
+        text,
+        metrics,
+        samples,
+        telemetry,
+        failed_check: false,
+    }
+}
+
+/// Trains; the MFU is against this machine's measured f32 FMA peak.
+///
+/// # Errors
+/// A candle error.
+pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Result<Outcome> {
+    let progress = Progress::new();
+    progress.update("measuring the FMA peak");
+    let peak = kiln_bench::gemm::fma_peak(&allowed_cpus(inv), 3, 20_000_000);
+    let started_at = now_rfc3339();
+    let sampler = Sampler::start(Duration::from_millis(500));
+    let size = config.size.clone();
+    let result = kiln_bench::train::run(config, Some(peak.summary.median * 1e9), |step, total, loss| {
+        progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));
+    });
+    progress.finish();
+    let telemetry = sampler.stop();
+    let report = result?;
+    let status = if !report.learned { "failed".to_string() } else { status_of(report.step_s.cv > MAX_CV) };
+    let (metrics, samples) = train_metrics(&report);
+    Ok(Outcome {
+        benchmark: "train",
+        started_at,
+        config: serde_json::json!({ "config": report.config, "peak_gflops": peak.summary.median }),
+        headline: format!(
+            "train {}: {:.0} tokens/s, MFU {:.1} %, loss {:.2} -> {:.2}{}",
+            report.config.size,
+            report.tokens_per_s,
+            report.mfu.unwrap_or(0.0) * 100.0,
+            report.loss_start,
+            report.loss_end,
+            if report.learned { "" } else { " DID NOT LEARN" }
+        ),
+        text: format!("{}status {status}\n", render_train(&report, &peak)),
+        failed_check: !report.learned,
+        report: serde_json::json!({ "peak": peak, "train": report }),
+        status,
+        metrics,
+        samples,
+        telemetry,
+    })
+}
+
+/// Storage benchmark on a directory or device.
+///
+/// # Errors
+/// As `kiln_bench::disk::measure`.
+pub fn disk(
+    path: &std::path::Path,
+    config: kiln_bench::disk::Config,
+    destructive: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Outcome> {
+    let started_at = now_rfc3339();
+    let progress = Progress::new();
+    let sampler = Sampler::start(Duration::from_millis(500));
+    let result = kiln_bench::disk::measure(path, &config, destructive, stop, |p| progress.update(&format!("disk {p}")));
+    progress.finish();
+    let telemetry = sampler.stop();
+    let report = result.map_err(|e| anyhow::anyhow!("disk benchmark on {}: {e}", path.display()))?;
+    let mut metrics = Vec::new();
+    for t in &report.tests {
+        let base = format!("disk.{}_{}k_qd{}", t.test, t.block_bytes / 1024, t.queue_depth);
+        metrics.push(Metric { name: format!("{base}.mb_per_s"), value: t.mb_per_s, unit: "MB/s".into(), direction: Direction::Higher });
+        metrics.push(Metric { name: format!("{base}.iops"), value: t.iops, unit: "IOPS".into(), direction: Direction::Higher });
+        metrics.push(Metric { name: format!("{base}.p99_us"), value: t.latency_us.p99, unit: "us".into(), direction: Direction::Lower });
+    }
+    let mut text = format!(
+        "disk {} ({}), {} MiB, {} s per test\n{:<11} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
+        report.target,
+        if report.direct { "O_DIRECT" } else { "buffered: the filesystem refuses O_DIRECT" },
+        config.size_bytes >> 20,
+        config.seconds,
+        "test",
+        "block",
+        "QD",
+        "MB/s",
+        "IOPS",
+        "p50 us",
+        "p99 us",
+        "max us"
+    );
+    for t in &report.tests {
+        text.push_str(&format!(
+            "{:<11} {:>5}K {:>4} {:>10.1} {:>10.0} {:>9.1} {:>9.1} {:>9.1}\n",
+            t.test,
+            t.block_bytes / 1024,
+            t.queue_depth,
+            t.mb_per_s,
+            t.iops,
+            t.latency_us.p50,
+            t.latency_us.p99,
+            t.latency_us.max
+        ));
+    }
+    let seq = report.tests.iter().find(|t| t.test == "seq_read");
+    let rand = report.tests.iter().filter(|t| t.test == "rand_read").max_by(|a, b| a.queue_depth.cmp(&b.queue_depth));
+    Ok(Outcome {
+        benchmark: "disk",
+        status: "ok".to_string(),
+        started_at,
+        config: serde_json::json!({ "target": path, "config": config, "direct": report.direct }),
+        headline: format!(
+            "disk {}: sequential read {:.0} MB/s, 4K random read {:.0} IOPS at QD{}",
+            report.target,
+            seq.map_or(0.0, |t| t.mb_per_s),
+            rand.map_or(0.0, |t| t.iops),
+            rand.map_or(0, |t| t.queue_depth)
+        ),
+        text,
+        report: serde_json::to_value(&report).unwrap_or_default(),
+        metrics,
+        samples: Vec::new(),
+        telemetry,
+        failed_check: false,
+    })
+}
+
 /// Assembles the stored run.
+#[allow(clippy::too_many_arguments)]
 pub fn new_run(
     inv: &Inventory,
     host_id: String,
