@@ -133,7 +133,7 @@ fn tiny_training_run_learns_and_is_stored() {
     let db = dir.path().join("kiln.db");
     let run = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--json"], &[("KILN_DB", &db)]);
     let out = run.json();
-    let r = &out["report"];
+    let r = &out["report"]["train"];
     assert_eq!(out["status"].as_str().map(|s| s != "failed"), Some(true), "{}", run.describe());
     assert_eq!(run.code(), Some(0), "{}", run.describe());
     assert!(r["learned"].as_bool().unwrap());
@@ -163,8 +163,8 @@ fn training_that_cannot_learn_fails_loudly() {
 #[test]
 fn gemm_small_sizes_against_the_peak() {
     let out = kiln(&["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"], &[]).success().json();
-    assert!(out["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
-    let results = out["results"].as_array().unwrap();
+    assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
+    let results = out["report"]["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));
 }
