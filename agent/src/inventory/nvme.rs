@@ -110,6 +110,8 @@ pub fn collect(src: &Source) -> Vec<NvmeController> {
     if out.is_empty() {
         out = from_block_devices(src);
     }
+    // nvmeN numbering is not stable across boots: order (and key) drives by serial.
+    out.sort_by(|a, b| a.serial.cmp(&b.serial).then_with(|| a.name.cmp(&b.name)));
     out
 }
 
