@@ -183,9 +183,15 @@ fn devices(out: &mut String, inv: &Inventory) {
                     pcie.push_str(&format!(" (max Gen{mg} x{mw})"));
                 }
             }
+            let peak = gpu
+                .name
+                .as_deref()
+                .and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, "bf16"))
+                .map(|t| format!(", {t:.0} TFLOP/s bf16 dense"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "          GPU{} {} {} {}{pcie}{nvlink}",
+                "          GPU{} {} {} {}{pcie}{nvlink}{peak}",
                 gpu.index,
                 gpu.name.as_deref().unwrap_or("?"),
                 gpu.pci_address.as_deref().unwrap_or("?"),

@@ -7,5 +7,6 @@ pub mod disk;
 pub mod gemm;
 pub mod membw;
 pub mod net;
+pub mod peaks;
 pub mod stats;
 pub mod train;
