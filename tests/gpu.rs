@@ -580,3 +580,27 @@ fn topology_over_a_pcie_tree() {
     let summary = machine.kiln(&["inventory", "--root", tree.root().to_str().unwrap()]).success().stdout();
     assert!(summary.contains("0000:99:00.0") && summary.contains("Gen5 x8 (max Gen5 x16)"), "{summary}");
 }
+
+/// Telemetry samples the GPUs through NVML during a benchmark and says when clocks were held back.
+#[test]
+fn benchmark_telemetry_reports_gpu_throttling() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let text = fixture(&smi, Wiring::None, |i, lines| {
+        // GPU 3 sits at its power cap (SW_POWER_CAP, 0x4); the others run free.
+        let throttle = if i == 3 { "4" } else { "0" };
+        lines.push(format!("load 650000 1755 2619 100 40 {throttle}"));
+    });
+    let machine = FakeMachine::new(&text);
+    let lib = fake_nvml();
+    let run = kiln(
+        &["bench", "membw", "--array-mib", "128", "--repetitions", "6", "--no-save", "--json"],
+        &[("KILN_FAKE_NVML_FIXTURE", &machine.fixture), ("KILN_NVML_LIB", &lib)],
+    )
+    .success();
+    let out = run.json();
+    let lines: Vec<&str> = out["report"]["telemetry"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert!(lines.iter().any(|l| l.starts_with("gpu3 throttled_power: 100 % of the run")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("gpu0 throttled_power: 0 % of the run")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("gpu0 power_watts: median 650.0")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("gpu7 sm_clock_mhz: median 1755.0")), "{lines:?}");
+}

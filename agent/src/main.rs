@@ -688,8 +688,10 @@ fn preflight_db(db: &Option<PathBuf>, no_save: bool) -> Result<()> {
     Ok(())
 }
 
+/// The inventory a benchmark runs against: the live system, NVML from `KILN_NVML_LIB` or the default.
 fn live_inventory() -> Result<Inventory> {
-    take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })
+    let nvml_lib = std::env::var_os("KILN_NVML_LIB").filter(|v| !v.is_empty()).map(PathBuf::from);
+    take_inventory(&Source { root: PathBuf::from("/"), nvml_lib, all: false })
 }
 
 /// Prints a benchmark's outcome (text or JSON), stores it unless told not to, and maps a failed

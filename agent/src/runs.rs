@@ -46,6 +46,17 @@ impl Software {
     }
 }
 
+/// The NVML library to sample GPUs with during a run: the one the inventory used successfully.
+pub fn gpu_telemetry_library(inv: &Inventory) -> Option<std::ffi::OsString> {
+    let g = &inv.gpus;
+    (g.nvml_error.is_none() && !g.devices.is_empty()).then(|| g.nvml_library.clone().map(Into::into)).flatten()
+}
+
+/// Starts telemetry for a run on this host: CPU always, GPUs when NVML works.
+pub fn sampler(inv: &Inventory, interval: Duration) -> Sampler {
+    Sampler::start_with(interval, gpu_telemetry_library(inv))
+}
+
 /// Progress on stderr, only when it is a terminal; overwritten in place.
 pub struct Progress {
     enabled: bool,
@@ -159,7 +170,7 @@ pub fn default_membw_elements(inv: &Inventory) -> usize {
 
 pub fn run_membw(inv: &Inventory, config: membw::Config) -> (MembwReport, Vec<Metric>, Vec<(String, i64, f64)>, Vec<telemetry::Sample>) {
     let progress = Progress::new();
-    let sampler = Sampler::start(Duration::from_millis(250));
+    let sampler = sampler(inv, Duration::from_millis(250));
     let mut scopes = Vec::new();
     for scope in membw_scopes(inv) {
         let name = scope.name.clone();
@@ -294,7 +305,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     let cpus = allowed_cpus(inv);
     let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
     let started_at = now_rfc3339();
-    let sampler = Sampler::start(Duration::from_millis(500));
+    let sampler = sampler(inv, Duration::from_millis(500));
     let mut results = Vec::new();
     let mut skipped = Vec::new();
     for &dtype in dtypes {
@@ -368,7 +379,7 @@ pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Res
     progress.update("measuring the FMA peak");
     let peak = kiln_bench::gemm::fma_peak(&allowed_cpus(inv), 3, 20_000_000);
     let started_at = now_rfc3339();
-    let sampler = Sampler::start(Duration::from_millis(500));
+    let sampler = sampler(inv, Duration::from_millis(500));
     let size = config.size.clone();
     let result = kiln_bench::train::run(config, Some(peak.summary.median * 1e9), |step, total, loss| {
         progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));

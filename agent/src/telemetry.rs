@@ -1,6 +1,7 @@
 //! Telemetry sampled in the background while a benchmark runs, so that a slow result can say why:
-//! CPU utilisation (from /proc/stat) and mean CPU frequency (cpufreq, else cpuinfo).
-//! GPU clocks, power and throttle reasons join here once the GPU benchmarks land.
+//! CPU utilisation (from /proc/stat) and mean CPU frequency (cpufreq, else cpuinfo); for each
+//! NVIDIA GPU through NVML, SM and memory clocks, power, temperature, utilisation and whether the
+//! clocks were held back by the power cap, heat or a hardware slowdown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,14 +50,46 @@ fn mean_mhz() -> Option<f64> {
     (n > 0).then(|| sum / n as f64)
 }
 
+/// One round of GPU readings; unsupported readings are simply absent.
+fn sample_gpus(nvml: &nvml_wrapper::Nvml, t: i64, out: &mut Vec<Sample>) {
+    use nvml_wrapper::bitmasks::device::ThrottleReasons;
+    use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+    let count = nvml.device_count().unwrap_or(0);
+    for i in 0..count {
+        let Ok(d) = nvml.device_by_index(i) else { continue };
+        let source = format!("gpu{i}");
+        let mut push = |name: &str, v: Option<f64>| {
+            if let Some(v) = v {
+                out.push((t, source.clone(), name.to_string(), v));
+            }
+        };
+        push("sm_clock_mhz", d.clock_info(Clock::SM).ok().map(f64::from));
+        push("memory_clock_mhz", d.clock_info(Clock::Memory).ok().map(f64::from));
+        push("power_watts", d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0));
+        push("temperature_c", d.temperature(TemperatureSensor::Gpu).ok().map(f64::from));
+        push("utilization_percent", d.utilization_rates().ok().map(|u| f64::from(u.gpu)));
+        if let Ok(r) = d.current_throttle_reasons() {
+            let flag = |b: bool| Some(if b { 1.0 } else { 0.0 });
+            push("throttled_power", flag(r.intersects(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN)));
+            push("throttled_thermal", flag(r.intersects(ThrottleReasons::SW_THERMAL_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN)));
+            push("throttled_hw_slowdown", flag(r.contains(ThrottleReasons::HW_SLOWDOWN)));
+        }
+    }
+}
+
 impl Sampler {
-    /// Starts sampling every `interval` on a background thread.
+    /// Starts sampling every `interval` on a background thread; with an NVML library, the GPUs too.
     pub fn start(interval: Duration) -> Sampler {
+        Self::start_with(interval, None)
+    }
+
+    pub fn start_with(interval: Duration, nvml_library: Option<std::ffi::OsString>) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
             let start = Instant::now();
             let mut out = Vec::new();
+            let nvml = nvml_library.and_then(|lib| nvml_wrapper::Nvml::builder().lib_path(&lib).init().ok());
             let mut last = cpu_jiffies();
             while !flag.load(Ordering::Relaxed) {
                 // Sleep in small steps so that stop() returns promptly.
@@ -74,6 +107,9 @@ impl Sampler {
                 last = now;
                 if let Some(mhz) = mean_mhz() {
                     out.push((t, "cpu".to_string(), "frequency_mhz".to_string(), mhz));
+                }
+                if let Some(nvml) = &nvml {
+                    sample_gpus(nvml, t, &mut out);
                 }
             }
             out
@@ -96,6 +132,11 @@ pub fn summarize(samples: &[Sample]) -> Vec<String> {
     series
         .into_iter()
         .filter_map(|((source, name), v)| {
+            // Throttle flags read as a share of the run ("gpu3 throttled_power 40 % of the run").
+            if name.starts_with("throttled_") {
+                let share = 100.0 * v.iter().sum::<f64>() / v.len() as f64;
+                return Some(format!("{source} {name}: {share:.0} % of the run ({} samples)", v.len()));
+            }
             let s = kiln_bench::stats::summarize(&v)?;
             Some(format!("{source} {name}: median {:.1}, min {:.1}, max {:.1} ({} samples)", s.median, s.min, s.max, s.n))
         })

@@ -18,6 +18,7 @@
  *   temp <C> | numa <node> | affinity <cpu list, e.g. 0-19,40-59>
  *   nvlink <link> <active> <version> <remote bus id|-> <remote type: 0 gpu, 1 npu, 2 switch>
  *   nvlink_errors <link> <replay> <recovery> <crc_flit> <crc_data>
+ *   load <power_mW> <sm_MHz> <mem_MHz> <util_gpu_%> <util_mem_%> <throttle reasons, hex bitmask>
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -74,6 +75,9 @@ struct gpu {
     int has_numa; unsigned int numa;
     int has_affinity; unsigned long affinity[16];
     struct link links[MAX_LINKS];
+    int has_load;
+    unsigned int power_mw, sm_mhz, mem_mhz, util_gpu, util_mem;
+    unsigned long long throttle;
 };
 
 static struct gpu gpus[MAX_GPUS];
@@ -154,6 +158,9 @@ static nvmlReturn_t load(void) {
         else if (!strcmp(key, "temp")) g->has_temp = sscanf(arg, "%u", &g->temp) == 1;
         else if (!strcmp(key, "numa")) g->has_numa = sscanf(arg, "%u", &g->numa) == 1;
         else if (!strcmp(key, "affinity")) parse_affinity(g, arg);
+        else if (!strcmp(key, "load"))
+            g->has_load = sscanf(arg, "%u %u %u %u %u %llx", &g->power_mw, &g->sm_mhz, &g->mem_mhz, &g->util_gpu,
+                                 &g->util_mem, &g->throttle) == 6;
         else if (!strcmp(key, "nvlink")) {
             unsigned int link, version;
             int active, type;
@@ -374,5 +381,29 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(DEV d, unsigned int link, int count
     struct link *l = nvlink(d, link);
     if (!l || !l->has_errors || counter < 0 || counter > 3) return NOT_SUPPORTED;
     *v = l->errors[counter];
+    return OK;
+}
+
+/* Live readings, for telemetry during benchmarks. */
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+nvmlReturn_t nvmlDeviceGetPowerUsage(DEV d, unsigned int *mw) { CHECK_DEV(d); if (!d->has_load) return NOT_SUPPORTED; *mw = d->power_mw; return OK; }
+nvmlReturn_t nvmlDeviceGetClockInfo(DEV d, int type, unsigned int *v) {
+    CHECK_DEV(d);
+    if (!d->has_load) return NOT_SUPPORTED;
+    if (type == 0 || type == 1) *v = d->sm_mhz;
+    else if (type == 2) *v = d->mem_mhz;
+    else return NOT_SUPPORTED;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetUtilizationRates(DEV d, nvmlUtilization_t *u) {
+    CHECK_DEV(d);
+    if (!d->has_load) return NOT_SUPPORTED;
+    u->gpu = d->util_gpu, u->memory = d->util_mem;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(DEV d, unsigned long long *r) {
+    CHECK_DEV(d);
+    if (!d->has_load) return NOT_SUPPORTED;
+    *r = d->throttle;
     return OK;
 }
