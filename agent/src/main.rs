@@ -526,12 +526,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Runs { limit, json } => {
             let db = db_path(cli.db)?;
-            let runs = block_on(async {
-                let mut store = Store::open(&db).await?;
-                let runs = store.runs(limit).await?;
-                store.close().await?;
-                anyhow::Ok(runs)
-            })??;
+            let runs = query(&db, async |store: &mut Store| store.runs(limit).await)?;
             if json {
                 emit_json(&serde_json::json!({ "schema_version": 1, "runs": runs }))?;
             } else if runs.is_empty() {
@@ -555,12 +550,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Show { what: Show::Run { id, json } } => {
             let db = db_path(cli.db)?;
-            let run = block_on(async {
-                let mut store = Store::open(&db).await?;
-                let run = store.run(&id).await?;
-                store.close().await?;
-                anyhow::Ok(run)
-            })??;
+            let run = query(&db, async |store: &mut Store| store.run(&id).await)?;
             if json {
                 emit_json(&run)?;
             } else {
@@ -590,12 +580,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Hosts { json } => {
             let db = db_path(cli.db)?;
-            let hosts = block_on(async {
-                let mut store = Store::open(&db).await?;
-                let hosts = store.hosts().await?;
-                store.close().await?;
-                anyhow::Ok(hosts)
-            })??;
+            let hosts = query(&db, async |store: &mut Store| store.hosts().await)?;
             if json {
                 emit_json(&serde_json::json!({ "schema_version": 1, "hosts": hosts }))?;
             } else if hosts.is_empty() {
@@ -619,12 +604,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Show { what: Show::Inventory { id, json } } => {
             let db = db_path(cli.db)?;
-            let row = block_on(async {
-                let mut store = Store::open(&db).await?;
-                let row = store.inventory(&id).await?;
-                store.close().await?;
-                anyhow::Ok(row)
-            })??;
+            let row = query(&db, async |store: &mut Store| store.inventory(&id).await)?;
             if json {
                 emit(&row.document)?;
             } else {
@@ -764,6 +744,16 @@ async fn store_outcomes(db: &Path, inv: &Inventory, outcomes: &[kiln::runs::Outc
     }
     store.close().await?;
     Ok(ids)
+}
+
+/// Opens the store, runs one query, closes it.
+fn query<T>(db: &Path, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) -> Result<T> {
+    block_on(async {
+        let mut store = Store::open(db).await?;
+        let out = f(&mut store).await?;
+        store.close().await?;
+        anyhow::Ok(out)
+    })?
 }
 
 /// Stores the inventory the run was measured on, then the run, and returns the run's id.

@@ -202,6 +202,12 @@ fn is_corruption(e: &sqlx::Error) -> bool {
     }))
 }
 
+/// A LIKE pattern matching ids that start with `id`, its wildcards escaped (ESCAPE '\\') so that an
+/// id never matches more than its prefix says.
+fn like_prefix(id: &str) -> String {
+    format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
+}
+
 fn classify(path: &Path, cause: sqlx::Error) -> DbError {
     if is_corruption(&cause) {
         DbError::Corrupt { path: path.to_owned(), cause }
@@ -488,7 +494,7 @@ impl Store {
     /// One run by id or unique prefix, with its samples and telemetry.
     pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
         let err = self.sql_err();
-        let pattern = format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let pattern = like_prefix(id);
         let rows = sqlx::query(
             "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document \
              FROM runs r JOIN hosts h ON h.id = r.host_id LEFT JOIN software_stacks s ON s.id = r.software_id \
@@ -571,8 +577,7 @@ impl Store {
     /// One inventory by its id or a unique prefix of it.
     pub async fn inventory(&mut self, id: &str) -> Result<InventoryRow> {
         let err = self.sql_err();
-        // Escape LIKE's wildcards so an id never matches more than its prefix says.
-        let pattern = format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let pattern = like_prefix(id);
         let rows = sqlx::query(
             "SELECT id, host_id, collected_at, config_fingerprint, document FROM inventories \
              WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
