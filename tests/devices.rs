@@ -167,7 +167,7 @@ fn live_nics_resolve_to_their_pci_function() {
             .components()
             .filter_map(|c| c.as_os_str().to_str())
             .filter(|c| c.len() >= 12 && c.as_bytes()[4] == b':' && c.contains('.'))
-            .last()
+            .next_back()
             .map(str::to_string);
         assert_eq!(nic["pci_address"].as_str().map(str::to_string), expected, "{name}");
         if let Some(addr) = &expected {

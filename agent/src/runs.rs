@@ -204,7 +204,7 @@ pub fn run_membw(inv: &Inventory, config: membw::Config) -> (MembwReport, Vec<Me
 pub fn render_membw(report: &MembwReport) -> String {
     let mut out = format!(
         "membw: STREAM kernels, {} MiB per array, {} repetitions after {} warm-up\n{:<8} {:>7}  {:<6} {:>10} {:>18} {:>7} {:>10}\n",
-        report.config.elements * 8 >> 20,
+        (report.config.elements * 8) >> 20,
         report.config.repetitions,
         report.config.warmup,
         "scope",

@@ -186,7 +186,7 @@ fn run_test(
                     let mut pos = blocks * t as u64 / depth as u64;
                     loop {
                         // At least one request each, however late the thread starts.
-                        if !lat.is_empty() && Instant::now() >= deadline || stop.load(Ordering::Relaxed) {
+                        if (!lat.is_empty() && Instant::now() >= deadline) || stop.load(Ordering::Relaxed) {
                             return Ok(lat);
                         }
                         let index = if sequential {

@@ -91,7 +91,7 @@ fn stream_store(dst: &mut [f64], x: &[f64], y: &[f64], f: impl Fn(f64, f64) -> f
         use std::arch::x86_64::{_mm_set_pd, _mm_sfence, _mm_stream_pd};
         // Scalar until the destination is 16-byte aligned, then pairs with streaming stores.
         let mut i = 0;
-        while i < n && (dst.as_ptr() as usize + i * 8) % 16 != 0 {
+        while i < n && !(dst.as_ptr() as usize + i * 8).is_multiple_of(16) {
             dst[i] = f(x[i], y[i]);
             i += 1;
         }

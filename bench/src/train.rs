@@ -66,7 +66,7 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(format!("d_model {} is not a multiple of heads {}", self.d_model, self.heads));
         }
         if [self.vocab, self.d_model, self.layers, self.heads, self.seq, self.batch, self.steps].contains(&0) {

@@ -128,7 +128,7 @@ fn from_block_devices(src: &Source) -> Vec<NvmeController> {
         let rel = format!("sys/class/block/{ns}");
         let pci_address = src
             .link_target(&rel)
-            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).last());
+            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).next_back());
         let namespace = Namespace {
             size_bytes: src.attr_parse::<u64>(&format!("{rel}/size")).map(|s| s * 512),
             logical_block_bytes: src.attr_parse(&format!("{rel}/queue/logical_block_size")),

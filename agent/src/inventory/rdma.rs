@@ -51,7 +51,7 @@ pub fn collect(src: &Source) -> Vec<RdmaDevice> {
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
         let pci_address = src
             .link_target(&base)
-            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).last());
+            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).next_back());
         // Netdevs that share the device's PCI function, for kernels without gid_attrs/ndevs.
         let sibling_netdevs = src.list_dir(&format!("{base}/device/net"));
         let mut ports = Vec::new();
