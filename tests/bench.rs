@@ -164,6 +164,11 @@ fn training_that_cannot_learn_fails_loudly() {
 fn gemm_small_sizes_against_the_peak() {
     let out = kiln(&["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"], &[]).success().json();
     assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
+    // Where the processor is in the FLOPs-per-cycle table, the datasheet view comes with it.
+    let t = &out["report"]["theoretical_peak"];
+    if !t.is_null() {
+        assert!(t["flops_per_cycle"].as_u64().unwrap() >= 8 && t["implied_clock_mhz"].as_f64().unwrap() > 0.0, "{t}");
+    }
     let results = out["report"]["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));

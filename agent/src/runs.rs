@@ -328,11 +328,36 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         metrics.push(Metric { name: name.clone(), value: r.summary.median, unit: "GFLOP/s".into(), direction: Direction::Higher });
         samples.extend(r.gflops.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
     }
+    // The datasheet view: cores × clock × FLOPs per cycle. On a VM the reported clock is often the
+    // base clock while the host boosts, so the measured peak is what % of peak uses; the implied
+    // clock (measured / (CPUs × FLOPs per cycle)) shows whether the box sustains its boost.
+    let cpu = &inv.cpu;
+    let fpc = kiln_bench::peaks::cpu_fp32_flops_per_cycle(
+        cpu.vendor.as_deref().unwrap_or(""),
+        cpu.family,
+        cpu.model,
+        cpu.part.as_deref(),
+        &cpu.ml_features,
+    );
+    let mhz = cpu.frequency.max_mhz.or(cpu.frequency.current_mhz);
+    let theoretical = fpc.zip(mhz).map(|((f, why), mhz)| {
+        let gflops = cpus.len() as f64 * f64::from(mhz) / 1000.0 * f64::from(f);
+        serde_json::json!({ "gflops": gflops, "flops_per_cycle": f, "basis": why, "clock_mhz": mhz, "cpus": cpus.len(),
+            "implied_clock_mhz": peak.summary.median * 1000.0 / (cpus.len() as f64 * f64::from(f)) })
+    });
     let mut text = format!(
-        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s\n{:<6} {:>6} {:>12} {:>8} {:>7}\n",
+        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s{}\n{:<6} {:>6} {:>12} {:>8} {:>7}\n",
         peak.isa,
         cpus.len(),
         peak.summary.median,
+        theoretical.as_ref().map_or(String::new(), |t| format!(
+            "; datasheet {:.1} GFLOP/s at {} MHz x {} FLOP/cycle ({}), implied sustained clock {:.0} MHz",
+            t["gflops"].as_f64().unwrap_or(0.0),
+            t["clock_mhz"],
+            t["flops_per_cycle"],
+            t["basis"].as_str().unwrap_or(""),
+            t["implied_clock_mhz"].as_f64().unwrap_or(0.0)
+        )),
         "dtype",
         "n",
         "GFLOP/s",
@@ -361,7 +386,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         headline: best.map_or(String::new(), |b| {
             format!("GEMM f32 {}³ {:.1} GFLOP/s, {:.0} % of the {:.1} GFLOP/s FMA peak", b.n, b.summary.median, b.percent_of_peak.unwrap_or(0.0), peak.summary.median)
         }),
-        report: serde_json::json!({ "peak": peak, "results": results, "skipped": skipped }),
+        report: serde_json::json!({ "peak": peak, "theoretical_peak": theoretical, "results": results, "skipped": skipped }),
         text,
         metrics,
         samples,

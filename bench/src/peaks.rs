@@ -63,3 +63,60 @@ mod tests {
         assert_eq!(gpu_peak_tflops("NVIDIA H100 80GB HBM3", "int4"), None);
     }
 }
+
+/// FP32 FLOPs per cycle per core from the microarchitecture: FMA units × vector lanes × 2.
+/// Returns the figure and the reason. `None` where the table cannot say.
+pub fn cpu_fp32_flops_per_cycle(vendor: &str, family: Option<u32>, model: Option<u32>, part: Option<&str>, features: &[String]) -> Option<(u32, &'static str)> {
+    let has = |f: &str| features.iter().any(|x| x == f);
+    match vendor {
+        // AMD Software Optimization Guides: Zen 1 has two 128-bit FMA pipes; Zen 2-4 two 256-bit
+        // (Zen 4 runs AVX-512 as two halves); Zen 5 server parts two 512-bit.
+        "AuthenticAMD" | "HygonGenuine" => match (family?, model?) {
+            (0x17, m) if m < 0x30 => Some((16, "Zen/Zen+: 2 x 128-bit FMA")),
+            (0x17, _) => Some((32, "Zen 2: 2 x 256-bit FMA")),
+            (0x19, m) if (0x10..0x20).contains(&m) || (0x60..0x80).contains(&m) || (0xa0..0xb0).contains(&m) => {
+                Some((32, "Zen 4: 2 x 256-bit FMA (AVX-512 in two halves)"))
+            }
+            (0x19, _) => Some((32, "Zen 3: 2 x 256-bit FMA")),
+            (0x1a, _) => Some((64, "Zen 5: 2 x 512-bit FMA")),
+            _ => None,
+        },
+        // Intel: server cores with AVX-512 have two 512-bit FMA units on most SKUs (one on some
+        // Silver/Bronze parts: the measured peak tells); AVX2 cores two 256-bit units.
+        "GenuineIntel" => {
+            if has("avx512f") {
+                Some((64, "AVX-512: 2 x 512-bit FMA (1 on some SKUs)"))
+            } else if has("avx2") && has("fma") {
+                Some((32, "AVX2: 2 x 256-bit FMA"))
+            } else if has("avx") {
+                Some((16, "AVX: 256-bit add + multiply"))
+            } else {
+                Some((8, "SSE: 128-bit add + multiply"))
+            }
+        }
+        // Arm Neoverse technical reference manuals: V1/V2 four 128-bit FMA pipes, N1/N2 two.
+        _ => match part? {
+            "0xd40" | "0xd4f" | "0xd84" => Some((32, "Neoverse V: 4 x 128-bit FMA")),
+            "0xd0c" | "0xd49" | "0xd8e" => Some((16, "Neoverse N: 2 x 128-bit FMA")),
+            "0x001" => Some((64, "A64FX: 2 x 512-bit SVE FMA")),
+            _ => None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn fp32_flops_per_cycle() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x17), Some(0x31), None, &[]).unwrap().0, 32);
+        assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x19), Some(0x11), None, &[]).unwrap().0, 32);
+        assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x1a), Some(0x02), None, &[]).unwrap().0, 64);
+        assert_eq!(cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(143), None, &f(&["avx2", "fma", "avx512f"])).unwrap().0, 64);
+        assert_eq!(cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(85), None, &f(&["avx2", "fma"])).unwrap().0, 32);
+        assert_eq!(cpu_fp32_flops_per_cycle("ARM", None, None, Some("0xd4f"), &[]).unwrap().0, 32);
+        assert_eq!(cpu_fp32_flops_per_cycle("ARM", None, None, Some("0xfff"), &[]), None);
+    }
+}
