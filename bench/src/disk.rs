@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::stats::{percentile_sorted, splitmix64};
+
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
@@ -59,7 +61,7 @@ pub struct Latency {
 
 fn latency(mut lat: Vec<f64>) -> Latency {
     lat.sort_by(f64::total_cmp);
-    let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    let at = |q: f64| percentile_sorted(&lat, q);
     Latency {
         mean: if lat.is_empty() { 0.0 } else { lat.iter().sum::<f64>() / lat.len() as f64 },
         p50: at(0.50),
@@ -152,15 +154,6 @@ fn open(path: &Path, direct: bool, create: bool) -> std::io::Result<File> {
     o.open(path)
 }
 
-/// SplitMix64, for reproducible random offsets.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn run_test(
     file: &File,
     test: &str,
@@ -193,7 +186,7 @@ fn run_test(
                             pos = (pos + 1) % blocks;
                             pos
                         } else {
-                            next(&mut rng) % blocks
+                            splitmix64(&mut rng) % blocks
                         };
                         let offset = index * block as u64;
                         let t0 = Instant::now();

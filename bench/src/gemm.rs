@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{summarize, Summary};
+use crate::stats::{pin_to_cpu, summarize, Summary};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GemmResult {
@@ -26,15 +26,6 @@ pub struct PeakResult {
     pub summary: Summary,
     /// "avx512f", "avx2+fma" or "scalar": the widest instructions used.
     pub isa: String,
-}
-
-fn pin(cpu: u32) {
-    // SAFETY: plain data; affects only the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -123,7 +114,7 @@ pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult
                 let cpu = cpus.get(t).copied();
                 s.spawn(move || {
                     if let Some(c) = cpu {
-                        pin(c);
+                        pin_to_cpu(c);
                     }
                     std::hint::black_box(run_chains(iterations));
                 });

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{summarize, Summary};
+use crate::stats::{pin_to_cpu, summarize, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,16 +70,6 @@ pub struct ScopeResult {
     pub kernels: Vec<KernelResult>,
 }
 
-/// Pins the calling thread to one CPU; a refusal (cpuset, container) leaves it floating.
-fn pin(cpu: u32) -> bool {
-    // SAFETY: cpu_set_t is plain data, and the call only affects the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
-
 /// `dst[i] = f(x[i], y[i])`, written with non-temporal stores where the CPU has them: the
 /// destination bypasses the caches, so no read-for-ownership doubles the write traffic. This is
 /// what compiled STREAM does on x86, and what it counts.
@@ -137,7 +127,7 @@ pub fn measure(scope: &Scope, config: &Config, mut progress: impl FnMut(usize, u
             let (start, done) = (&start, &done);
             s.spawn(move || {
                 if let Some(cpu) = cpu {
-                    pin(cpu);
+                    pin_to_cpu(cpu);
                 }
                 // First touch after pinning: the pages land on this thread's NUMA node.
                 let mut a = vec![1.0f64; per_thread];

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{summarize, Summary};
+use crate::stats::{percentile_sorted, summarize, Summary};
 
 const MESSAGE: usize = 64;
 
@@ -148,7 +148,7 @@ pub fn measure(server: &str, config: &Config, mut progress: impl FnMut(&str)) ->
     drop(stream);
     let mut sorted = rtt.clone();
     sorted.sort_by(f64::total_cmp);
-    let p99 = sorted[((sorted.len() as f64 * 0.99) as usize).min(sorted.len() - 1)];
+    let p99 = percentile_sorted(&sorted, 0.99);
     Ok(Report {
         server: addr.to_string(),
         throughput: summarize(&gbps).expect("at least one repetition"),

@@ -42,16 +42,28 @@ pub fn mad(values: &[f64]) -> f64 {
     1.4826 * median(&deviations)
 }
 
-/// A small, seedable generator (SplitMix64) so that intervals are reproducible.
-struct SplitMix(u64);
+/// SplitMix64: a small, seedable generator, so that intervals, corpora and random offsets are
+/// reproducible.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// The value at quantile `q` (0..=1) of an ascending slice, nearest rank; 0 for an empty slice.
+pub fn percentile_sorted(sorted: &[f64], q: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1))).copied().unwrap_or(0.0)
+}
+
+/// Pins the calling thread to one CPU; a refusal (cpuset, container) leaves it floating.
+pub fn pin_to_cpu(cpu: u32) -> bool {
+    // SAFETY: cpu_set_t is plain data, and the call only affects the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
 }
 
@@ -61,12 +73,12 @@ pub fn bootstrap_median_ci(values: &[f64], resamples: usize, seed: u64) -> (f64,
         let m = median(values);
         return (m, m);
     }
-    let mut rng = SplitMix(seed);
+    let mut rng = seed;
     let mut medians = Vec::with_capacity(resamples);
     let mut buf = vec![0.0; values.len()];
     for _ in 0..resamples {
         for slot in buf.iter_mut() {
-            *slot = values[(rng.next() % values.len() as u64) as usize];
+            *slot = values[(splitmix64(&mut rng) % values.len() as u64) as usize];
         }
         buf.sort_by(f64::total_cmp);
         medians.push(median_sorted(&buf));

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{embedding, linear, linear_no_bias, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{summarize, Summary};
+use crate::stats::{percentile_sorted, splitmix64, summarize, Summary};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -96,7 +96,7 @@ impl Corpus {
             .map(|_| {
                 let mut s = [0u32; 4];
                 for x in s.iter_mut() {
-                    *x = (splitmix(&mut state) % vocab as u64) as u32;
+                    *x = (splitmix64(&mut state) % vocab as u64) as u32;
                 }
                 s
             })
@@ -108,9 +108,9 @@ impl Corpus {
     pub fn batch(&mut self, batch: usize, seq: usize) -> (Vec<u32>, Vec<u32>) {
         let (mut inputs, mut targets) = (Vec::with_capacity(batch * seq), Vec::with_capacity(batch * seq));
         for _ in 0..batch {
-            let mut tok = (splitmix(&mut self.state) % self.successors.len() as u64) as u32;
+            let mut tok = (splitmix64(&mut self.state) % self.successors.len() as u64) as u32;
             for _ in 0..seq {
-                let r = splitmix(&mut self.state) % 10;
+                let r = splitmix64(&mut self.state) % 10;
                 let pick = match r {
                     0..=5 => 0,
                     6 | 7 => 1,
@@ -125,14 +125,6 @@ impl Corpus {
         }
         (inputs, targets)
     }
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// LayerNorm from elementary ops, so that its backward pass is real.
@@ -369,7 +361,7 @@ pub fn run(config: &Config, peak_flops: Option<f64>, mut progress: impl FnMut(us
         flops_formula: "6·N (N without embeddings) + 12·layers·seq·d_model, per token".to_string(),
         tokens_per_s,
         samples_per_s: tokens_per_s / config.seq as f64,
-        step_p95_s: sorted[((sorted.len() as f64 * 0.95) as usize).min(sorted.len() - 1)],
+        step_p95_s: percentile_sorted(&sorted, 0.95),
         step_max_s: sorted[sorted.len() - 1],
         step_s,
         step_times_s: steps.clone(),
