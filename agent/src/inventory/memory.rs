@@ -31,15 +31,17 @@ pub struct Memory {
     pub installed_bytes: Option<u64>,
 }
 
-/// Parses `/proc/meminfo` into (key, value in bytes for kB lines, else the bare number).
+/// Parses `/proc/meminfo`, or a NUMA node's `meminfo` ("Node 0 MemTotal:  131072 kB"), into
+/// (key, value in bytes for kB lines, else the bare number). The key is the last word before the colon.
 pub fn parse_meminfo(text: &str) -> Vec<(String, u64)> {
     text.lines()
         .filter_map(|line| {
             let (key, value) = line.split_once(':')?;
+            let key = key.split_whitespace().last()?.to_string();
             let mut parts = value.split_whitespace();
             let number: u64 = parts.next()?.parse().ok()?;
             let mult = if parts.next() == Some("kB") { 1024 } else { 1 };
-            Some((key.trim().to_string(), number.checked_mul(mult)?))
+            Some((key, number.checked_mul(mult)?))
         })
         .collect()
 }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pci::is_pci_address;
+use super::pci::{last_pci_address, numa_node_of};
 use super::source::Source;
 
 const NET_DIR: &str = "sys/class/net";
@@ -44,17 +44,13 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
     for name in src.list_dir(NET_DIR) {
         let base = format!("{NET_DIR}/{name}");
         let target = src.link_target(&base);
-        let components: Vec<String> = target
-            .iter()
-            .flat_map(|t| t.components())
-            .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
-            .collect();
-        let virtual_device = components.iter().any(|c| c == "virtual") || !src.exists(&format!("{base}/device"));
+        let virtual_device = target.as_ref().is_some_and(|t| t.components().any(|c| c.as_os_str() == "virtual"))
+            || !src.exists(&format!("{base}/device"));
         if virtual_device && !include_virtual {
             continue;
         }
         // The nearest PCI function above the interface (a virtio NIC sits on virtioN, under PCI).
-        let pci_address = components.iter().rev().find(|c| is_pci_address(c)).cloned();
+        let pci_address = target.as_deref().and_then(last_pci_address);
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
         let pci_attr = |f: &str| pci_address.as_ref().and_then(|a| src.attr(&format!("sys/bus/pci/devices/{a}/{f}")));
         let (driver_version, firmware_version) =
@@ -78,7 +74,7 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
                 .filter(|s| !s.is_empty() && s != "unknown"),
             link_type: link_type(attr("type").and_then(|t| t.parse().ok())),
             virtual_device,
-            numa_node: pci_attr("numa_node").and_then(|n| n.parse::<i64>().ok()).filter(|&n| n >= 0).map(|n| n as u32),
+            numa_node: pci_address.as_deref().and_then(|a| numa_node_of(src, a)),
             sriov_total_vfs: pci_attr("sriov_totalvfs").and_then(|n| n.parse().ok()),
             sriov_enabled_vfs: pci_attr("sriov_numvfs").and_then(|n| n.parse().ok()),
             pci_address,

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::cpulist::{format_list, parse_list, parse_mask};
-use super::memory::{collect_hugepages, HugePages};
+use super::memory::{collect_hugepages, parse_meminfo, HugePages};
 use super::source::{ProblemKind, Source};
 
 const NODE_DIR: &str = "sys/devices/system/node";
@@ -29,20 +29,6 @@ pub struct Numa {
     pub allowed_nodes: Option<String>,
 }
 
-/// Parses a node's `meminfo` ("Node 0 MemTotal:  131072 kB") into (key, bytes).
-pub fn parse_node_meminfo(text: &str) -> Vec<(String, u64)> {
-    text.lines()
-        .filter_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            let key = key.split_whitespace().last()?.to_string();
-            let mut parts = value.split_whitespace();
-            let number: u64 = parts.next()?.parse().ok()?;
-            let mult = if parts.next() == Some("kB") { 1024 } else { 1 };
-            Some((key, number * mult))
-        })
-        .collect()
-}
-
 pub fn parse_distances(text: &str) -> Option<Vec<u32>> {
     text.split_whitespace().map(|v| v.parse().ok()).collect()
 }
@@ -60,7 +46,7 @@ pub fn collect(src: &Source) -> Numa {
             None => src.attr(&format!("{base}/cpumap")).and_then(|t| parse_mask(&t)),
         }
         .unwrap_or_default();
-        let meminfo = src.read_optional(&format!("{base}/meminfo")).map(|t| parse_node_meminfo(&t)).unwrap_or_default();
+        let meminfo = src.read_optional(&format!("{base}/meminfo")).map(|t| parse_meminfo(&t)).unwrap_or_default();
         let get = |key: &str| meminfo.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
         let rel = format!("{base}/distance");
         match src.attr(&rel).map(|t| (parse_distances(&t), t)) {
@@ -126,7 +112,7 @@ mod tests {
 
     #[test]
     fn node_meminfo() {
-        let parsed = parse_node_meminfo("Node 0 MemTotal:       16384 kB\nNode 0 MemFree:  8 kB\nNode 0 HugePages_Total:     0\n");
+        let parsed = parse_meminfo("Node 0 MemTotal:       16384 kB\nNode 0 MemFree:  8 kB\nNode 0 HugePages_Total:     0\n");
         assert_eq!(parsed[0], ("MemTotal".to_string(), 16384 * 1024));
         assert_eq!(parsed[2], ("HugePages_Total".to_string(), 0));
     }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pci::is_pci_address;
+use super::pci::{last_pci_address, numa_node_of, parse_numa_node};
 use super::source::{ProblemKind, Source};
 
 const NVME_DIR: &str = "sys/class/nvme";
@@ -68,15 +68,11 @@ pub fn collect(src: &Source) -> Vec<NvmeController> {
     for name in src.list_dir(NVME_DIR) {
         let base = format!("{NVME_DIR}/{name}");
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
-        let pci_address = src
-            .link_target(&format!("{base}/device"))
-            .and_then(|t| t.file_name()?.to_str().map(str::to_string))
-            .filter(|a| is_pci_address(a));
+        let pci_address = src.link_target(&format!("{base}/device")).as_deref().and_then(last_pci_address);
         let numa_node = attr("numa_node")
-            .or_else(|| pci_address.as_ref().and_then(|a| src.attr(&format!("sys/bus/pci/devices/{a}/numa_node"))))
-            .and_then(|n| n.parse::<i64>().ok())
-            .filter(|&n| n >= 0)
-            .map(|n| n as u32);
+            .as_deref()
+            .and_then(parse_numa_node)
+            .or_else(|| pci_address.as_deref().and_then(|a| numa_node_of(src, a)));
         let mut namespaces: Vec<Namespace> = src
             .list_dir(&base)
             .into_iter()
@@ -126,9 +122,7 @@ fn from_block_devices(src: &Source) -> Vec<NvmeController> {
             continue; // a partition (nvme0n1p1)
         }
         let rel = format!("sys/class/block/{ns}");
-        let pci_address = src
-            .link_target(&rel)
-            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).next_back());
+        let pci_address = src.link_target(&rel).as_deref().and_then(last_pci_address);
         let namespace = Namespace {
             size_bytes: src.attr_parse::<u64>(&format!("{rel}/size")).map(|s| s * 512),
             logical_block_bytes: src.attr_parse(&format!("{rel}/queue/logical_block_size")),
@@ -138,12 +132,7 @@ fn from_block_devices(src: &Source) -> Vec<NvmeController> {
         match out.iter_mut().find(|c| c.name == name) {
             Some(c) => c.namespaces.push(namespace),
             None => out.push(NvmeController {
-                numa_node: pci_address
-                    .as_ref()
-                    .and_then(|a| src.attr(&format!("sys/bus/pci/devices/{a}/numa_node")))
-                    .and_then(|n| n.parse::<i64>().ok())
-                    .filter(|&n| n >= 0)
-                    .map(|n| n as u32),
+                numa_node: pci_address.as_deref().and_then(|a| numa_node_of(src, a)),
                 model: None,
                 serial: None,
                 firmware: None,

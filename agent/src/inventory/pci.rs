@@ -159,6 +159,22 @@ pub fn is_pci_address(s: &str) -> bool {
         && parts[2].len() == 2
 }
 
+/// The nearest PCI function in a sysfs link target: its last PCI-address component
+/// (`../../devices/pci0000:00/0000:00:03.0/virtio2/net/eth0` -> `0000:00:03.0`).
+pub fn last_pci_address(target: &std::path::Path) -> Option<String> {
+    target.components().filter_map(|c| c.as_os_str().to_str()).filter(|c| is_pci_address(c)).next_back().map(str::to_string)
+}
+
+/// A sysfs `numa_node` value; -1 (no affinity) and garbage are `None`.
+pub fn parse_numa_node(text: &str) -> Option<u32> {
+    text.trim().parse::<i64>().ok().filter(|&n| n >= 0).and_then(|n| u32::try_from(n).ok())
+}
+
+/// The NUMA node of a PCI function.
+pub fn numa_node_of(src: &Source, address: &str) -> Option<u32> {
+    src.attr(&format!("{PCI_DIR}/{address}/numa_node")).as_deref().and_then(parse_numa_node)
+}
+
 fn hex_attr(src: &Source, rel: &str) -> Option<String> {
     let text = src.attr(rel)?;
     Some(text.trim_start_matches("0x").to_ascii_lowercase())
@@ -282,7 +298,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
-        numa_node: attr("numa_node").and_then(|n| n.parse::<i64>().ok()).filter(|&n| n >= 0).map(|n| n as u32),
+        numa_node: attr("numa_node").as_deref().and_then(parse_numa_node),
         local_cpus: attr("local_cpulist"),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
         link,
@@ -337,6 +353,16 @@ mod tests {
         assert!(!is_pci_address("pci0000:00"));
         assert!(!is_pci_address("virtio2"));
         assert!(!is_pci_address("0000:00:01"));
+    }
+
+    #[test]
+    fn parents_and_nodes() {
+        let p = std::path::Path::new("../../devices/pci0000:00/0000:00:03.0/virtio2/net/eth0");
+        assert_eq!(last_pci_address(p).as_deref(), Some("0000:00:03.0"));
+        assert_eq!(last_pci_address(std::path::Path::new("../../devices/virtual/net/lo")), None);
+        assert_eq!(parse_numa_node("1\n"), Some(1));
+        assert_eq!(parse_numa_node("-1"), None);
+        assert_eq!(parse_numa_node("x"), None);
     }
 
     #[test]

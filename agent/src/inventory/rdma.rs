@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pci::is_pci_address;
+use super::pci::last_pci_address;
 use super::source::Source;
 
 const IB_DIR: &str = "sys/class/infiniband";
@@ -49,9 +49,7 @@ pub fn collect(src: &Source) -> Vec<RdmaDevice> {
     for name in src.list_dir(IB_DIR) {
         let base = format!("{IB_DIR}/{name}");
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
-        let pci_address = src
-            .link_target(&base)
-            .and_then(|t| t.components().filter_map(|c| c.as_os_str().to_str().map(str::to_string)).filter(|c| is_pci_address(c)).next_back());
+        let pci_address = src.link_target(&base).as_deref().and_then(last_pci_address);
         // Netdevs that share the device's PCI function, for kernels without gid_attrs/ndevs.
         let sibling_netdevs = src.list_dir(&format!("{base}/device/net"));
         let mut ports = Vec::new();
