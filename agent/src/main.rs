@@ -294,7 +294,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Inventory { source, json, save } => {
             let inv = take_inventory(&source)?;
-            let stored = if save { Some(block_on(store_inventory(&db_path(cli.db)?, &inv))??) } else { None };
+            let stored = if save {
+                let db = db_path(cli.db)?;
+                let saved = block_on(store_inventory(&db, &inv))??;
+                Some((db, saved))
+            } else {
+                None
+            };
             if json {
                 emit_json(&inv)?;
             } else {
@@ -329,16 +335,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 run_suite(&inv, true, budget, None)?
             };
             progress("storing the results");
-            let (path, saved) = block_on(store_inventory(&db, &inv))??;
-            let run_ids = block_on(async {
-                let mut store = Store::open(&db).await?;
-                let mut ids = Vec::new();
-                for o in &outcomes {
-                    ids.push(store.save_run(&o.to_run(&inv, saved.host_id.clone(), saved.inventory_id.clone())).await?);
-                }
-                store.close().await?;
-                anyhow::Ok(ids)
-            })??;
+            let (saved, run_ids) = block_on(store_outcomes(&db, &inv, &outcomes))??;
             let failed = outcomes.iter().any(|o| o.failed_check);
             if json {
                 let runs: Vec<serde_json::Value> = outcomes
@@ -351,7 +348,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     "kind": "commission",
                     "inventory": inv,
                     "benchmarks": runs,
-                    "stored": { "database": path, "inventory_id": saved.inventory_id, "host_id": saved.host_id, "new_host": saved.new_host },
+                    "stored": { "database": db, "inventory_id": saved.inventory_id, "host_id": saved.host_id, "new_host": saved.new_host },
                 }))?;
             } else {
                 let mut text = render::summary(&inv);
@@ -368,7 +365,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     saved.inventory_id,
                     if saved.new_host { "new" } else { "known" },
                     saved.host_id,
-                    path.display()
+                    db.display()
                 ));
                 emit(&text)?;
             }
@@ -407,48 +404,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let Some(server) = connect else { anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other") };
             anyhow::ensure!(streams >= 1 && repetitions >= 1 && seconds > 0.0, "--streams, --repetitions and --seconds must be positive");
+            preflight_db(&cli.db, no_save)?;
             let config = kiln_bench::net::Config { streams, seconds_per_repetition: seconds, repetitions, latency_messages: 2000 };
-            let started_at = kiln::timefmt::now_rfc3339();
-            let progress = kiln::runs::Progress::new();
-            let sampler = kiln::telemetry::Sampler::start(std::time::Duration::from_millis(500));
-            let result = kiln_bench::net::measure(&server, &config, |p| progress.update(&format!("net {p}")));
-            progress.finish();
-            let telemetry = sampler.stop();
-            let report = result.with_context(|| format!("network benchmark against {server} (is `kiln bench net --serve` running there?)"))?;
-            let status = if report.throughput.cv > kiln::runs::MAX_CV { "unstable" } else { "ok" };
-            let run_id = if no_save {
-                None
-            } else {
-                let inv = take_inventory(&Source { root: PathBuf::from("/"), nvml_lib: None, all: false })?;
-                let db = db_path(cli.db)?;
-                let metrics = vec![
-                    kiln_db::Metric { name: "net.tcp_throughput_gbps".into(), value: report.throughput.median, unit: "Gb/s".into(), direction: kiln_db::Direction::Higher },
-                    kiln_db::Metric { name: "net.tcp_rtt_p50_us".into(), value: report.rtt_us.median, unit: "us".into(), direction: kiln_db::Direction::Lower },
-                    kiln_db::Metric { name: "net.tcp_rtt_p99_us".into(), value: report.rtt_p99_us, unit: "us".into(), direction: kiln_db::Direction::Lower },
-                ];
-                let samples: Vec<(String, i64, f64)> =
-                    report.throughput_gbps.iter().enumerate().map(|(i, v)| ("net.tcp_throughput_gbps".to_string(), i as i64, *v)).collect();
-                let make = |host_id, inventory_id| {
-                    kiln::runs::new_run(&inv, host_id, inventory_id, "net", &serde_json::json!({ "server": report.server, "config": config }), started_at.clone(), status, metrics.clone(), samples.clone(), telemetry.clone())
-                };
-                Some(block_on(store_run(&db, &inv, make))??)
-            };
-            if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "benchmark": "net", "run_id": run_id, "status": status, "report": report }))?;
-            } else {
-                let t = &report.throughput;
-                let mut text = format!(
-                    "net to {}: {} streams, {} x {} s\nthroughput {:.2} Gb/s (95% CI {:.2}..{:.2}, CV {:.1} %){}\nround trip (64 B) p50 {:.1} us, p99 {:.1} us\n",
-                    report.server, streams, repetitions, seconds, t.median, t.median_ci.0, t.median_ci.1, t.cv * 100.0,
-                    if status == "unstable" { ", unstable" } else { "" },
-                    report.rtt_us.median, report.rtt_p99_us
-                );
-                if let Some(id) = &run_id {
-                    text.push_str(&format!("stored run {id}\n"));
-                }
-                emit(&text)?;
-            }
-            Ok(ExitCode::SUCCESS)
+            let outcome = kiln::runs::net(&server, config)?;
+            let inv = live_inventory()?;
+            finish_bench(cli.db, &inv, outcome, no_save, json)
         }
         Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, no_save, json } } => {
             preflight_db(&cli.db, no_save)?;
@@ -500,7 +460,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let outcomes = run_suite(&inv, quick, budget, disk_path)?;
             let db = if no_save { None } else { Some(db_path(cli.db)?) };
             let stored = match &db {
-                Some(db) => block_on(store_outcomes(db, &inv, &outcomes))??,
+                Some(db) => block_on(store_outcomes(db, &inv, &outcomes))??.1,
                 None => Vec::new(),
             };
             let failed = outcomes.iter().any(|o| o.failed_check);
@@ -630,7 +590,7 @@ fn take_inventory(source: &Source) -> Result<Inventory> {
     Ok(inv)
 }
 
-async fn store_inventory(db: &Path, inv: &Inventory) -> Result<(PathBuf, kiln_db::SavedInventory)> {
+async fn store_inventory(db: &Path, inv: &Inventory) -> Result<kiln_db::SavedInventory> {
     let document = serde_json::to_string(inv)?;
     let fp = &inv.fingerprints;
     let record = NewInventory {
@@ -654,7 +614,7 @@ async fn store_inventory(db: &Path, inv: &Inventory) -> Result<(PathBuf, kiln_db
     let mut store = Store::open(db).await?;
     let saved = store.save_inventory(&record).await?;
     store.close().await?;
-    Ok((db.to_owned(), saved))
+    Ok(saved)
 }
 
 /// Opens the database before a benchmark runs, so that a bad file stops the job before the
@@ -681,7 +641,7 @@ fn finish_bench(db: Option<PathBuf>, inv: &Inventory, outcome: kiln::runs::Outco
         None
     } else {
         let db = db_path(db)?;
-        Some(block_on(store_run(&db, inv, |host, inventory| outcome.to_run(inv, host, inventory)))??)
+        block_on(store_outcomes(&db, inv, std::slice::from_ref(&outcome)))??.1.pop()
     };
     if json {
         emit_json(&serde_json::json!({
@@ -734,16 +694,21 @@ fn run_suite(inv: &Inventory, quick: bool, budget: Option<u64>, disk_path: Optio
     Ok(outcomes)
 }
 
-/// Stores each outcome as a run against one stored inventory; returns the run ids in order.
-async fn store_outcomes(db: &Path, inv: &Inventory, outcomes: &[kiln::runs::Outcome]) -> Result<Vec<String>> {
-    let (_, saved) = store_inventory(db, inv).await?;
+/// Stores the inventory, then each outcome as a run against it; returns the stored inventory and
+/// the run ids in order.
+async fn store_outcomes(
+    db: &Path,
+    inv: &Inventory,
+    outcomes: &[kiln::runs::Outcome],
+) -> Result<(kiln_db::SavedInventory, Vec<String>)> {
+    let saved = store_inventory(db, inv).await?;
     let mut store = Store::open(db).await?;
     let mut ids = Vec::new();
     for o in outcomes {
         ids.push(store.save_run(&o.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone())).await?);
     }
     store.close().await?;
-    Ok(ids)
+    Ok((saved, ids))
 }
 
 /// Opens the store, runs one query, closes it.
@@ -756,18 +721,6 @@ fn query<T>(db: &Path, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) ->
     })?
 }
 
-/// Stores the inventory the run was measured on, then the run, and returns the run's id.
-async fn store_run(
-    db: &Path,
-    inv: &Inventory,
-    make: impl FnOnce(String, String) -> kiln_db::NewRun,
-) -> Result<String> {
-    let (_, saved) = store_inventory(db, inv).await?;
-    let mut store = Store::open(db).await?;
-    let id = store.save_run(&make(saved.host_id, saved.inventory_id)).await?;
-    store.close().await?;
-    Ok(id)
-}
 
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
