@@ -3,21 +3,17 @@
 
 use std::fmt::Write;
 
+include!("agent/src/inventory/pciids_index.rs");
+
 fn main() {
     let path = "agent/data/pci.ids";
     println!("cargo:rerun-if-changed={path}");
+    println!("cargo:rerun-if-changed=agent/src/inventory/pciids_index.rs");
     let text = std::fs::read_to_string(path).expect("agent/data/pci.ids");
+    let (index, classes) = index_pci_ids(&text);
     let mut vendors = String::new();
-    let mut classes = text.len();
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let b = line.as_bytes();
-        if line.starts_with("C ") {
-            classes = classes.min(offset);
-        } else if b.len() > 6 && b[4] == b' ' && b[5] == b' ' && b[..4].iter().all(u8::is_ascii_hexdigit) {
-            let _ = write!(vendors, "(0x{}, {offset}),", &line[..4]);
-        }
-        offset += line.len();
+    for (id, offset) in index {
+        let _ = write!(vendors, "(0x{id:04x}, {offset}),");
     }
     let out = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("pci_ids_index.rs");
     std::fs::write(

@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 static SHIPPED: &str = include_str!("../../data/pci.ids");
 const SYSTEM_PATHS: [&str; 3] = ["/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids"];
 
+include!("pciids_index.rs");
+
 mod shipped_index {
     include!(concat!(env!("OUT_DIR"), "/pci_ids_index.rs"));
 }
@@ -31,29 +33,10 @@ pub fn version_of(text: &str) -> Option<String> {
     text.lines().take(40).find_map(|l| l.strip_prefix("#\tVersion:").map(|v| v.trim().to_string()))
 }
 
-fn hex16(s: &str) -> Option<u16> {
-    u16::from_str_radix(s, 16).ok()
-}
-
 impl PciIds {
     /// Indexes a pci.ids file read at run time (a system file newer than the shipped one).
     pub fn parse(text: Cow<'static, str>, source: String) -> PciIds {
-        let mut vendors = Vec::new();
-        let mut classes = text.len();
-        let mut offset = 0;
-        for line in text.split_inclusive('\n') {
-            let b = line.as_bytes();
-            if line.starts_with("C ") {
-                classes = classes.min(offset);
-            } else if b.len() > 6 && b[4] == b' ' && b[5] == b' ' {
-                if let Some(id) = hex16(&line[..4]) {
-                    vendors.push((id, offset));
-                }
-            }
-            offset += line.len();
-        }
-        vendors.sort_by_key(|v| v.0);
-        vendors.dedup_by_key(|v| v.0);
+        let (vendors, classes) = index_pci_ids(&text);
         let version = version_of(&text).unwrap_or_else(|| "unknown".to_string());
         PciIds { text, version, source, vendors: Cow::Owned(vendors), classes }
     }
