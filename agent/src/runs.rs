@@ -168,39 +168,6 @@ pub fn default_membw_elements(inv: &Inventory) -> usize {
     (bytes / 8) as usize
 }
 
-pub fn run_membw(inv: &Inventory, config: membw::Config) -> (MembwReport, Vec<Metric>, Vec<(String, i64, f64)>, Vec<telemetry::Sample>) {
-    let progress = Progress::new();
-    let sampler = sampler(inv, Duration::from_millis(250));
-    let mut scopes = Vec::new();
-    for scope in membw_scopes(inv) {
-        let name = scope.name.clone();
-        let threads = scope.cpus.len();
-        scopes.push(membw::measure(&scope, &config, |round, rounds| {
-            progress.update(&format!("membw {name} ({threads} threads): round {round}/{rounds}"));
-        }));
-    }
-    progress.finish();
-    let samples_telemetry = sampler.stop();
-    let mut metrics = Vec::new();
-    let mut samples = Vec::new();
-    let mut unstable = false;
-    for s in &scopes {
-        for k in &s.kernels {
-            let name = format!("membw.{}.{}_gbps", s.scope, k.kernel.name());
-            unstable |= k.summary.cv > MAX_CV;
-            metrics.push(Metric { name: name.clone(), value: k.summary.median, unit: "GB/s".into(), direction: Direction::Higher });
-            samples.extend(k.samples_gbps.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
-        }
-    }
-    let report = MembwReport {
-        config,
-        scopes,
-        status: if unstable { "unstable" } else { "ok" }.to_string(),
-        telemetry: telemetry::summarize(&samples_telemetry),
-    };
-    (report, metrics, samples, samples_telemetry)
-}
-
 pub fn render_membw(report: &MembwReport) -> String {
     let mut out = format!(
         "membw: STREAM kernels, {} MiB per array, {} repetitions after {} warm-up\n{:<8} {:>7}  {:<6} {:>10} {:>18} {:>7} {:>10}\n",
@@ -281,7 +248,30 @@ fn status_of(unstable: bool) -> String {
 
 pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
     let started_at = now_rfc3339();
-    let (report, metrics, samples, telemetry) = run_membw(inv, config);
+    let progress = Progress::new();
+    let sampler = sampler(inv, Duration::from_millis(250));
+    let mut scopes = Vec::new();
+    for scope in membw_scopes(inv) {
+        let name = scope.name.clone();
+        let threads = scope.cpus.len();
+        scopes.push(membw::measure(&scope, &config, |round, rounds| {
+            progress.update(&format!("membw {name} ({threads} threads): round {round}/{rounds}"));
+        }));
+    }
+    progress.finish();
+    let telemetry = sampler.stop();
+    let mut metrics = Vec::new();
+    let mut samples = Vec::new();
+    let mut unstable = false;
+    for s in &scopes {
+        for k in &s.kernels {
+            let name = format!("membw.{}.{}_gbps", s.scope, k.kernel.name());
+            unstable |= k.summary.cv > MAX_CV;
+            metrics.push(Metric { name: name.clone(), value: k.summary.median, unit: "GB/s".into(), direction: Direction::Higher });
+            samples.extend(k.samples_gbps.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
+        }
+    }
+    let report = MembwReport { config, scopes, status: status_of(unstable), telemetry: telemetry::summarize(&telemetry) };
     let all = report.scopes.iter().find(|s| s.scope == "all");
     let triad = all.and_then(|s| s.kernels.iter().find(|k| k.kernel == membw::Kernel::Triad));
     Outcome {
