@@ -2,6 +2,7 @@
 //! adds the command line, the database and exit codes; benchmarks and tests use this crate directly.
 
 pub mod inventory;
+pub mod provisioning;
 pub mod render;
 pub mod runs;
 pub mod telemetry;

@@ -90,6 +90,79 @@ enum Command {
         #[command(subcommand)]
         what: Show,
     },
+    /// Provision from declarative image specs (images/*.toml): plan, apply, verify, status, lint, log
+    Provision {
+        #[command(subcommand)]
+        what: Provision,
+    },
+}
+
+/// Which root an image targets and where image names are looked up.
+#[derive(clap::Args)]
+struct ProvisionTarget {
+    /// Target another root (a chroot, an image being built) instead of this machine
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    root: PathBuf,
+    /// Where image names are looked up [default: ./images, <prefix>/share/kiln/images, /usr/share/kiln/images, /etc/kiln/images]
+    #[arg(long, env = "KILN_IMAGES", value_name = "DIR")]
+    images: Option<PathBuf>,
+    /// Change nothing: show what would be done (plan, verify, status, lint and log never change anything)
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Provision {
+    /// What applying IMAGE would change, in order, and why
+    Plan {
+        /// An image name (images/NAME.toml) or a path to a spec
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// Make the machine match IMAGE, one journaled step at a time (needs root)
+    Apply {
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+        /// Continue an apply that was killed, interrupted or failed, in the same journal
+        #[arg(long)]
+        resume: bool,
+        /// Stream each step's output to stderr
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Report drift from IMAGE and run its checks; exit 1 on any drift or failed check
+    Verify {
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// The software fingerprint: kernel, driver, fabric manager, CUDA, NCCL, cuDNN, Python frameworks, images
+    Status {
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// Check specs for errors and NVIDIA pin consistency [default: every image in the image directory]
+    Lint {
+        images: Vec<String>,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// The journal: recent applies, or one apply's steps
+    Log {
+        /// Only applies of this image
+        image: Option<String>,
+        /// Show this apply's steps (an id or unique prefix)
+        #[arg(long, value_name = "ID")]
+        apply: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
 }
 
 #[derive(Subcommand)]
@@ -562,6 +635,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Provision { what } => provision(cli.db, what),
         Command::Show { what: Show::Inventory { id, json } } => {
             let db = db_path(cli.db)?;
             let row = query(&db, async |store: &mut Store| store.inventory(&id).await)?;
@@ -572,6 +646,142 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     format!("inventory {} in {} is not a document this kiln can read; try --json", row.id, db.display())
                 })?;
                 emit(&format!("inventory {} (collected {})\n{}", row.id, row.collected_at, render::summary(&inv)))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
+    use kiln::provisioning as prov;
+    use kiln_provision::exec::System;
+    match what {
+        Provision::Plan { image, target } => {
+            let image = prov::load(&image, target.images.as_deref())?;
+            let (plan, _, _) = prov::make_plan(&image, &target.root, &mut System)?;
+            if target.json {
+                emit_json(&plan)?;
+            } else {
+                emit(&prov::render_plan(&plan, "to apply"))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Provision::Apply { image, target, resume, verbose } => {
+            let image_arg = image;
+            let image = prov::load(&image_arg, target.images.as_deref())?;
+            if target.dry_run {
+                let (plan, _, _) = prov::make_plan(&image, &target.root, &mut System)?;
+                if target.json {
+                    emit_json(&plan)?;
+                } else {
+                    emit(&prov::render_plan(&plan, "would run (dry run: nothing changed)"))?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let db = db_path(db)?;
+            catch_interrupts();
+            let opts = prov::ApplyOptions { image_arg: &image_arg, db: &db, resume, json: target.json, verbose };
+            let report = prov::apply_image(&image, &target.root, &opts, &INTERRUPTED)?;
+            if target.json {
+                emit_json(&report)?;
+            } else if report.status == "failed" {
+                eprint!("{}", prov::render_apply(&report, &image_arg));
+            } else if report.status != "unchanged" {
+                emit(&prov::render_apply(&report, &image_arg))?;
+            }
+            Ok(match report.status.as_str() {
+                "succeeded" | "unchanged" => ExitCode::SUCCESS,
+                _ => ExitCode::from(2),
+            })
+        }
+        Provision::Verify { image, target } => {
+            let image = prov::load(&image, target.images.as_deref())?;
+            let v = prov::verify(&image, &target.root)?;
+            if target.json {
+                emit_json(&v)?;
+            } else {
+                emit(&prov::render_verification(&v))?;
+            }
+            Ok(if v.clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Provision::Status { target } => {
+            let t = kiln_provision::plan::Target::new(&target.root);
+            let sw = kiln_provision::software::read(&t)?;
+            if target.json {
+                emit_json(&sw)?;
+            } else {
+                emit(&prov::render_software(&sw))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Provision::Lint { images, target } => {
+            let paths: Vec<PathBuf> = if images.is_empty() {
+                let dirs = prov::image_dirs(target.images.as_deref());
+                let found: Vec<PathBuf> = dirs.iter().map(|d| prov::list_images(d)).find(|l| !l.is_empty()).unwrap_or_default();
+                if found.is_empty() {
+                    anyhow::bail!("no image specs found in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+                }
+                found
+            } else {
+                images.iter().map(|i| prov::find_image(i, target.images.as_deref())).collect::<Result<_>>()?
+            };
+            let mut findings = Vec::new();
+            for p in &paths {
+                match kiln_provision::spec::load(p) {
+                    Ok(image) => findings.extend(kiln_provision::lint::lint(&image)),
+                    Err(e) => findings.extend(e.0),
+                }
+            }
+            if target.json {
+                emit_json(&serde_json::json!({ "images": paths, "findings": findings }))?;
+            } else {
+                let mut text: String = findings.iter().map(|f| format!("{f}\n")).collect();
+                text += &format!("{} image{} linted, {} finding{}", paths.len(), if paths.len() == 1 { "" } else { "s" }, findings.len(), if findings.len() == 1 { "" } else { "s" });
+                emit(&text)?;
+            }
+            Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Provision::Log { image, apply, limit, target } => {
+            let db = db_path(db)?;
+            if let Some(id) = apply {
+                let (a, steps) = query(&db, async |store: &mut Store| store.apply_journal(&id).await)?;
+                if target.json {
+                    emit_json(&serde_json::json!({ "apply": a, "steps": steps }))?;
+                } else {
+                    let mut text = format!(
+                        "apply {} of {} {} to {} — {} (started {}, finished {}, resumed {} time{})\n",
+                        a.id, a.image, a.image_version, a.root, a.status, a.started_at, a.finished_at.as_deref().unwrap_or("-"), a.resumes, if a.resumes == 1 { "" } else { "s" }
+                    );
+                    for s in &steps {
+                        text += &format!(
+                            "{:>3}  {:<11}  {:>8}  exit {:<4}  {}\n",
+                            s.seq,
+                            s.status,
+                            s.duration_ms.map_or("-".into(), |d| format!("{:.1} s", d as f64 / 1000.0)),
+                            s.exit_code.map_or("-".into(), |c| c.to_string()),
+                            s.summary
+                        );
+                        if s.status == "failed" {
+                            for line in s.output_tail.as_deref().unwrap_or("").lines().rev().take(10).collect::<Vec<_>>().into_iter().rev() {
+                                text += &format!("       | {line}\n");
+                            }
+                        }
+                    }
+                    emit(&text)?;
+                }
+            } else {
+                let applies = query(&db, async |store: &mut Store| store.applies(image.as_deref(), limit).await)?;
+                if target.json {
+                    emit_json(&serde_json::json!({ "applies": applies }))?;
+                } else if applies.is_empty() {
+                    emit(&format!("no applies journaled in {}", db.display()))?;
+                } else {
+                    let mut text = format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", "APPLY", "STARTED", "STATUS", "IMAGE", "ROOT");
+                    for a in &applies {
+                        text += &format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", &a.id[..8], a.started_at, a.status, format!("{} {}", a.image, a.image_version), a.root);
+                    }
+                    emit(&text)?;
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -12,6 +12,9 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+mod journal;
+pub use journal::{ApplyRow, NewApply, StepRow};
+
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";

@@ -9,6 +9,8 @@ pub struct Package {
     pub name: String,
     pub version: String,
     pub architecture: Option<String>,
+    /// Selected `hold` (`dpkg --set-selections`, `apt-mark hold`): apt will not move it.
+    pub hold: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +46,8 @@ pub fn parse_status(text: &str) -> BTreeMap<String, Package> {
             Some(a) if out.contains_key(*name) && a != "all" => format!("{name}:{a}"),
             _ => name.to_string(),
         };
-        out.insert(key, Package { name: name.to_string(), version: version.to_string(), architecture: arch });
+        let hold = status.split_whitespace().next() == Some("hold");
+        out.insert(key, Package { name: name.to_string(), version: version.to_string(), architecture: arch, hold });
     }
     out
 }
@@ -67,11 +70,12 @@ mod tests {
     fn status_file() {
         let text = "Package: nvidia-driver-550\nStatus: install ok installed\nArchitecture: amd64\nVersion: 550.127.05-0ubuntu1\nDescription: x\n more\n\n\
                     Package: removed\nStatus: deinstall ok config-files\nVersion: 1\n\n\
-                    Package: libnccl2\nStatus: install ok installed\nVersion: 2.21.5-1+cuda12.4\n";
+                    Package: libnccl2\nStatus: hold ok installed\nVersion: 2.21.5-1+cuda12.4\n";
         let pkgs = parse_status(text);
         assert_eq!(pkgs.len(), 2);
         assert_eq!(pkgs["nvidia-driver-550"].version, "550.127.05-0ubuntu1");
         assert_eq!(pkgs["libnccl2"].version, "2.21.5-1+cuda12.4");
         assert!(!pkgs.contains_key("removed"));
+        assert!(pkgs["libnccl2"].hold && !pkgs["nvidia-driver-550"].hold);
     }
 }

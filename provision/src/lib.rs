@@ -1,7 +1,16 @@
-//! kiln's provisioning. For now: reading what software a root holds (the dpkg database and the
-//! kernel), the raw material of the software fingerprint that every benchmark run records.
+//! kiln's provisioning: image specs (`spec`), the machine's state and the plan that would make it
+//! match (`plan`), the actions and who carries them out (`exec`), applying a plan step by step with
+//! a journal (`apply`), the consistency of NVIDIA stacks (`lint`), and the software fingerprint
+//! (`software`, read from the dpkg database in `dpkg`).
 //!
-//! Invariant: parsing is pure; this crate reads files under a root it is given and never runs
-//! commands itself.
+//! Invariants: reading state never changes the machine (probes are read-only); every change is an
+//! `exec::Action` carried out by an `exec::Executor`; programs run from argument vectors, never
+//! shell strings; every path is resolved below the `plan::Target` root.
 
+pub mod apply;
 pub mod dpkg;
+pub mod exec;
+pub mod lint;
+pub mod plan;
+pub mod software;
+pub mod spec;
