@@ -10,3 +10,4 @@ mod devices;
 mod ghw;
 mod gpu;
 mod hwloc;
+mod provision;

@@ -147,7 +147,9 @@ enum Provision {
     },
     /// Check specs for errors and NVIDIA pin consistency [default: every image in the image directory]
     Lint {
-        images: Vec<String>,
+        /// Image names or spec paths
+        #[arg(value_name = "IMAGE")]
+        specs: Vec<String>,
         #[command(flatten)]
         target: ProvisionTarget,
     },
@@ -714,8 +716,8 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Provision::Lint { images, target } => {
-            let paths: Vec<PathBuf> = if images.is_empty() {
+        Provision::Lint { specs, target } => {
+            let paths: Vec<PathBuf> = if specs.is_empty() {
                 let dirs = prov::image_dirs(target.images.as_deref());
                 let found: Vec<PathBuf> = dirs.iter().map(|d| prov::list_images(d)).find(|l| !l.is_empty()).unwrap_or_default();
                 if found.is_empty() {
@@ -723,7 +725,7 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                 }
                 found
             } else {
-                images.iter().map(|i| prov::find_image(i, target.images.as_deref())).collect::<Result<_>>()?
+                specs.iter().map(|i| prov::find_image(i, target.images.as_deref())).collect::<Result<_>>()?
             };
             let mut findings = Vec::new();
             for p in &paths {

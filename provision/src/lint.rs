@@ -58,6 +58,14 @@ fn exact(v: &str) -> bool {
     !v.contains('*') && !v.contains('?')
 }
 
+/// The upstream version a pin fixes: `570.133.20-1` and `570.133.20-*` (any packaging revision)
+/// both fix `570.133.20`; `570.*` fixes none.
+pub fn pinned_upstream(v: &str) -> Option<&str> {
+    let v = v.split_once(':').map_or(v, |(_, v)| v);
+    let up = v.rsplit_once('-').map_or(v, |(u, _)| u);
+    exact(up).then_some(up)
+}
+
 struct Driver<'a> {
     name: &'a Spanned<String>,
     version: &'a Spanned<String>,
@@ -110,9 +118,7 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
                     out.push(src.error(d.version, format!("version {v} is not of the {b} branch that {} names", d.name.get_ref())));
                 }
             }
-            if exact(v) {
-                driver_version = Some(up);
-            }
+            driver_version = pinned_upstream(v);
         }
         let open = pkgs.keys().any(|n| n.get_ref().starts_with("nvidia-") && n.get_ref().contains("open"));
         if !open {
@@ -137,7 +143,10 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             }
         }
         let (fv, dv) = (version.get_ref(), d.version.get_ref());
-        let same = if exact(fv) && exact(dv) { upstream(fv) == upstream(dv) } else { fv == dv };
+        let same = match (pinned_upstream(fv), pinned_upstream(dv)) {
+            (Some(f), Some(d)) => f == d,
+            _ => fv == dv,
+        };
         if !same {
             out.push(src.error(version, format!("fabric manager {fv} must equal the driver version ({} = {dv})", d.name.get_ref())));
         }
@@ -149,7 +158,7 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
         let Some(c) = toolkit.captures(name.get_ref()) else { continue };
         let (major, minor): (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
         cuda = Some((major, minor));
-        if !exact(version.get_ref()) {
+        if pinned_upstream(version.get_ref()).is_none() {
             out.push(src.error(version, format!("pin {} to an exact version", name.get_ref())));
         }
         match cuda_min_driver(major, minor) {
@@ -193,7 +202,7 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
                 out.push(src.error(name, format!("{} is built for CUDA {built}, but the toolkit is CUDA {major}", name.get_ref())));
             }
         }
-        if !exact(version.get_ref()) {
+        if pinned_upstream(version.get_ref()).is_none() {
             out.push(src.error(version, format!("pin {} to an exact version", name.get_ref())));
         }
     }
@@ -255,5 +264,8 @@ mod tests {
         assert!(compare_dotted("570.133.20", "570.26").is_gt());
         assert!(compare_dotted("565.57.01", "570.26").is_lt());
         assert_eq!(cuda_min_driver(12, 8), Some("570.26"));
+        assert_eq!(pinned_upstream("570.133.20-*"), Some("570.133.20"));
+        assert_eq!(pinned_upstream("1:570.133.20-0ubuntu1"), Some("570.133.20"));
+        assert_eq!(pinned_upstream("570.*"), None);
     }
 }

@@ -55,6 +55,8 @@ pub struct Facts {
     pub is_root: bool,
     /// The time of the plan (RFC 3339), recorded in the image's marker when applied.
     pub now: String,
+    /// Whether the target is this running machine.
+    pub live: bool,
 }
 
 impl Facts {
@@ -87,6 +89,7 @@ impl Facts {
             // SAFETY: geteuid has no preconditions.
             is_root: unsafe { libc::geteuid() } == 0,
             now,
+            live: target.live(),
         }
     }
 
@@ -108,6 +111,10 @@ impl Facts {
         if !m.arch.is_empty() && !m.arch.iter().any(|a| a.get_ref() == &self.arch) {
             let wanted: Vec<&str> = m.arch.iter().map(|a| a.get_ref().as_str()).collect();
             return Some(format!("it is for {}; this machine is {}", wanted.join(" or "), self.arch));
+        }
+        // Another root (an image being built) boots on a machine we cannot see: its GPUs are unknown.
+        if !self.live {
+            return None;
         }
         match m.gpu.as_ref().map(|g| g.get_ref().as_str()) {
             Some("nvidia") if !self.nvidia_gpu => Some("it needs an NVIDIA GPU; none is on the PCI bus".to_string()),
@@ -163,8 +170,8 @@ pub struct Plan {
 pub enum PlanError {
     #[error("{0}")]
     Spec(SpecError),
-    #[error("{image} does not apply to this machine: {why}")]
-    Mismatch { image: String, why: String },
+    #[error("{image} does not apply to {target}: {why}")]
+    Mismatch { image: String, target: String, why: String },
     #[error("{0}")]
     State(String),
 }
@@ -301,7 +308,8 @@ impl Planner<'_> {
 /// Plans `image` against `target`. Probes (guards, systemd) go through `exec`.
 pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Executor) -> Result<Plan, PlanError> {
     if let Some(why) = facts.mismatch(image) {
-        return Err(PlanError::Mismatch { image: image.name().to_string(), why });
+        let target = if target.live() { "this machine".to_string() } else { target.root.display().to_string() };
+        return Err(PlanError::Mismatch { image: image.name().to_string(), target, why });
     }
     let mut p = Planner { target, exec, steps: vec![], notes: vec![], satisfied: 0 };
     let name = image.name().to_string();
@@ -413,12 +421,16 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         p.step("apt:install", format!("install {}", install.join(" ")), reasons.join("; "), vec![Action::Run(cmd)]);
     }
     let mut hold = String::new();
+    let mut hold_why = Vec::new();
     for h in &spec.apt.hold {
         let pkg = h.get_ref().replace("${kernel_release}", &kernel);
-        if installed.get(&pkg).is_some_and(|p| p.hold) && !install.iter().any(|i| i.split('=').next() == Some(pkg.as_str())) {
+        let reinstalled = install.iter().any(|i| i.split('=').next() == Some(pkg.as_str()));
+        if installed.get(&pkg).is_some_and(|p| p.hold) && !reinstalled {
             p.satisfied += 1;
         } else {
             hold.push_str(&format!("{pkg} hold\n"));
+            // apt-get releases the hold of a package it installs or changes.
+            hold_why.push(if reinstalled { format!("{pkg} is installed by this plan, which releases its hold") } else { format!("{pkg} is not held") });
         }
     }
     if !hold.is_empty() {
@@ -428,7 +440,7 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         }
         argv.push("--set-selections".into());
         let held: Vec<&str> = hold.lines().filter_map(|l| l.split_whitespace().next()).collect();
-        p.step("apt:hold", format!("hold {}", held.join(" ")), "not held at their pinned version", vec![Action::Run(Cmd::new(argv).stdin(hold.clone()))]);
+        p.step("apt:hold", format!("hold {}", held.join(" ")), hold_why.join("; "), vec![Action::Run(Cmd::new(argv).stdin(hold.clone()))]);
     }
 
     // --- files -----------------------------------------------------------------------------

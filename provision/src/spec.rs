@@ -323,7 +323,15 @@ pub fn parse(path: &Path, text: String) -> Result<Image, SpecErrors> {
     let src = SourceText { file: &display, text: &text };
     let spec: Spec = toml::from_str(&text).map_err(|e| {
         let at = e.span().map(|s| s.start).unwrap_or(0);
-        SpecErrors(vec![src.error_at(at, e.message().trim_end().to_string())])
+        let message: Vec<&str> = e.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let mut message = message.join(": ");
+        let mut at = at;
+        if message.contains("expected a borrowed string") {
+            at = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+            // A bare key with dots (`linux-headers-6.8.0 = …`) is a dotted key in TOML: nested tables.
+            message = "a bare key with dots is a dotted key (nested tables) in TOML: quote names that contain dots, e.g. \"libpython3.12\" = \"*\"".into();
+        }
+        SpecErrors(vec![src.error_at(at, message)])
     })?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let errors = validate(&spec, &src, &dir);
@@ -582,7 +590,9 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
         }
         if let Some(m) = &check.matches {
             if let Err(e) = regex::Regex::new(m.get_ref()) {
-                let first = e.to_string().lines().last().unwrap_or("").trim().to_string();
+                let text = e.to_string();
+                let last = text.lines().last().unwrap_or("").trim();
+                let first = last.strip_prefix("error: ").unwrap_or(last).to_string();
                 err(src.error(m, format!("bad regex: {first}")));
             }
         }
