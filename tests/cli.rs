@@ -162,6 +162,25 @@ fn usage_errors_exit_2() {
     }
 }
 
+/// Every command's `--help` parses: clap checks each command's definition (unique names, valid
+/// defaults) only when that command is reached, so a broken one would otherwise surface as a panic
+/// in a user's hands.
+#[test]
+fn every_command_has_help() {
+    let commands: &[&[&str]] = &[
+        &["inventory"], &["commission"], &["topo"], &["runs"], &["hosts"],
+        &["bench", "membw"], &["bench", "gemm"], &["bench", "train"], &["bench", "disk"], &["bench", "net"], &["bench", "suite"],
+        &["show", "inventory"], &["show", "run"],
+        &["provision", "plan"], &["provision", "apply"], &["provision", "verify"], &["provision", "status"], &["provision", "lint"], &["provision", "log"],
+    ];
+    for c in commands {
+        let mut args = c.to_vec();
+        args.push("--help");
+        let run = kiln(&args, &[]).success();
+        assert!(run.stdout().contains("Usage: kiln"), "{}", run.describe());
+    }
+}
+
 /// The main job end to end: inventory, the quick benchmark suite, everything stored.
 #[test]
 fn commission_runs_the_quick_suite() {

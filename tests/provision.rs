@@ -9,6 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::lab::{wheel, Lab};
 use crate::util::{kiln, Run};
 
 fn is_root() -> bool {
@@ -24,38 +25,14 @@ fn need_root(test: &str) -> bool {
     is_root()
 }
 
-struct Lab {
-    dir: tempfile::TempDir,
+/// The lab driven through the `kiln` binary, with the lab's database.
+trait Provision {
+    fn provision(&self, verb: &str, spec: &Path, extra: &[&str]) -> Run;
+    fn log(&self) -> Vec<Value>;
+    fn journal(&self, apply: &str) -> Value;
 }
 
-impl Lab {
-    fn new() -> Lab {
-        let lab = Lab { dir: tempfile::tempdir().unwrap() };
-        let root = lab.root();
-        std::fs::create_dir_all(root.join("etc")).unwrap();
-        std::fs::write(root.join("etc/os-release"), "ID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME=\"kiln test root\"\n").unwrap();
-        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nkilnsvc:x:4242:4243::/nonexistent:/bin/false\n").unwrap();
-        std::fs::write(root.join("etc/group"), "root:x:0:\nkilnsvc:x:4243:\n").unwrap();
-        std::fs::create_dir_all(lab.repo()).unwrap();
-        lab
-    }
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-    fn root(&self) -> PathBuf {
-        self.dir.path().join("root")
-    }
-    fn repo(&self) -> PathBuf {
-        self.dir.path().join("repo")
-    }
-    fn db(&self) -> PathBuf {
-        self.dir.path().join("kiln.db")
-    }
-    fn spec(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&p, text.replace("@REPO@", self.repo().to_str().unwrap())).unwrap();
-        p
-    }
+impl Provision for Lab {
     /// `kiln provision <verb> <spec> --root <root>` with this lab's database.
     fn provision(&self, verb: &str, spec: &Path, extra: &[&str]) -> Run {
         let root = self.root();
@@ -69,56 +46,6 @@ impl Lab {
     }
     fn journal(&self, apply: &str) -> Value {
         kiln(&["provision", "log", "--apply", apply, "--json"], &[("KILN_DB", &self.db())]).success().json()
-    }
-    /// `dpkg-query` on the lab's root: package → (version, status abbreviation).
-    fn installed(&self) -> Vec<(String, String, String)> {
-        let out = Command::new("dpkg-query")
-            .arg(format!("--admindir={}", self.root().join("var/lib/dpkg").display()))
-            .args(["-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"])
-            .output()
-            .expect("dpkg-query");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| {
-                let f: Vec<&str> = l.split('\t').collect();
-                (f[0].to_string(), f[1].to_string(), f[2].trim().to_string())
-            })
-            .collect()
-    }
-
-    /// Builds a `.deb` into the repository: `files` are (absolute path, content).
-    fn deb(&self, name: &str, version: &str, depends: Option<&str>, files: &[(&str, &str)]) {
-        let staging = self.dir.path().join(format!("build-{name}-{version}"));
-        std::fs::create_dir_all(staging.join("DEBIAN")).unwrap();
-        let mut control = format!("Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: kiln tests <tests@kiln.invalid>\nDescription: kiln test package\n");
-        if let Some(d) = depends {
-            control += &format!("Depends: {d}\n");
-        }
-        std::fs::write(staging.join("DEBIAN/control"), control).unwrap();
-        for (path, content) in files {
-            let p = staging.join(path.trim_start_matches('/'));
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, content).unwrap();
-        }
-        let deb = self.repo().join(format!("{name}_{version}_all.deb"));
-        let out = Command::new("dpkg-deb").args(["--root-owner-group", "-b"]).arg(&staging).arg(&deb).output().expect("dpkg-deb (package dpkg) is needed");
-        assert!(out.status.success(), "dpkg-deb: {}", String::from_utf8_lossy(&out.stderr));
-        self.publish();
-    }
-
-    /// Writes the flat repository's `Packages` index, as dpkg-scanpackages would.
-    fn publish(&self) {
-        let mut index = String::new();
-        let mut debs: Vec<PathBuf> = std::fs::read_dir(self.repo()).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "deb")).collect();
-        debs.sort();
-        for deb in debs {
-            let control = Command::new("dpkg-deb").arg("-f").arg(&deb).output().unwrap();
-            let bytes = std::fs::read(&deb).unwrap();
-            let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-            index += String::from_utf8_lossy(&control.stdout).trim_end();
-            index += &format!("\nFilename: ./{}\nSize: {}\nSHA256: {sha}\n\n", deb.file_name().unwrap().to_string_lossy(), bytes.len());
-        }
-        std::fs::write(self.repo().join("Packages"), index).unwrap();
     }
 }
 
@@ -275,34 +202,6 @@ fn apt_install_idempotence_drift_verify_and_upgrade() {
     assert_eq!(status["images"][0]["hash"], plan["image_hash"]);
     assert_eq!(lab.log().len(), 4, "install, the drift repair, the upgrade, the glob pin");
     assert!(lab.log().iter().all(|a| a["status"] == "succeeded"));
-}
-
-/// A pure-Python wheel, built without any build backend: a wheel is a zip with metadata.
-fn wheel(dir: &Path, name: &str, version: &str) -> String {
-    let script = r#"
-import base64, hashlib, sys, zipfile
-name, version, out = sys.argv[1:4]
-dist = f"{name}-{version}"
-files = {
-    f"{name}/__init__.py": f"VERSION = '{version}'\n",
-    f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-    f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: kiln-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = []
-path = f"{out}/{dist}-py3-none-any.whl"
-with zipfile.ZipFile(path, "w") as z:
-    for p, content in files.items():
-        data = content.encode()
-        z.writestr(p, data)
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{p},sha256={digest},{len(data)}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-print(hashlib.sha256(open(path, "rb").read()).hexdigest())
-"#;
-    let out = Command::new("python3").arg("-c").arg(script).args([name, version]).arg(dir).output().expect("python3 is needed");
-    assert!(out.status.success(), "building a wheel: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]

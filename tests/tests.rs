@@ -10,4 +10,5 @@ mod devices;
 mod ghw;
 mod gpu;
 mod hwloc;
+mod lab;
 mod provision;

@@ -25,16 +25,25 @@ pub struct Software {
     pub distribution: Option<String>,
     pub nvidia_driver: Option<String>,
     pub cuda_driver: Option<String>,
+    /// What `kiln provision status` reports: fabric manager, CUDA, NCCL, cuDNN, the Python
+    /// frameworks and the images kiln applied (with their content hashes). `None` when the dpkg
+    /// database cannot be read.
+    pub stack: Option<kiln_provision::software::Software>,
 }
 
 impl Software {
+    /// The software of this (live) host; runs are only ever measured live.
     pub fn of(inv: &Inventory) -> Software {
+        let stack = kiln_provision::software::read(&kiln_provision::plan::Target::new(std::path::Path::new("/")))
+            .map_err(|e| tracing::warn!("software fingerprint without packages: {e}"))
+            .ok();
         Software {
             kiln: env!("CARGO_PKG_VERSION").to_string(),
             kernel: inv.os.kernel_release.clone(),
             distribution: inv.os.distribution.as_ref().and_then(|d| d.pretty_name.clone()),
             nvidia_driver: inv.gpus.driver_version.clone(),
             cuda_driver: inv.gpus.cuda_driver_version.clone(),
+            stack,
         }
     }
 
