@@ -94,6 +94,47 @@ impl Lab {
 }
 
 
+impl Lab {
+    fn gpg(&self) -> Command {
+        let home = self.path().join("gnupg");
+        if !home.exists() {
+            std::fs::create_dir_all(&home).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let mut c = Command::new("gpg");
+        c.arg("--batch").arg("--quiet").arg("--homedir").arg(home);
+        c
+    }
+
+    /// A new signing key in the lab's own GnuPG home; returns its fingerprint and exports it
+    /// (armored) to `keys/<name>.asc` beside the specs.
+    pub fn signing_key(&self, name: &str) -> String {
+        let uid = format!("{name} <{name}@kiln.invalid>");
+        let out = self.gpg().args(["--passphrase", "", "--quick-generate-key", &uid, "ed25519", "sign", "never"]).output().expect("gpg is needed");
+        assert!(out.status.success(), "gpg: {}", String::from_utf8_lossy(&out.stderr));
+        let list = self.gpg().args(["--with-colons", "--list-keys", &uid]).output().unwrap();
+        let text = String::from_utf8_lossy(&list.stdout);
+        let fpr = text.lines().find(|l| l.starts_with("fpr:")).and_then(|l| l.split(':').nth(9)).expect("a fingerprint").to_string();
+        let keys = self.path().join("keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        let armored = self.gpg().args(["--armor", "--export", &fpr]).output().unwrap();
+        std::fs::write(keys.join(format!("{name}.asc")), armored.stdout).unwrap();
+        fpr
+    }
+
+    /// Signs the repository's index with key `fingerprint`: `Release` with the index's hash, and
+    /// `InRelease`, its clear-signed form, which apt checks against the source's Signed-By.
+    pub fn sign_repo(&self, fingerprint: &str) {
+        let packages = std::fs::read(self.repo().join("Packages")).unwrap();
+        let sha: String = Sha256::digest(&packages).iter().map(|b| format!("{b:02x}")).collect();
+        let release = format!("Origin: kiln-tests\nLabel: kiln-tests\nSHA256:\n {sha} {} Packages\n", packages.len());
+        std::fs::write(self.repo().join("Release"), release).unwrap();
+        let out = self.gpg().args(["--yes", "--local-user", fingerprint, "--clearsign", "-o"]).arg(self.repo().join("InRelease")).arg(self.repo().join("Release")).output().unwrap();
+        assert!(out.status.success(), "signing: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// A pure-Python wheel, built without any build backend: a wheel is a zip with metadata.
 pub fn wheel(dir: &Path, name: &str, version: &str) -> String {
     let script = r#"

@@ -204,6 +204,57 @@ fn apt_install_idempotence_drift_verify_and_upgrade() {
     assert!(lab.log().iter().all(|a| a["status"] == "succeeded"));
 }
 
+/// A signed repository: the key file's fingerprint pinned, apt verifying the index's signature
+/// against it below another root; a key file holding a second key passes only the pinned one to apt.
+#[test]
+fn signed_repository_with_a_pinned_key() {
+    if !need_root("signed_repository_with_a_pinned_key") {
+        return;
+    }
+    let lab = Lab::new();
+    lab.deb("kiln-hello", "1.0", None, &[("/usr/share/kiln-hello/version", "1.0\n")]);
+    let pinned = lab.signing_key("repo");
+    let other = lab.signing_key("other");
+    lab.sign_repo(&pinned);
+    // Both keys in one file: only the pinned one may reach apt.
+    let both = [std::fs::read(lab.path().join("keys/repo.asc")).unwrap(), std::fs::read(lab.path().join("keys/other.asc")).unwrap()].concat();
+    std::fs::write(lab.path().join("keys/both.asc"), both).unwrap();
+    let spec_with = |file: &str, fpr: &str| {
+        lab.spec("lab-signed", &format!(
+            "[image]\nname = \"lab-signed\"\nversion = \"1\"\n\n[[apt.repository]]\nname = \"signed\"\nuri = \"file:@REPO@\"\nsuite = \"./\"\nkey = {{ file = \"keys/{file}\", fingerprint = \"{fpr}\" }}\n\n[apt.packages]\nkiln-hello = \"1.0\"\n"
+        ))
+    };
+    // The wrong key is refused at the fingerprint, before anything is written.
+    let spec = spec_with("other.asc", &pinned);
+    let refused = lab.provision("plan", &spec, &[]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    let want = format!("kiln: error: {}:9:48: key file {}/keys/other.asc holds {other}, not the pinned {pinned}", spec.display(), lab.path().display());
+    assert_eq!(refused.stderr().trim_end(), want);
+
+    let spec = spec_with("both.asc", &pinned);
+    lab.provision("apply", &spec, &[]).success();
+    assert!(lab.installed().contains(&("kiln-hello".into(), "1.0".into(), "ii".into())), "{:?}", lab.installed());
+    let sources = std::fs::read_to_string(lab.root().join("etc/apt/sources.list.d/kiln-signed.sources")).unwrap();
+    assert!(sources.contains("Signed-By:\n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n"), "{sources}");
+    let inline: String = sources.lines().skip_while(|l| !l.starts_with("Signed-By:")).skip(1).map(|l| if l == " ." { "\n".to_string() } else { format!("{}\n", &l[1..]) }).collect();
+    std::fs::write(lab.path().join("inline.asc"), inline).unwrap();
+    let shown = Command::new("gpg").args(["--batch", "--show-keys", "--with-colons"]).arg(lab.path().join("inline.asc")).output().unwrap();
+    let fprs: Vec<String> = String::from_utf8_lossy(&shown.stdout).lines().filter(|l| l.starts_with("fpr:")).map(|l| l.split(':').nth(9).unwrap().to_string()).collect();
+    assert_eq!(fprs.first(), Some(&pinned), "the inline key is the pinned one");
+    assert!(!fprs.contains(&other), "the second key must not reach apt: {fprs:?}");
+    let again = lab.provision("plan", &spec, &[]).success();
+    assert!(again.stdout().contains("nothing to change"), "{}", again.describe());
+
+    // An index signed by another key: apt refuses it, and kiln stops at that step with apt's words.
+    lab.deb("kiln-hello", "2.0", None, &[("/usr/share/kiln-hello/version", "2.0\n")]);
+    lab.sign_repo(&other);
+    let spec = lab.spec("lab-signed", &std::fs::read_to_string(&spec).unwrap().replace("kiln-hello = \"1.0\"", "kiln-hello = \"2.0\""));
+    let failed = lab.provision("apply", &spec, &[]);
+    assert_eq!(failed.code(), Some(2), "{}", failed.describe());
+    assert!(failed.stderr().contains("step 2 of 4 failed") && failed.stderr().contains("step:      apt-get update") && failed.stderr().contains("NO_PUBKEY"), "{}", failed.describe());
+    assert!(lab.installed().contains(&("kiln-hello".into(), "1.0".into(), "ii".into())));
+}
+
 #[test]
 fn python_venv_from_local_wheels_with_hashes() {
     if !need_root("python_venv_from_local_wheels_with_hashes") {
@@ -429,8 +480,9 @@ fn shipped_images_lint_clean_and_plan_on_an_empty_root() {
         assert!(cmd.iter().any(|a| a == "linux-headers-6.8.0-48-generic"), "headers follow the root's kernel: {cmd:?}");
         assert!(cmd.iter().any(|a| a == "libnccl2=2.26.2-1+cuda12.8"), "{cmd:?}");
         assert!(cmd.iter().any(|a| a == "nvidia-open-570"), "a glob pin installs the bare name under an apt pin: {cmd:?}");
-        let key = plan["steps"].as_array().unwrap().iter().find(|s| s["key"] == "apt-key:cuda").unwrap();
-        assert_eq!(key["actions"][0]["fingerprint"], "EB693B3035CD5710E231E123A4B469963BF863CC");
+        let source = plan["steps"].as_array().unwrap().iter().find(|s| s["key"] == "apt-source:cuda").unwrap();
+        assert_eq!(source["actions"][0]["kind"], "fetch_key");
+        assert_eq!(source["actions"][0]["fingerprint"], "EB693B3035CD5710E231E123A4B469963BF863CC");
     }
 }
 

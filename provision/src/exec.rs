@@ -65,8 +65,9 @@ pub enum Action {
     Write { path: PathBuf, #[serde(skip)] content: Vec<u8>, mode: u32, owner: Option<(u32, u32)> },
     /// Set the mode and owner of an existing file.
     Attributes { path: PathBuf, mode: Option<u32>, owner: Option<(u32, u32)> },
-    /// Download a signing key, refuse it unless its primary key has `fingerprint`, then install it.
-    FetchKey { url: String, fingerprint: String, dest: PathBuf },
+    /// Download a signing key, refuse it unless it holds the key `fingerprint`, then write the apt
+    /// source `sources`: `header` and the key (that key alone, armored) inline as its `Signed-By`.
+    FetchKey { url: String, fingerprint: String, sources: PathBuf, header: String },
 }
 
 impl Action {
@@ -84,7 +85,9 @@ impl Action {
                 }
                 s
             }
-            Action::FetchKey { url, fingerprint, dest } => format!("fetch key {url} (fingerprint {fingerprint}) to {}", dest.display()),
+            Action::FetchKey { url, fingerprint, sources, .. } => {
+                format!("fetch key {url}, check fingerprint {fingerprint}, write {} with it", sources.display())
+            }
         }
     }
 }
@@ -150,7 +153,7 @@ impl Executor for System {
                 Ok(()) => Finished::done(),
                 Err(e) => Finished::failed(format!("cannot set the attributes of {}: {e}", path.display())),
             },
-            Action::FetchKey { url, fingerprint, dest } => fetch_key(url, fingerprint, dest, output),
+            Action::FetchKey { url, fingerprint, sources, header } => fetch_key(url, fingerprint, sources, header, output),
         }
     }
 }
@@ -250,16 +253,57 @@ fn set_attributes(path: &Path, mode: Option<u32>, owner: Option<(u32, u32)>) -> 
     Ok(())
 }
 
-/// The fingerprints of the primary keys in a key file, as `gpg --show-keys` lists them.
+/// A scratch GnuPG home, removed when dropped: key checks never touch root's keyrings.
+struct GpgHome(PathBuf);
+
+impl GpgHome {
+    fn new() -> std::io::Result<GpgHome> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let home = std::env::temp_dir().join(format!("kiln-gnupg-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&home)?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+        Ok(GpgHome(home))
+    }
+    fn cmd(&self, args: &[&str]) -> Cmd {
+        let mut argv = vec!["gpg".to_string(), "--batch".into(), "--quiet".into(), "--homedir".into(), self.0.display().to_string()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        Cmd::new(argv)
+    }
+}
+
+impl Drop for GpgHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fingerprints of the primary keys in a key file (armored or binary), as `gpg --show-keys` lists them.
 pub fn key_fingerprints(exec: &mut dyn Executor, file: &Path) -> std::io::Result<Vec<String>> {
-    let home = std::env::temp_dir().join(format!("kiln-gnupg-{}", std::process::id()));
-    std::fs::create_dir_all(&home)?;
-    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
-    let file = file.display().to_string();
-    let home_arg = home.display().to_string();
-    let out = exec.probe(&Cmd::new(["gpg", "--batch", "--homedir", &home_arg, "--show-keys", "--with-colons", "--with-fingerprint", &file]));
-    let _ = std::fs::remove_dir_all(&home);
-    Ok(parse_fingerprints(&out?.stdout))
+    let home = GpgHome::new()?;
+    let out = exec.probe(&home.cmd(&["--show-keys", "--with-colons", "--with-fingerprint", &file.display().to_string()]))?;
+    Ok(parse_fingerprints(&out.stdout))
+}
+
+/// The key `fingerprint` alone, armored, from a key file that may hold others: what apt is told to
+/// trust. `Ok(None)` when the file does not hold that key.
+pub fn armored_key(exec: &mut dyn Executor, file: &Path, fingerprint: &str) -> std::io::Result<Option<String>> {
+    let home = GpgHome::new()?;
+    exec.probe(&home.cmd(&["--import", &file.display().to_string()]))?;
+    let out = exec.probe(&home.cmd(&["--armor", "--export", fingerprint]))?;
+    Ok(out.stdout.contains("BEGIN PGP PUBLIC KEY BLOCK").then_some(out.stdout))
+}
+
+/// A deb822 `Signed-By` field holding the key itself, so that the source needs no keyring file and
+/// works the same below another root.
+pub fn signed_by_field(armored: &str) -> String {
+    let mut field = String::from("Signed-By:\n");
+    for line in armored.trim_end().lines() {
+        field.push(' ');
+        field.push_str(if line.trim().is_empty() { "." } else { line });
+        field.push('\n');
+    }
+    field
 }
 
 /// Primary-key fingerprints from `gpg --with-colons` output: the `fpr` record after each `pub`.
@@ -283,25 +327,25 @@ pub fn parse_fingerprints(colons: &str) -> Vec<String> {
     out
 }
 
-fn fetch_key(url: &str, fingerprint: &str, dest: &Path, output: &mut dyn FnMut(&[u8])) -> Finished {
+fn fetch_key(url: &str, fingerprint: &str, sources: &Path, header: &str, output: &mut dyn FnMut(&[u8])) -> Finished {
     let tmp = std::env::temp_dir().join(format!("kiln-key-{}.asc", std::process::id()));
     let fetched = run(&Cmd::new(["curl", "-fsSL", "--max-time", "60", "-o", &tmp.display().to_string(), url]), output);
     if !fetched.ok() {
         return fetched;
     }
     let mut sys = System;
-    let result = match key_fingerprints(&mut sys, &tmp) {
-        Ok(fprs) if fprs.iter().any(|f| f.eq_ignore_ascii_case(fingerprint)) => match std::fs::read(&tmp) {
-            Ok(bytes) => match write_atomic(dest, &bytes, 0o644, None) {
-                Ok(()) => Finished::done(),
-                Err(e) => Finished::failed(format!("cannot write {}: {e}", dest.display())),
-            },
-            Err(e) => Finished::failed(format!("cannot read the downloaded key: {e}")),
+    let result = match armored_key(&mut sys, &tmp, fingerprint) {
+        Ok(Some(key)) => match write_atomic(sources, format!("{header}{}", signed_by_field(&key)).as_bytes(), 0o644, None) {
+            Ok(()) => Finished::done(),
+            Err(e) => Finished::failed(format!("cannot write {}: {e}", sources.display())),
         },
-        Ok(fprs) => Finished::failed(format!(
-            "the key at {url} has fingerprint {}, not the pinned {fingerprint}: refusing it",
-            if fprs.is_empty() { "(none: not an OpenPGP key)".to_string() } else { fprs.join(", ") }
-        )),
+        Ok(None) => {
+            let found = key_fingerprints(&mut sys, &tmp).unwrap_or_default();
+            Finished::failed(format!(
+                "the key at {url} has fingerprint {}, not the pinned {fingerprint}: refusing it",
+                if found.is_empty() { "(none: not an OpenPGP key)".to_string() } else { found.join(", ") }
+            ))
+        }
         Err(e) => Finished::failed(format!("cannot run gpg to check the key: {e}")),
     };
     let _ = std::fs::remove_file(&tmp);

@@ -15,7 +15,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::dpkg;
-use crate::exec::{key_fingerprints, Action, Cmd, Executor};
+use crate::exec::{armored_key, key_fingerprints, signed_by_field, Action, Cmd, Executor};
 use crate::spec::{normalize_dist, split_requirement, Image, SpecError};
 
 /// The machine, or root, that a plan targets.
@@ -131,6 +131,30 @@ impl Facts {
             other => other,
         }
     }
+}
+
+/// Does the `Signed-By` field at the start of `rest` (a deb822 source after its header) hold the key
+/// `fingerprint`?
+fn signed_by_holds(exec: &mut dyn Executor, rest: &str, fingerprint: &str) -> bool {
+    let mut lines = rest.lines();
+    if lines.next().map(str::trim_end) != Some("Signed-By:") {
+        return false;
+    }
+    let mut key = String::new();
+    for line in lines.take_while(|l| l.starts_with(' ')) {
+        let l = &line[1..];
+        key.push_str(if l == "." { "" } else { l });
+        key.push('\n');
+    }
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("kiln-signed-by-{}-{n}.asc", std::process::id()));
+    if std::fs::write(&tmp, key).is_err() {
+        return false;
+    }
+    let found = key_fingerprints(exec, &tmp).unwrap_or_default();
+    let _ = std::fs::remove_file(&tmp);
+    found.len() == 1 && found[0] == fingerprint
 }
 
 /// An NVIDIA display or 3D controller on the PCI bus.
@@ -256,9 +280,6 @@ pub fn apt_root_options(target: &Target) -> Vec<String> {
 pub fn sources_path(repo: &str) -> String {
     format!("/etc/apt/sources.list.d/kiln-{repo}.sources")
 }
-pub fn keyring_path(repo: &str) -> String {
-    format!("/etc/apt/keyrings/kiln-{repo}.asc")
-}
 pub fn preferences_path(image: &str) -> String {
     format!("/etc/apt/preferences.d/kiln-{image}.pref")
 }
@@ -332,47 +353,62 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
     for r in &spec.apt.repositories {
         let repo = r.get_ref();
         let rname = repo.name.get_ref();
-        let mut lines = vec!["Types: deb".to_string(), format!("URIs: {}", repo.uri.get_ref()), format!("Suites: {}", repo.suite)];
+        let abs = sources_path(rname);
+        let mut header = format!("Types: deb\nURIs: {}\nSuites: {}\n", repo.uri.get_ref(), repo.suite);
         if !repo.components.is_empty() {
-            lines.push(format!("Components: {}", repo.components.join(" ")));
+            header += &format!("Components: {}\n", repo.components.join(" "));
         }
-        if let Some(k) = &repo.key {
-            let key = k.get_ref();
-            let keyring = keyring_path(rname);
-            lines.push(format!("Signed-By: {keyring}"));
-            let fingerprint = key.fingerprint.get_ref().replace(' ', "").to_ascii_uppercase();
-            let dest = target.path(&keyring);
-            let have = key_fingerprints(p.exec, &dest).unwrap_or_default();
-            if have.contains(&fingerprint) {
-                p.satisfied += 1;
-            } else if let Some(file) = &key.file {
-                let from = image.resolve(file.get_ref());
-                let content = std::fs::read(&from)
-                    .map_err(|e| PlanError::Spec(src.error(file, format!("cannot read key file {}: {e}", from.display()))))?;
-                let fprs = key_fingerprints(p.exec, &from).map_err(|e| PlanError::State(format!("cannot run gpg to check {}: {e}", from.display())))?;
-                if !fprs.contains(&fingerprint) {
-                    return Err(PlanError::Spec(src.error(&key.fingerprint, format!(
-                        "key file {} has fingerprint {}, not the pinned {fingerprint}",
-                        from.display(),
-                        if fprs.is_empty() { "(none: not an OpenPGP key)".to_string() } else { fprs.join(", ") }
-                    ))));
+        let Some(k) = &repo.key else {
+            let before = p.steps.len();
+            p.managed_file(&abs, header + "Trusted: yes\n", &format!("apt source {rname}, trusted"));
+            sources_changed |= p.steps.len() > before;
+            continue;
+        };
+        // The key travels inline in the source's Signed-By (no keyring file to place or to resolve
+        // against the wrong root); the source matches when its header is ours and its key is the pinned one.
+        let key = k.get_ref();
+        let fingerprint = key.fingerprint.get_ref().replace(' ', "").to_ascii_uppercase();
+        let path = target.path(&abs);
+        let why = match std::fs::read_to_string(&path) {
+            Err(_) => format!("{abs} does not exist"),
+            Ok(text) if !text.starts_with(&header) => format!("{abs} points elsewhere"),
+            Ok(text) => {
+                if signed_by_holds(p.exec, &text[header.len()..], &fingerprint) {
+                    p.satisfied += 1;
+                    continue;
                 }
-                p.step(format!("apt-key:{rname}"), format!("install the signing key of {rname} to {keyring}"), format!("key {fingerprint} is not installed"), vec![Action::Write { path: dest, content, mode: 0o644, owner: None }]);
-                sources_changed = true;
-            } else if let Some(url) = &key.url {
-                p.step(format!("apt-key:{rname}"), format!("fetch the signing key of {rname} to {keyring}"), format!("key {fingerprint} is not installed"), vec![Action::FetchKey {
-                    url: url.get_ref().clone(),
-                    fingerprint,
-                    dest,
-                }]);
-                sources_changed = true;
+                format!("{abs} does not pin key {fingerprint}")
             }
-        } else {
-            lines.push("Trusted: yes".to_string());
+        };
+        sources_changed = true;
+        if let Some(file) = &key.file {
+            let from = image.resolve(file.get_ref());
+            if !from.is_file() {
+                return Err(PlanError::Spec(src.error(file, format!("key file {} does not exist", from.display()))));
+            }
+            let armored = armored_key(p.exec, &from, &fingerprint).map_err(|e| PlanError::State(format!("cannot run gpg to read {}: {e}", from.display())))?;
+            let Some(armored) = armored else {
+                let found = key_fingerprints(p.exec, &from).unwrap_or_default();
+                return Err(PlanError::Spec(src.error(&key.fingerprint, format!(
+                    "key file {} holds {}, not the pinned {fingerprint}",
+                    from.display(),
+                    if found.is_empty() { "no OpenPGP key".to_string() } else { found.join(", ") }
+                ))));
+            };
+            p.step(format!("apt-source:{rname}"), format!("write {abs} (apt source {rname}, key {fingerprint})"), why, vec![Action::Write {
+                path,
+                content: format!("{header}{}", signed_by_field(&armored)).into_bytes(),
+                mode: 0o644,
+                owner: None,
+            }]);
+        } else if let Some(url) = &key.url {
+            p.step(format!("apt-source:{rname}"), format!("fetch the key of {rname} and write {abs}"), why, vec![Action::FetchKey {
+                url: url.get_ref().clone(),
+                fingerprint,
+                sources: path,
+                header,
+            }]);
         }
-        let before = p.steps.len();
-        p.managed_file(&sources_path(rname), lines.join("\n") + "\n", &format!("apt source {rname}"));
-        sources_changed |= p.steps.len() > before;
     }
 
     let packages: Vec<(String, String)> =
@@ -408,7 +444,9 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
     if sources_changed || pins_changed || !install.is_empty() {
         let mut argv = vec!["apt-get".to_string()];
         argv.extend(apt_opts.iter().cloned());
-        argv.extend(["-q".into(), "update".into()]);
+        // Without --error-on=any, apt-get update exits 0 when a repository's signature fails and
+        // quietly keeps the old index: the install would then see stale versions.
+        argv.extend(["-q".into(), "update".into(), "--error-on=any".into()]);
         let why = if sources_changed { "apt sources changed" } else { "refresh the package lists before installing" };
         p.step("apt:update", "apt-get update", why, vec![Action::Run(Cmd { argv, env: vec![], cwd: None, stdin: None })]);
     }
