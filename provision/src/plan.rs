@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dpkg;
 use crate::exec::{armored_key, key_fingerprints, signed_by_field, Action, Cmd, Executor};
-use crate::spec::{normalize_dist, split_requirement, Image, SpecError};
+use crate::spec::{normalize_dist, sha256_hex, split_requirement, Image, SpecError};
 
 /// The machine, or root, that a plan targets.
 #[derive(Debug, Clone)]
@@ -253,10 +253,6 @@ fn lookup_id(target: &Target, file: &str, name: &str) -> Option<u32> {
     })
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// The options apt-get and dpkg need to work on another root.
 pub fn apt_root_options(target: &Target) -> Vec<String> {

@@ -350,7 +350,7 @@ pub fn parse(path: &Path, text: String) -> Result<Image, SpecErrors> {
             hasher.update(std::fs::read(dir.join(file.get_ref())).unwrap_or_default());
         }
     }
-    let hash = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let hash = hex(&hasher.finalize());
     Ok(Image { spec, path: path.to_path_buf(), dir, hash, text })
 }
 
@@ -551,7 +551,7 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
                 match std::fs::read(&path) {
                     Err(e) => err(src.error(s, format!("cannot read source {}: {e}", path.display()))),
                     Ok(bytes) => {
-                        let actual: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+                        let actual = sha256_hex(&bytes);
                         if !actual.eq_ignore_ascii_case(h.get_ref()) {
                             err(src.error(h, format!("{} has sha256 {actual}, not the pinned {}", path.display(), h.get_ref())));
                         }
@@ -599,6 +599,14 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
     }
     errors.sort_by_key(|e| (e.line, e.column));
     errors
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
 pub fn parse_mode(s: &str) -> Option<u32> {
