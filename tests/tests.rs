@@ -7,6 +7,8 @@ mod bad_input;
 mod bench;
 mod cli;
 mod devices;
+mod fleet;
+mod fleet_gen;
 mod ghw;
 mod gpu;
 mod hwloc;

@@ -90,6 +90,93 @@ enum Command {
         #[command(subcommand)]
         what: Show,
     },
+    /// Compare results: every configuration side by side (--by config), or two configurations, hosts or software stacks (A B)
+    Compare {
+        /// Two of a kind: configuration (fingerprint prefix or name), host (id prefix or host name) or software stack (fingerprint prefix); `config:`, `host:`, `software:` force the kind
+        #[arg(num_args = 0..=2, value_name = "A B")]
+        subjects: Vec<String>,
+        /// `config`: one row per configuration fingerprint
+        #[arg(long, value_name = "config")]
+        by: Option<String>,
+        /// Only this metric (`name` or `benchmark:name`)
+        #[arg(long)]
+        metric: Option<String>,
+        /// Prices per configuration (TOML: "<fingerprint or name>" = price) for perf per unit price
+        #[arg(long, value_name = "FILE")]
+        prices: Option<PathBuf>,
+        /// Merge results of different software stacks (kept apart by default)
+        #[arg(long)]
+        across_software: bool,
+        /// Only runs within this window (30d, 12h, 2w)
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// The noise threshold for a verdict, as a fraction
+        #[arg(long, default_value_t = kiln::fleet::NOISE)]
+        noise: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hosts far from their configuration's distribution (robust z-score on the MAD), with telemetry that may explain it
+    Outliers {
+        #[arg(long)]
+        metric: Option<String>,
+        /// |z| above which a host is an outlier
+        #[arg(long, default_value_t = 3.5)]
+        threshold: f64,
+        /// …and at least this far from the group's median, as a fraction (a tight group would otherwise flag differences nobody acts on)
+        #[arg(long, default_value_t = kiln::fleet::MIN_DEVIATION)]
+        min_deviation: f64,
+        #[arg(long)]
+        across_software: bool,
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Step changes for the worse in the nightly series, per host and per configuration; exit 1 when any
+    Regressions {
+        #[arg(long, default_value = "30d", value_name = "DURATION")]
+        since: String,
+        #[arg(long)]
+        metric: Option<String>,
+        #[arg(long, default_value_t = kiln::fleet::NOISE)]
+        noise: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write every host, inventory, run, metric, sample and telemetry record as JSON lines (to stdout)
+    Export {
+        /// Only runs within this window (30d, 12h, 2w)
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Write to FILE instead of stdout
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Import exports (idempotent: records already here are skipped; a malformed file imports nothing)
+    Import {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A self-contained report with plots: a host, a configuration or a run against the fleet
+    Report {
+        #[arg(long, value_name = "HOST", group = "subject")]
+        host: Option<String>,
+        #[arg(long, value_name = "CONFIG", group = "subject")]
+        config: Option<String>,
+        #[arg(long, value_name = "RUN", group = "subject")]
+        run: Option<String>,
+        /// Write HTML (inline SVG, no external assets) to FILE
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Write Markdown to FILE (for a ticket)
+        #[arg(long, value_name = "FILE")]
+        markdown: Option<PathBuf>,
+        #[arg(long, default_value = "30d", value_name = "DURATION")]
+        since: String,
+    },
     /// Provision from declarative image specs (images/*.toml): plan, apply, verify, status, lint, log
     Provision {
         #[command(subcommand)]
@@ -638,6 +725,165 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Provision { what } => provision(cli.db, what),
+        Command::Compare { subjects, by, metric, prices, across_software, since, noise, json } => {
+            let db = db_path(cli.db)?;
+            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
+            let filter = kiln::fleet::Filter { since, metric, across_software };
+            let fleet = query(&db, async |store: &mut Store| store.fleet().await)?;
+            match (by.as_deref(), subjects.as_slice()) {
+                (Some("config"), []) => {
+                    let prices = match prices {
+                        Some(p) => kiln::fleet::parse_prices(&std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                        None => Default::default(),
+                    };
+                    let configs = kiln::fleet::compare_configs(&fleet, &filter, &prices);
+                    if json {
+                        emit_json(&serde_json::json!({ "schema_version": 1, "configs": configs }))?;
+                    } else {
+                        emit(&kiln::fleet_view::render_configs(&configs))?;
+                    }
+                }
+                (Some(other), _) if other != "config" => anyhow::bail!("--by {other}: only `--by config` is known"),
+                (None, [a, b]) => {
+                    let (sa, la) = kiln::fleet::resolve(&fleet, a).map_err(anyhow::Error::msg)?;
+                    let (sb, lb) = kiln::fleet::resolve(&fleet, b).map_err(anyhow::Error::msg)?;
+                    let rows = kiln::fleet::compare_two(&fleet, &sa, &sb, &filter, noise).map_err(anyhow::Error::msg)?;
+                    if json {
+                        emit_json(&kiln::fleet::Comparison { a: la, b: lb, noise, rows })?;
+                    } else {
+                        emit(&kiln::fleet_view::render_comparison(&la, &lb, noise, &rows))?;
+                    }
+                }
+                _ => anyhow::bail!("give `--by config`, or two subjects: kiln compare A B"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Outliers { metric, threshold, min_deviation, across_software, since, json } => {
+            let db = db_path(cli.db)?;
+            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
+            let filter = kiln::fleet::Filter { since, metric, across_software };
+            let found = query(&db, async |store: &mut Store| {
+                let fleet = store.fleet().await?;
+                let mut out = Vec::new();
+                for o in kiln::fleet::outliers(&fleet, &filter, threshold, min_deviation) {
+                    let t = kiln::fleet_view::outlier_telemetry(store, &o).await?;
+                    out.push((o, t));
+                }
+                Ok(out)
+            })?;
+            if json {
+                let list: Vec<serde_json::Value> = found.iter().map(|(o, t)| serde_json::json!({ "outlier": o, "telemetry": t })).collect();
+                emit_json(&serde_json::json!({ "schema_version": 1, "threshold": threshold, "min_deviation": min_deviation, "outliers": list }))?;
+            } else {
+                emit(&kiln::fleet_view::render_outliers(&found, threshold, min_deviation))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Regressions { since, metric, noise, json } => {
+            let db = db_path(cli.db)?;
+            let window = kiln::fleet::parse_duration(&since).map_err(anyhow::Error::msg)?;
+            let filter = kiln::fleet::Filter { since: Some(kiln::timefmt::now_unix() - window), metric, across_software: true };
+            let regs = query(&db, async |store: &mut Store| {
+                let fleet = store.fleet().await?;
+                let mut regs = kiln::fleet::regressions(&fleet, &filter, noise);
+                for r in regs.iter_mut() {
+                    kiln::fleet_view::explain(store, r).await?;
+                }
+                Ok(regs)
+            })?;
+            if json {
+                emit_json(&serde_json::json!({ "schema_version": 1, "since": since, "noise": noise, "regressions": regs }))?;
+            } else {
+                emit(&kiln::fleet_view::render_regressions(&regs, window as f64 / 86_400.0))?;
+            }
+            Ok(if regs.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Export { since, output } => {
+            let db = db_path(cli.db)?;
+            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::rfc3339(kiln::timefmt::now_unix() - d))).transpose().map_err(anyhow::Error::msg)?;
+            let now = kiln::timefmt::now_rfc3339();
+            let stats = match &output {
+                Some(path) => {
+                    // Into a temporary file beside the target, renamed when complete.
+                    let tmp = path.with_extension("partial");
+                    let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    let stats = query(&db, async |store: &mut Store| store.export(since.as_deref(), &now, &mut w).await);
+                    let stats = match stats {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&tmp);
+                            return Err(e);
+                        }
+                    };
+                    w.into_inner().map_err(|e| e.into_error()).and_then(|f| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+                    stats
+                }
+                None => {
+                    let stdout = std::io::stdout();
+                    let mut w = std::io::BufWriter::new(stdout.lock());
+                    query(&db, async |store: &mut Store| store.export(since.as_deref(), &now, &mut w).await)?
+                }
+            };
+            progress(&format!(
+                "exported {} hosts, {} inventories, {} runs, {} metrics, {} samples, {} telemetry points",
+                stats.hosts, stats.inventories, stats.runs, stats.metrics, stats.samples, stats.telemetry
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import { files, json } => {
+            let db = db_path(cli.db)?;
+            let mut all = Vec::new();
+            for f in &files {
+                let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+                let text = String::from_utf8(text).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {}); nothing was imported", f.display(), e.utf8_error().valid_up_to()))?;
+                let started = std::time::Instant::now();
+                let name = f.display().to_string();
+                let stats = block_on(async {
+                    let mut store = Store::open(&db).await?;
+                    let out = store.import(&name, &text).await;
+                    store.close().await?;
+                    anyhow::Ok(out)
+                })??
+                .map_err(anyhow::Error::new)?;
+                let secs = started.elapsed().as_secs_f64();
+                if !json {
+                    emit(&format!(
+                        "{}: {} records; new: {} hosts, {} inventories, {} runs ({} metrics, {} samples, {} telemetry points); {} runs already here; {:.2} s",
+                        name, stats.records, stats.hosts_new, stats.inventories_new, stats.runs_new, stats.metrics, stats.samples, stats.telemetry, stats.runs_known, secs
+                    ))?;
+                }
+                all.push(serde_json::json!({ "file": name, "stats": stats, "seconds": secs }));
+            }
+            if json {
+                emit_json(&serde_json::json!({ "imports": all }))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { host, config, run, html, markdown, since } => {
+            let db = db_path(cli.db)?;
+            if html.is_none() && markdown.is_none() {
+                anyhow::bail!("say where the report goes: --html FILE and/or --markdown FILE");
+            }
+            let window = kiln::fleet::parse_duration(&since).map_err(anyhow::Error::msg)?;
+            let subject = match (host, config, run) {
+                (Some(h), None, None) => kiln::report::Subject::Host(h),
+                (None, Some(c), None) => kiln::report::Subject::Config(c),
+                (None, None, Some(r)) => kiln::report::Subject::Run(r),
+                _ => anyhow::bail!("give one of --host, --config or --run"),
+            };
+            let report = query(&db, async |store: &mut Store| kiln::report::build(store, &subject, kiln::timefmt::now_unix() - window).await)?
+                .map_err(anyhow::Error::msg)?;
+            if let Some(path) = &html {
+                std::fs::write(path, kiln::report::html(&report)).with_context(|| format!("writing {}", path.display()))?;
+            }
+            if let Some(path) = &markdown {
+                std::fs::write(path, kiln::report::markdown(&report)).with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Show { what: Show::Inventory { id, json } } => {
             let db = db_path(cli.db)?;
             let row = query(&db, async |store: &mut Store| store.inventory(&id).await)?;

@@ -12,7 +12,9 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+mod fleet;
 mod journal;
+pub use fleet::{mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series, SeriesKey, EXPORT_VERSION};
 pub use journal::{ApplyRow, NewApply, StepRow};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -167,7 +169,7 @@ pub struct RunDetail {
 }
 
 /// SQLite allows 32766 bound values per statement; stay well under.
-const MAX_BINDS: usize = 30_000;
+pub(crate) const MAX_BINDS: usize = 30_000;
 
 pub struct Store {
     path: PathBuf,
@@ -258,13 +260,23 @@ impl Store {
             .connect()
             .await
             .map_err(sql_err)?;
+        let applied_before: i64 = if existing {
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations").fetch_one(&mut conn).await.unwrap_or(0)
+        } else {
+            0
+        };
         MIGRATOR.run(&mut conn).await.map_err(|cause| match cause {
             sqlx::migrate::MigrateError::Execute(e) if is_corruption(&e) => {
                 DbError::Corrupt { path: path.to_owned(), cause: e }
             }
             cause => DbError::Migrate { path: path.to_owned(), cause },
         })?;
-        Ok(Store { path: path.to_owned(), conn })
+        let mut store = Store { path: path.to_owned(), conn };
+        // Runs stored before the fleet series existed (schema 3): derive their series once.
+        if (1..3).contains(&applied_before) {
+            store.rebuild_series().await?;
+        }
+        Ok(store)
     }
 
     /// Refuses files that are not kiln's, are corrupt, or come from a newer kiln.
@@ -437,6 +449,30 @@ impl Store {
                 b.push_bind(&id).push_bind(t).push_bind(source).push_bind(name).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
+        }
+        let (config_fingerprint, config_name): (String, String) = sqlx::query_as(
+            "SELECT COALESCE(i.config_fingerprint, h.config_fingerprint), COALESCE(i.config_name, h.config_name) \
+             FROM hosts h LEFT JOIN inventories i ON i.id = ?2 WHERE h.id = ?1",
+        )
+        .bind(&run.host_id)
+        .bind(&run.inventory_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(&err)?;
+        if matches!(run.status.as_str(), "ok" | "unstable") {
+            let index = fleet::IndexRun {
+                host_id: &run.host_id,
+                run_id: &id,
+                started_at: &run.started_at,
+                config_fingerprint: &config_fingerprint,
+                config_name: &config_name,
+                benchmark: &run.benchmark,
+                bench_config: &run.config,
+                software_fingerprint: run.software.as_ref().map_or("", |(fp, _)| fp.as_str()),
+                metrics: run.metrics.iter().map(|m| (m.name.as_str(), m.value, m.unit.as_str(), m.direction.as_str())).collect(),
+                power_watts: fleet::mean_power(run.telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
+            };
+            fleet::index_runs(&mut tx, &[index]).await.map_err(&err)?;
         }
         tx.commit().await.map_err(&err)?;
         Ok(id)

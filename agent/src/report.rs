@@ -1,0 +1,501 @@
+//! `kiln report`: one host, configuration or run against the fleet, as a self-contained HTML page
+//! (inline CSS and SVG, no scripts, no external assets) or as Markdown for a ticket.
+//!
+//! The report is built once (`build`) as plain data — sections of text, tables and charts — and
+//! then written either way, so that both say the same thing.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use kiln_bench::stats::{median, percentile_sorted};
+use kiln_db::{Direction, Fleet, Store};
+
+use crate::fleet::{self, by_group, detect, Filter, HostValues};
+use crate::fleet_view::{num, pct, short};
+
+pub enum Subject {
+    Host(String),
+    Config(String),
+    Run(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum Chart {
+    /// A box (p10, quartiles, median, p90) over a strip of the fleet's host values; the subject's value marked.
+    Distribution { title: String, unit: String, direction: Direction, values: Vec<f64>, mark: Option<(String, f64)> },
+    /// A series over time, the detected change (if any) marked from its first point on.
+    History { title: String, unit: String, points: Vec<(i64, f64)>, change_at: Option<usize> },
+    /// Telemetry channels of one run against seconds since its start.
+    Lines { title: String, unit: String, series: Vec<(String, Vec<(f64, f64)>)> },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Section {
+    pub heading: String,
+    pub text: Vec<String>,
+    pub preformatted: Option<String>,
+    pub table: Option<(Vec<String>, Vec<Vec<String>>)>,
+    pub charts: Vec<Chart>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub title: String,
+    pub generated_at: String,
+    pub sections: Vec<Section>,
+}
+
+/// At most this many dots in a strip plot (the box is computed from all values).
+const STRIP_MAX: usize = 400;
+
+fn host_label(fleet: &Fleet, h: usize) -> String {
+    let host = &fleet.hosts[h];
+    host.hostname.clone().unwrap_or_else(|| host.id[..8.min(host.id.len())].to_string())
+}
+
+fn find_host(fleet: &Fleet, needle: &str) -> Result<usize, String> {
+    let hits: Vec<usize> = (0..fleet.hosts.len()).filter(|&i| fleet.hosts[i].id.starts_with(needle) || fleet.hosts[i].hostname.as_deref() == Some(needle)).collect();
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(format!("no host matches {needle:?}")),
+        _ => Err(format!("{needle:?} matches {} hosts; give more of the id", hits.len())),
+    }
+}
+
+fn distribution_table_row(group_metric: &str, unit: &str, direction: Direction, values: &[f64], mine: Option<f64>) -> Vec<String> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut row = vec![
+        group_metric.to_string(),
+        unit.to_string(),
+        match direction {
+            Direction::Higher => "higher".into(),
+            Direction::Lower => "lower".into(),
+            Direction::None => "-".into(),
+        },
+    ];
+    if let Some(v) = mine {
+        let below = sorted.iter().filter(|x| **x < v).count();
+        row.push(num(v));
+        row.push(format!("{:.0}", 100.0 * below as f64 / sorted.len().max(1) as f64));
+    }
+    row.extend([num(percentile_sorted(&sorted, 0.10)), num(median(&sorted)), num(percentile_sorted(&sorted, 0.90)), sorted.len().to_string()]);
+    row
+}
+
+/// Gathers everything a report shows.
+pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db::Result<Result<Report, String>> {
+    let fleet = store.fleet().await?;
+    let filter = Filter { since: Some(since), metric: None, across_software: false };
+    let groups = by_group(&fleet, &filter);
+    let mut sections = Vec::new();
+    let title;
+    match subject {
+        Subject::Host(needle) | Subject::Run(needle) => {
+            let (h, run) = match subject {
+                Subject::Host(_) => match find_host(&fleet, needle) {
+                    Ok(h) => (h, None),
+                    Err(e) => return Ok(Err(e)),
+                },
+                _ => {
+                    let detail = match store.run(needle).await {
+                        Ok(d) => d,
+                        Err(e) => return Ok(Err(e.to_string())),
+                    };
+                    let Some(h) = fleet.hosts.iter().position(|x| x.id == detail.run.host_id) else { return Ok(Err("the run's host is not in the database".into())) };
+                    (h, Some(detail))
+                }
+            };
+            let host = &fleet.hosts[h];
+            title = match &run {
+                Some(r) => format!("Run {} ({} on {})", short(&r.run.id), r.run.benchmark, host_label(&fleet, h)),
+                None => format!("Host {}", host_label(&fleet, h)),
+            };
+            let mut overview = Section { heading: "Overview".into(), ..Default::default() };
+            overview.text.push(format!("Host {} ({}), configuration {} ({}).", host_label(&fleet, h), host.id, host.config_name, short(&host.config_fingerprint)));
+            if let Some(r) = &run {
+                overview.text.push(format!("Run {} of {}, started {}, status {}.", r.run.id, r.run.benchmark, r.run.started_at, r.run.status));
+            } else {
+                overview.text.push(format!("{} runs stored for this host.", host.data.runs.len()));
+            }
+            sections.push(overview);
+            if let Some((collected, doc)) = store.latest_inventory(&host.id).await? {
+                let mut s = Section { heading: "Inventory".into(), ..Default::default() };
+                s.text.push(format!("Collected {collected}."));
+                s.preformatted = Some(match serde_json::from_str::<crate::inventory::Inventory>(&doc) {
+                    Ok(inv) => crate::render::summary(&inv),
+                    Err(_) => "(an inventory document this kiln cannot read)".into(),
+                });
+                sections.push(s);
+            }
+            // Results against the fleet: the groups this host (or run) has values in.
+            let mut results = Section { heading: "Results against the fleet".into(), ..Default::default() };
+            results.text.push("Each plot: the configuration's hosts (one dot per host, the median of its runs), the box from p25 to p75 with the median, whiskers at p10 and p90; the marked value is this host's.".into());
+            let mut rows = Vec::new();
+            for (g, (info, hosts)) in &groups {
+                let Some(mine) = hosts.iter().find(|v| v.host == h) else { continue };
+                let value = match &run {
+                    Some(r) if r.run.benchmark == g.benchmark => match r.run.metrics.iter().find(|m| m.name == g.metric) {
+                        Some(m) => m.value,
+                        None => continue,
+                    },
+                    Some(_) => continue,
+                    None => mine.median(),
+                };
+                let values: Vec<f64> = hosts.iter().map(HostValues::median).collect();
+                let name = format!("{}:{}", g.benchmark, g.metric);
+                rows.push(distribution_table_row(&name, &info.unit, info.direction, &values, Some(value)));
+                results.charts.push(Chart::Distribution {
+                    title: format!("{name} — {} hosts", values.len()),
+                    unit: info.unit.clone(),
+                    direction: info.direction,
+                    values,
+                    mark: Some((if run.is_some() { "this run".into() } else { "this host".into() }, value)),
+                });
+            }
+            results.table = Some((["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"].map(String::from).to_vec(), rows));
+            sections.push(results);
+            if run.is_none() {
+                // History, merged across software like `kiln regressions`, with the change marked.
+                let mut history = Section { heading: "History".into(), ..Default::default() };
+                let mut merged: BTreeMap<(String, String), (String, Vec<(i64, f64)>)> = BTreeMap::new();
+                for s in &host.data.series {
+                    let Some(key) = fleet.keys.get(&s.key) else { continue };
+                    let e = merged.entry((key.benchmark.clone(), key.metric.clone())).or_insert_with(|| (key.unit.clone(), vec![]));
+                    for &(r, v) in &s.points {
+                        let t = host.data.runs[r as usize].t;
+                        if t >= since {
+                            e.1.push((t, v));
+                        }
+                    }
+                }
+                for ((benchmark, metric), (unit, mut points)) in merged {
+                    points.sort_by_key(|p| p.0);
+                    let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+                    let change = detect(&values, fleet::NOISE, 7);
+                    if let Some(c) = &change {
+                        history.text.push(format!("{benchmark}:{metric} changed {} on {} ({} → {} {unit}).", pct(c.ratio), crate::timefmt::rfc3339(points[c.at].0), num(c.before), num(c.after)));
+                    }
+                    history.charts.push(Chart::History { title: format!("{benchmark}:{metric}"), unit, points, change_at: change.map(|c| c.at) });
+                }
+                if history.text.is_empty() {
+                    history.text.push("No step changes beyond the noise threshold.".into());
+                }
+                sections.push(history);
+            }
+            // Telemetry of the run (or the host's latest run).
+            let run_id = run.as_ref().map(|r| r.run.id.clone()).or_else(|| host.data.runs.last().map(|r| r.run_id.to_string()));
+            if let Some(id) = run_id {
+                let detail = match &run {
+                    Some(r) => Some(r.clone()),
+                    None => store.run(&id).await.ok(),
+                };
+                if let Some(d) = detail {
+                    sections.push(telemetry_section(&d));
+                }
+            }
+        }
+        Subject::Config(needle) => {
+            let matches: Vec<&kiln_db::SeriesKey> = fleet.keys.values().filter(|k| k.config_fingerprint.starts_with(needle.as_str()) || &k.config_name == needle).collect();
+            let fps: std::collections::BTreeSet<&str> = matches.iter().map(|k| k.config_fingerprint.as_str()).collect();
+            let fp = match fps.len() {
+                1 => fps.into_iter().next().unwrap().to_string(),
+                0 => return Ok(Err(format!("no configuration matches {needle:?}"))),
+                n => return Ok(Err(format!("{needle:?} matches {n} configurations; give more of the fingerprint"))),
+            };
+            let name = matches.iter().find(|k| k.config_fingerprint == fp).map(|k| k.config_name.clone()).unwrap_or_default();
+            title = format!("Configuration {name}");
+            let hosts: std::collections::BTreeSet<usize> = groups.iter().filter(|(g, _)| g.config_fingerprint == fp).flat_map(|(_, (_, hs))| hs.iter().map(|h| h.host)).collect();
+            let mut overview = Section { heading: "Overview".into(), ..Default::default() };
+            overview.text.push(format!("{name} ({fp}): {} hosts with results since {}.", hosts.len(), crate::timefmt::rfc3339(since)));
+            sections.push(overview);
+            let mut results = Section { heading: "Distribution over hosts".into(), ..Default::default() };
+            let mut rows = Vec::new();
+            let mut history = Section { heading: "Nightly median".into(), ..Default::default() };
+            for (g, (info, hs)) in groups.iter().filter(|(g, _)| g.config_fingerprint == fp) {
+                let values: Vec<f64> = hs.iter().map(HostValues::median).collect();
+                let label = format!("{}:{}{}", g.benchmark, g.metric, if g.software.is_empty() { String::new() } else { format!(" [{}]", &g.software[..g.software.len().min(6)]) });
+                rows.push(distribution_table_row(&label, &info.unit, info.direction, &values, None));
+                results.charts.push(Chart::Distribution { title: format!("{label} — {} hosts", values.len()), unit: info.unit.clone(), direction: info.direction, values, mark: None });
+                let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+                for hv in hs {
+                    let host = &fleet.hosts[hv.host];
+                    for s in &host.data.series {
+                        let Some(k) = fleet.keys.get(&s.key) else { continue };
+                        if k.config_fingerprint != g.config_fingerprint || k.benchmark != g.benchmark || k.metric != g.metric || k.software_fingerprint != g.software || k.bench_config != g.bench_config {
+                            continue;
+                        }
+                        for &(r, v) in &s.points {
+                            let t = host.data.runs[r as usize].t;
+                            if t >= since {
+                                nights.entry(t.div_euclid(86_400)).or_default().push(v);
+                            }
+                        }
+                    }
+                }
+                let points: Vec<(i64, f64)> = nights.into_iter().map(|(d, v)| (d * 86_400, median(&v))).collect();
+                let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+                let change = detect(&values, fleet::NOISE, 7);
+                if let Some(c) = &change {
+                    history.text.push(format!("{label} changed {} on {} ({} → {} {}).", pct(c.ratio), crate::timefmt::rfc3339(points[c.at].0), num(c.before), num(c.after), info.unit));
+                }
+                history.charts.push(Chart::History { title: label, unit: info.unit.clone(), points, change_at: change.map(|c| c.at) });
+            }
+            results.table = Some((["metric", "unit", "better", "p10", "median", "p90", "hosts"].map(String::from).to_vec(), rows));
+            sections.push(results);
+            if history.text.is_empty() {
+                history.text.push("No step changes beyond the noise threshold.".into());
+            }
+            sections.push(history);
+            let outs: Vec<fleet::Outlier> = fleet::outliers(&fleet, &filter, 3.5, fleet::MIN_DEVIATION).into_iter().filter(|o| o.group.config_fingerprint == fp).collect();
+            let mut s = Section { heading: "Outlier hosts".into(), ..Default::default() };
+            if outs.is_empty() {
+                s.text.push("None: no host beyond |z| 3.5 and 5 % from the configuration's median.".into());
+            } else {
+                let rows = outs
+                    .iter()
+                    .map(|o| vec![o.host.label(), format!("{}:{}", o.group.benchmark, o.group.metric), num(o.host.value), num(o.group_median), pct(1.0 + o.deviation), format!("{:+.1}", o.z), if o.worse { "worse".into() } else { "better".into() }])
+                    .collect();
+                s.table = Some((["host", "metric", "value", "median", "deviation", "z", ""].map(String::from).to_vec(), rows));
+            }
+            sections.push(s);
+        }
+    }
+    Ok(Ok(Report { title, generated_at: crate::timefmt::now_rfc3339(), sections }))
+}
+
+fn telemetry_section(d: &kiln_db::RunDetail) -> Section {
+    let mut s = Section { heading: format!("Telemetry of run {} ({})", short(&d.run.id), d.run.started_at), ..Default::default() };
+    let mut by_name: BTreeMap<String, BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
+    for (t, source, name, value) in &d.telemetry {
+        by_name.entry(name.clone()).or_default().entry(source.clone()).or_default().push((*t as f64 / 1000.0, *value));
+    }
+    if by_name.is_empty() {
+        s.text.push("This run recorded no telemetry.".into());
+    }
+    let mut rows = Vec::new();
+    for (name, sources) in by_name {
+        for (source, pts) in &sources {
+            let vals: Vec<f64> = pts.iter().map(|p| p.1).collect();
+            let (lo, hi) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+            rows.push(vec![source.clone(), name.clone(), num(lo), num(vals.iter().sum::<f64>() / vals.len() as f64), num(hi), vals.len().to_string()]);
+        }
+        let unit = if name.ends_with("_mhz") { "MHz" } else if name.ends_with("_watts") { "W" } else if name.ends_with("_c") { "°C" } else if name.contains("pct") || name.starts_with("throttled") || name.contains("util") { "%" } else { "" };
+        s.charts.push(Chart::Lines { title: name, unit: unit.into(), series: sources.into_iter().collect() });
+    }
+    s.table = Some((["source", "channel", "min", "mean", "max", "samples"].map(String::from).to_vec(), rows));
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// SVG
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const W: f64 = 640.0;
+const PAD_L: f64 = 70.0;
+const PAD_R: f64 = 20.0;
+
+fn scale(lo: f64, hi: f64, a: f64, b: f64) -> impl Fn(f64) -> f64 {
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    move |v| a + (v - lo) / span * (b - a)
+}
+
+fn padded(lo: f64, hi: f64) -> (f64, f64) {
+    let span = hi - lo;
+    if span > 0.0 { (lo - span * 0.05, hi + span * 0.05) } else { (lo - lo.abs() * 0.05 - 1e-9, hi + hi.abs() * 0.05 + 1e-9) }
+}
+
+const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+pub fn svg(chart: &Chart) -> String {
+    let mut o = String::new();
+    match chart {
+        Chart::Distribution { title, unit, direction, values, mark } => {
+            let h = 130.0;
+            let mut sorted = values.clone();
+            sorted.sort_by(f64::total_cmp);
+            let mut lo = sorted[0];
+            let mut hi = sorted[sorted.len() - 1];
+            if let Some((_, v)) = mark {
+                lo = lo.min(*v);
+                hi = hi.max(*v);
+            }
+            let (lo, hi) = padded(lo, hi);
+            let x = scale(lo, hi, PAD_L, W - PAD_R);
+            let q = |p: f64| percentile_sorted(&sorted, p);
+            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
+            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({}{})</text>"#, esc(title), esc(unit), match direction { Direction::Higher => ", higher is better", Direction::Lower => ", lower is better", Direction::None => "" });
+            // Strip: at most STRIP_MAX dots, evenly chosen, jittered deterministically.
+            let step = (sorted.len() as f64 / STRIP_MAX as f64).max(1.0);
+            let mut i = 0.0;
+            let mut k = 0u64;
+            while (i as usize) < sorted.len() {
+                let v = sorted[i as usize];
+                k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let jitter = ((k >> 33) % 30) as f64;
+                let _ = write!(o, r##"<circle cx="{:.1}" cy="{:.1}" r="2" fill="#1f77b4" fill-opacity="0.45"/>"##, x(v), 32.0 + jitter);
+                i += step;
+            }
+            // Box: p25–p75, median, whiskers at p10 and p90.
+            let (p10, p25, p50, p75, p90) = (q(0.10), q(0.25), median(&sorted), q(0.75), q(0.90));
+            let _ = write!(o, r##"<line x1="{:.1}" x2="{:.1}" y1="88" y2="88" stroke="#333"/>"##, x(p10), x(p90));
+            let _ = write!(o, r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##, x(p25), (x(p75) - x(p25)).max(1.0));
+            let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##, x(p50));
+            if let Some((label, v)) = mark {
+                let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{0:.1}" y="122" class="m" text-anchor="middle">{1} {2}</text>"##, x(*v), esc(label), num(*v));
+            }
+            let _ = write!(o, r#"<text x="{PAD_L}" y="122" class="a">{}</text><text x="{}" y="122" class="a" text-anchor="end">{}</text>"#, num(lo), W - PAD_R, num(hi));
+            o.push_str("</svg>");
+        }
+        Chart::History { title, unit, points, change_at } => {
+            let h = 170.0;
+            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
+            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({})</text>"#, esc(title), esc(unit));
+            if points.is_empty() {
+                o.push_str(r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#);
+                return o;
+            }
+            let (t0, t1) = (points[0].0 as f64, points[points.len() - 1].0 as f64);
+            let (vlo, vhi) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+            let (vlo, vhi) = padded(vlo, vhi);
+            let x = scale(t0, if t1 > t0 { t1 } else { t0 + 1.0 }, PAD_L, W - PAD_R);
+            let y = scale(vlo, vhi, 140.0, 24.0);
+            let _ = write!(o, r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##, W - PAD_R);
+            let _ = write!(o, r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#, PAD_L - 4.0, num(vhi), PAD_L - 4.0, num(vlo));
+            let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(p.1))).collect();
+            let _ = write!(o, r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##, path.join(" "));
+            for (i, p) in points.iter().enumerate() {
+                let bad = change_at.is_some_and(|c| i >= c);
+                let _ = write!(o, r##"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"##, x(p.0 as f64), y(p.1), if bad { "#d62728" } else { "#1f77b4" });
+            }
+            if let Some(c) = change_at {
+                let cx = x(points[*c].0 as f64);
+                let _ = write!(o, r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{cx:.1}" y="158" class="m" text-anchor="middle">change {}</text>"##, crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or(""));
+            }
+            let _ = write!(o, r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#, crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""), W - PAD_R, crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or(""));
+            o.push_str("</svg>");
+        }
+        Chart::Lines { title, unit, series } => {
+            let h = 170.0;
+            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
+            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{}{}</text>"#, esc(title), if unit.is_empty() { String::new() } else { format!(" ({})", esc(unit)) });
+            let all = series.iter().flat_map(|(_, p)| p.iter());
+            let (tlo, thi, vlo, vhi) = all.fold((f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY), |(a, b, c, d), p| (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1)));
+            if !tlo.is_finite() {
+                o.push_str("</svg>");
+                return o;
+            }
+            let (vlo, vhi) = padded(vlo, vhi);
+            let x = scale(tlo, if thi > tlo { thi } else { tlo + 1.0 }, PAD_L, W - PAD_R);
+            let y = scale(vlo, vhi, 140.0, 24.0);
+            let _ = write!(o, r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##, W - PAD_R);
+            let _ = write!(o, r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#, PAD_L - 4.0, num(vhi), PAD_L - 4.0, num(vlo));
+            for (i, (label, pts)) in series.iter().enumerate() {
+                let colour = PALETTE[i % PALETTE.len()];
+                let path: Vec<String> = pts.iter().map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1))).collect();
+                let _ = write!(o, r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{}</title></polyline>"#, path.join(" "), esc(label));
+                let _ = write!(o, r#"<text x="{}" y="{}" class="a" fill="{colour}">{}</text>"#, W - PAD_R - 90.0, 30 + 12 * (i % 8), esc(label));
+            }
+            let _ = write!(o, r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#, W - PAD_R, thi);
+            o.push_str("</svg>");
+        }
+    }
+    o
+}
+
+const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1400px;color:#222}\
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}\
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}\
+td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:.8em;overflow:auto}\
+.charts{display:flex;flex-wrap:wrap;gap:12px}svg.chart{border:1px solid #eee;background:#fff}\
+svg .t{font-size:12px;font-weight:600}svg .a{font-size:10px;fill:#555}svg .m{font-size:10px;fill:#d62728}";
+
+/// The report as one HTML page: no scripts, no external assets.
+pub fn html(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = write!(o, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{CSS}</style></head><body>", esc(&r.title));
+    let _ = write!(o, "<h1>{}</h1><p>kiln {} report, generated {}.</p>", esc(&r.title), env!("CARGO_PKG_VERSION"), esc(&r.generated_at));
+    for s in &r.sections {
+        let _ = write!(o, "<h2>{}</h2>", esc(&s.heading));
+        for t in &s.text {
+            let _ = write!(o, "<p>{}</p>", esc(t));
+        }
+        if let Some(p) = &s.preformatted {
+            let _ = write!(o, "<pre>{}</pre>", esc(p));
+        }
+        if let Some((head, rows)) = &s.table {
+            o.push_str("<table><thead><tr>");
+            for h in head {
+                let _ = write!(o, "<th>{}</th>", esc(h));
+            }
+            o.push_str("</tr></thead><tbody>");
+            for row in rows {
+                o.push_str("<tr>");
+                for c in row {
+                    let _ = write!(o, "<td>{}</td>", esc(c));
+                }
+                o.push_str("</tr>");
+            }
+            o.push_str("</tbody></table>");
+        }
+        if !s.charts.is_empty() {
+            o.push_str("<div class=\"charts\">");
+            for c in &s.charts {
+                o.push_str(&svg(c));
+            }
+            o.push_str("</div>");
+        }
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// Eight-level bars for a series in one line of text.
+pub fn sparkline(values: &[f64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let (lo, hi) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+    values.iter().map(|v| if hi > lo { BARS[(((v - lo) / (hi - lo)) * 7.0).round() as usize] } else { BARS[3] }).collect()
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The same report as Markdown: tables, and sparklines where the HTML has plots.
+pub fn markdown(r: &Report) -> String {
+    let mut o = format!("# {}\n\nkiln {} report, generated {}.\n", r.title, env!("CARGO_PKG_VERSION"), r.generated_at);
+    for s in &r.sections {
+        let _ = write!(o, "\n## {}\n\n", s.heading);
+        for t in &s.text {
+            let _ = writeln!(o, "{t}\n");
+        }
+        if let Some(p) = &s.preformatted {
+            let _ = writeln!(o, "```\n{}\n```\n", p.trim_end());
+        }
+        if let Some((head, rows)) = &s.table {
+            let _ = writeln!(o, "| {} |", head.iter().map(|h| md_cell(h)).collect::<Vec<_>>().join(" | "));
+            let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
+            for row in rows {
+                let _ = writeln!(o, "| {} |", row.iter().map(|c| md_cell(c)).collect::<Vec<_>>().join(" | "));
+            }
+            o.push('\n');
+        }
+        let histories: Vec<&Chart> = s.charts.iter().filter(|c| matches!(c, Chart::History { .. })).collect();
+        if !histories.is_empty() {
+            o.push_str("| series | first | last | trend | change |\n|---|---|---|---|---|\n");
+            for c in histories {
+                if let Chart::History { title, unit, points, change_at } = c {
+                    let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+                    let (first, last) = (values.first().copied().unwrap_or(f64::NAN), values.last().copied().unwrap_or(f64::NAN));
+                    let change = change_at.map_or("-".to_string(), |i| format!("from {}", crate::timefmt::rfc3339(points[i].0).get(..10).unwrap_or("")));
+                    let _ = writeln!(o, "| {} | {} {unit} | {} {unit} | {} | {change} |", md_cell(title), num(first), num(last), sparkline(&values));
+                }
+            }
+            o.push('\n');
+        }
+    }
+    o
+}
