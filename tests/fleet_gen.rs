@@ -9,6 +9,7 @@
 
 use std::fmt::Write as _;
 
+#[derive(Clone, Copy)]
 pub struct FleetSpec {
     pub hosts: usize,
     pub configs: usize,

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_bench::stats::{bootstrap_ratio_ci, mad, median, percentile_sorted, splitmix64};
+use kiln_bench::stats::{bootstrap_ratio_ci, mad, median, percentile_sorted, shift_ratio_ci, splitmix64};
 use kiln_db::{Direction, Fleet, SeriesKey};
 use serde::Serialize;
 
@@ -469,7 +469,7 @@ pub struct Change {
     pub at: usize,
     pub before: f64,
     pub after: f64,
-    /// median(after) / median(before), with its 99 % bootstrap interval.
+    /// after / before: the Hodges–Lehmann estimate, with its 99 % Moses interval.
     pub ratio: f64,
     pub ci: (f64, f64),
 }
@@ -478,9 +478,9 @@ pub struct Change {
 pub const MIN_SIDE: usize = 4;
 
 /// Finds the most likely single step in `values` (the split maximising Welch's t between the two
-/// sides) and keeps it only when it is significant — the 99 % bootstrap interval of the ratio of
-/// medians clears 1 ± noise/2 — and its estimate is larger than `noise` (criterion's rule, made
-/// stricter for the search over split points).
+/// sides) and keeps it only when it is significant — the 99 % interval of the shift (Moses,
+/// from the Mann–Whitney statistic) clears 1 ± noise/2 — and its estimate is larger than `noise`
+/// (criterion's rule, made stricter for the search over split points).
 pub fn detect(values: &[f64], noise: f64, seed: u64) -> Option<Change> {
     let n = values.len();
     if n < 2 * MIN_SIDE {
@@ -514,13 +514,17 @@ pub fn detect(values: &[f64], noise: f64, seed: u64) -> Option<Change> {
     }
     let (before, after) = (&values[..k], &values[k..]);
     let (mb, ma) = (median(before), median(after));
-    let ratio = ma / mb;
+    // The shift's size and interval: Hodges–Lehmann with the Moses 99 % interval (rank-based,
+    // exact, cheap); a bootstrap of the ratio of medians where values are not all positive.
+    let (ratio, ci) = match shift_ratio_ci(before, after, 2.576) {
+        Some((est, lo, hi)) => (est, (lo, hi)),
+        None => (ma / mb, bootstrap_ratio_ci(before, after, 1000, seed, 0.99)),
+    };
     if !ratio.is_finite() || (ratio - 1.0).abs() <= noise {
         return None;
     }
     // The split was chosen as the most extreme of many, so a plain "interval excludes 1" would
     // fire too often on noise alone: the 99 % interval must clear half the noise threshold.
-    let ci = bootstrap_ratio_ci(before, after, 1000, seed, 0.99);
     if ci.0 <= 1.0 + noise / 2.0 && ci.1 >= 1.0 - noise / 2.0 {
         return None;
     }

@@ -160,9 +160,41 @@ pub fn render_outliers(outliers: &[(Outlier, Vec<String>)], threshold: f64, min_
     out
 }
 
+type Context = Option<(Option<String>, Option<String>, Option<String>)>;
+
+/// Run contexts already read: the regressions of one host share their runs.
+#[derive(Default)]
+pub struct Explainer {
+    contexts: std::collections::HashMap<String, Context>,
+    differences: std::collections::HashMap<(String, String), Vec<String>>,
+}
+
+impl Explainer {
+    async fn context(&mut self, store: &mut Store, run: &str) -> kiln_db::Result<Context> {
+        if let Some(c) = self.contexts.get(run) {
+            return Ok(c.clone());
+        }
+        let c = store.run_context(run).await?;
+        self.contexts.insert(run.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn between(&mut self, store: &mut Store, good: &str, bad: &str) -> kiln_db::Result<Vec<String>> {
+        let key = (good.to_string(), bad.to_string());
+        if let Some(d) = self.differences.get(&key) {
+            return Ok(d.clone());
+        }
+        let a = self.context(store, good).await?;
+        let b = self.context(store, bad).await?;
+        let d = run_differences(a, b);
+        self.differences.insert(key, d.clone());
+        Ok(d)
+    }
+}
+
 /// What differs between two runs: software stack, firmware, kernel, configuration.
-async fn run_differences(store: &mut Store, good: &str, bad: &str) -> kiln_db::Result<Vec<String>> {
-    let (Some(a), Some(b)) = (store.run_context(good).await?, store.run_context(bad).await?) else { return Ok(vec![]) };
+fn run_differences(a: Context, b: Context) -> Vec<String> {
+    let (Some(a), Some(b)) = (a, b) else { return vec![] };
     let mut out = Vec::new();
     let parse = |s: &Option<String>| s.as_deref().and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok()).unwrap_or(serde_json::Value::Null);
     if a.0 != b.0 {
@@ -179,13 +211,13 @@ async fn run_differences(store: &mut Store, good: &str, bad: &str) -> kiln_db::R
         out.push("inventory:".into());
         out.extend(diffs.into_iter().map(|d| format!("  {d}")));
     }
-    Ok(out)
+    out
 }
 
 /// What changed at a host's regression: the software, firmware or inventory difference between
 /// consecutive runs nearest the estimated change point (within two runs). When the nearest change
 /// is not at the estimate, the regression is moved to it, and says so.
-pub async fn explain(store: &mut Store, r: &mut Regression) -> kiln_db::Result<()> {
+pub async fn explain(store: &mut Store, cache: &mut Explainer, r: &mut Regression) -> kiln_db::Result<()> {
     if r.around.len() < 2 {
         return Ok(());
     }
@@ -194,7 +226,7 @@ pub async fn explain(store: &mut Store, r: &mut Regression) -> kiln_db::Result<(
     order.sort_by_key(|&i| i.abs_diff(r.around_at));
     for i in order {
         let (good, bad) = (r.around[i - 1], r.around[i]);
-        let diffs = run_differences(store, &good.1.to_string(), &bad.1.to_string()).await?;
+        let diffs = cache.between(store, &good.1.to_string(), &bad.1.to_string()).await?;
         if !diffs.is_empty() {
             if i != r.around_at {
                 r.changed.push(format!("(at the nearest change, {} run{} from the estimated change point)", i.abs_diff(r.around_at), if i.abs_diff(r.around_at) == 1 { "" } else { "s" }));

@@ -787,8 +787,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let regs = query(&db, async |store: &mut Store| {
                 let fleet = store.fleet().await?;
                 let mut regs = kiln::fleet::regressions(&fleet, &filter, noise);
+                let mut cache = kiln::fleet_view::Explainer::default();
                 for r in regs.iter_mut() {
-                    kiln::fleet_view::explain(store, r).await?;
+                    kiln::fleet_view::explain(store, &mut cache, r).await?;
                 }
                 Ok(regs)
             })?;

@@ -723,6 +723,8 @@ impl Store {
     ) -> std::result::Result<ImportStats, ImportError> {
         let err = self.sql_err();
         let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+        // A page cache large enough that a big import does not spill pages mid-transaction.
+        sqlx::query("PRAGMA cache_size = -262144").execute(&mut self.conn).await.map_err(&err)?;
         let mut tx = self.conn.begin().await.map_err(&err)?;
         // Hosts: by identity; an export's id maps onto the id this database already has.
         let mut host_ids: HashMap<String, String> = HashMap::new();
@@ -904,6 +906,7 @@ impl Store {
             known_runs.insert(id.clone());
             fresh.push(NewRunRef { id, host: host.clone(), inventory: inventory_id.as_deref(), software, rec });
         }
+        fresh.sort_unstable_by(|a, b| a.id.cmp(b.id));
         stats.runs_new = fresh.len() as u64;
         for chunk in fresh.chunks(MAX_BINDS / 9) {
             let mut q = QueryBuilder::new("INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status) ");
@@ -914,8 +917,10 @@ impl Store {
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
         // Children, batched across runs.
-        let metrics: Vec<(&str, &(String, f64, String, String))> =
+        // Each batch sorted by its table's key: B-tree appends instead of inserts all over the tree.
+        let mut metrics: Vec<(&str, &(String, f64, String, String))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { metrics, .. }) = r.rec { metrics.iter().map(move |m| (r.id, m)).collect::<Vec<_>>() } else { vec![] }).collect();
+        metrics.sort_unstable_by(|a, b| (a.0, &a.1 .0).cmp(&(b.0, &b.1 .0)));
         for chunk in metrics.chunks(MAX_BINDS / 5) {
             let mut q = QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
             q.push_values(chunk, |mut b, (run, (name, value, unit, direction))| {
@@ -924,8 +929,9 @@ impl Store {
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
         stats.metrics = metrics.len() as u64;
-        let samples: Vec<(&str, &(String, i64, f64))> =
+        let mut samples: Vec<(&str, &(String, i64, f64))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { samples, .. }) = r.rec { samples.iter().map(move |s| (r.id, s)).collect::<Vec<_>>() } else { vec![] }).collect();
+        samples.sort_unstable_by(|a, b| (a.0, &a.1 .0, a.1 .1).cmp(&(b.0, &b.1 .0, b.1 .1)));
         for chunk in samples.chunks(MAX_BINDS / 4) {
             let mut q = QueryBuilder::new("INSERT INTO samples (run_id, metric, idx, value) ");
             q.push_values(chunk, |mut b, (run, (metric, idx, value))| {
@@ -934,8 +940,9 @@ impl Store {
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
         stats.samples = samples.len() as u64;
-        let telemetry: Vec<(&str, &(i64, String, String, f64))> =
+        let mut telemetry: Vec<(&str, &(i64, String, String, f64))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { telemetry, .. }) = r.rec { telemetry.iter().map(move |t| (r.id, t)).collect::<Vec<_>>() } else { vec![] }).collect();
+        telemetry.sort_unstable_by(|a, b| (a.0, &a.1 .1, &a.1 .2, a.1 .0).cmp(&(b.0, &b.1 .1, &b.1 .2, b.1 .0)));
         for chunk in telemetry.chunks(MAX_BINDS / 5) {
             let mut q = QueryBuilder::new("INSERT INTO telemetry (run_id, t_ms, source, name, value) ");
             q.push_values(chunk, |mut b, (run, (t, source, name, value))| {

@@ -724,6 +724,19 @@ mod tests {
         let runs = store.runs(10).await.unwrap();
         assert_eq!(runs.len(), 2);
         assert!(runs.iter().any(|r| r.id == second));
+
+        // Every saved run is in the fleet series, under its comparable group; rebuilding the
+        // series from the tables (what opening a schema-2 database does) gives the same.
+        let fleet = store.fleet().await.unwrap();
+        let series = &fleet.hosts[0].data;
+        assert_eq!(series.runs.len(), 2);
+        assert_eq!(series.series.len(), 1);
+        let key = &fleet.keys[&series.series[0].key];
+        assert_eq!((key.config_fingerprint.as_str(), key.benchmark.as_str(), key.software_fingerprint.as_str(), key.metric.as_str()), ("abcd", "membw", "sw1", "triad"));
+        assert_eq!(series.series[0].points.iter().map(|p| p.1).collect::<Vec<_>>(), [42.0, 42.0]);
+        sqlx::query("DELETE FROM host_series").execute(&mut store.conn).await.unwrap();
+        store.rebuild_series().await.unwrap();
+        assert_eq!(store.fleet().await.unwrap().hosts[0].data, *series);
     }
 
     #[tokio::test]

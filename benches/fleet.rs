@@ -1,0 +1,96 @@
+//! The fleet commands at fleet scale: 2,000 hosts × 30 nightly runs × 40 metrics (2.4 M metric
+//! rows), with raw samples and GPU power telemetry, generated as an export file
+//! (`tests/fleet_gen.rs`), then timed through the `kiln` binary as users run it:
+//! - `kiln import` (metric rows/s; target ≥ 500 k/s), against the anchor of inserting metric rows
+//!   one statement at a time through sqlx into the same schema, measured here in the same run;
+//! - `kiln compare --by config` (target < 300 ms), `kiln outliers`;
+//! - `kiln regressions` over the whole fleet (target < 2 s);
+//! - `kiln report --host … --html` (target < 1 s).
+//! `cargo bench --bench fleet`; `KILN_BENCH_HOSTS` scales the fleet.
+
+#[path = "../tests/fleet_gen.rs"]
+mod fleet_gen;
+
+use std::process::Command;
+use std::time::Instant;
+
+use kiln_bench::stats::median;
+
+fn time(args: &[&str], db: &std::path::Path, ok_codes: &[i32]) -> f64 {
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env("KILN_DB", db).output().expect("running kiln");
+    let secs = t.elapsed().as_secs_f64();
+    assert!(ok_codes.contains(&out.status.code().unwrap_or(-1)), "kiln {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    secs
+}
+
+/// Metric rows inserted one statement each, in one transaction: the naive way.
+async fn row_by_row(db: &std::path::Path, rows: usize) -> f64 {
+    use sqlx::{Connection, Executor};
+    let mut c = sqlx::sqlite::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", db.display())).await.unwrap();
+    c.execute("CREATE TABLE metrics (run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL, direction TEXT NOT NULL, PRIMARY KEY (run_id, name)) WITHOUT ROWID").await.unwrap();
+    let t = Instant::now();
+    let mut tx = c.begin().await.unwrap();
+    for i in 0..rows {
+        sqlx::query("INSERT INTO metrics (run_id, name, value, unit, direction) VALUES (?, ?, ?, ?, ?)")
+            .bind(format!("03000000-{:04x}-4000-8000-{:012x}", i / 40, i / 40))
+            .bind(format!("metric_{:02}", i % 40))
+            .bind(i as f64)
+            .bind("u")
+            .bind("higher")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    rows as f64 / t.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let hosts: usize = std::env::var("KILN_BENCH_HOSTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    // KILN_BENCH_KEEP=DIR keeps the export and the database there, for profiling.
+    let keep = std::env::var_os("KILN_BENCH_KEEP").map(std::path::PathBuf::from);
+    let base = keep.clone().unwrap_or_else(|| dir.path().to_path_buf());
+    std::fs::create_dir_all(&base).unwrap();
+    let _ = std::fs::remove_file(base.join("fleet.db"));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let spec = fleet_gen::FleetSpec { hosts, configs: 8, nights: 30, metrics: 40, samples_per_metric: 5, sampled_metrics: 5, gpus: 8, telemetry_points: 2, end: now - 3600, seed: 7 };
+    let t = Instant::now();
+    let (text, metrics, samples, telemetry) = fleet_gen::generate(&spec);
+    let file = base.join("fleet.jsonl");
+    std::fs::write(&file, &text).unwrap();
+    eprintln!("generated {hosts} hosts × {} nights × {} metrics: {metrics} metric rows, {samples} samples, {telemetry} telemetry points, {:.0} MB in {:.1} s", spec.nights, spec.metrics, text.len() as f64 / 1e6, t.elapsed().as_secs_f64());
+    drop(text);
+
+    let db = base.join("fleet.db");
+    let import = time(&["import", file.to_str().unwrap()], &db, &[0]);
+    let anchor_rows = 100_000;
+    let anchor = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(row_by_row(&dir.path().join("anchor.db"), anchor_rows));
+    let rate = metrics as f64 / import;
+    println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x); row-by-row sqlx anchor {:.0} k rows/s, kiln / anchor = {:.1}", rate / 1e3, rate / 500e3, anchor / 1e3, rate / anchor);
+    let again = time(&["import", file.to_str().unwrap()], &db, &[0]);
+    println!("import again (idempotent, nothing new): {again:.2} s");
+    // The same fleet with metrics only (no samples, no telemetry): the metric-row rate alone.
+    let bare = fleet_gen::FleetSpec { samples_per_metric: 0, sampled_metrics: 0, gpus: 0, ..spec };
+    let (text, bare_metrics, ..) = fleet_gen::generate(&bare);
+    let bare_file = base.join("fleet-metrics-only.jsonl");
+    std::fs::write(&bare_file, &text).unwrap();
+    drop(text);
+    let bare_db = base.join("fleet-metrics-only.db");
+    let _ = std::fs::remove_file(&bare_db);
+    let secs = time(&["import", bare_file.to_str().unwrap()], &bare_db, &[0]);
+    println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x)", bare_metrics as f64 / secs / 1e3, bare_metrics as f64 / secs / 500e3);
+
+    let report = |name: &str, args: &[&str], codes: &[i32], target: f64, n: usize| {
+        let times: Vec<f64> = (0..n).map(|_| time(args, &db, codes)).collect();
+        let m = median(&times);
+        println!("{name}: median {:.0} ms over {n} runs (min {:.0}){}", m * 1e3, times.iter().copied().fold(f64::INFINITY, f64::min) * 1e3, if target > 0.0 { format!(", target < {:.0} ms: {:.2}x of it", target * 1e3, m / target) } else { String::new() });
+    };
+    let html = dir.path().join("report.html");
+    report("compare --by config", &["compare", "--by", "config", "--json"], &[0], 0.3, 5);
+    report("outliers", &["outliers", "--json"], &[0], 0.0, 3);
+    report("regressions --since 40d (whole fleet)", &["regressions", "--since", "40d", "--json"], &[0, 1], 2.0, 3);
+    report("report --host (HTML)", &["report", "--host", &fleet_gen::hostname(13), "--since", "40d", "--html", html.to_str().unwrap()], &[0], 1.0, 5);
+    report("report --config (HTML)", &["report", "--config", &fleet_gen::config_fp(2), "--since", "40d", "--html", html.to_str().unwrap()], &[0], 1.0, 3);
+}
