@@ -24,23 +24,39 @@ fn time(args: &[&str], db: &std::path::Path, ok_codes: &[i32]) -> f64 {
     secs
 }
 
-/// Metric rows inserted one statement each, in one transaction: the naive way.
-async fn row_by_row(db: &std::path::Path, rows: usize) -> f64 {
+/// Metric rows (run id, name, value, unit, direction: the shape of kiln's first schema) inserted
+/// through sqlx in one transaction, in key order, either one statement per row (the naive way) or
+/// batched with `QueryBuilder::push_values` (the anchors: ~19 k and ~810 k rows/s there).
+async fn anchor(db: &std::path::Path, rows: usize, batched: bool) -> f64 {
     use sqlx::{Connection, Executor};
+    let _ = std::fs::remove_file(db);
     let mut c = sqlx::sqlite::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", db.display())).await.unwrap();
+    c.execute("PRAGMA journal_mode = WAL").await.unwrap();
     c.execute("CREATE TABLE metrics (run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL, direction TEXT NOT NULL, PRIMARY KEY (run_id, name)) WITHOUT ROWID").await.unwrap();
+    let ids: Vec<String> = (0..rows / 40 + 1).map(|r| format!("03000000-{:04x}-4000-8000-{:012x}", r % 65536, r)).collect();
+    let names: Vec<String> = (0..40).map(|m| format!("metric_{m:02}")).collect();
     let t = Instant::now();
     let mut tx = c.begin().await.unwrap();
-    for i in 0..rows {
-        sqlx::query("INSERT INTO metrics (run_id, name, value, unit, direction) VALUES (?, ?, ?, ?, ?)")
-            .bind(format!("03000000-{:04x}-4000-8000-{:012x}", i / 40, i / 40))
-            .bind(format!("metric_{:02}", i % 40))
-            .bind(i as f64)
-            .bind("u")
-            .bind("higher")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+    if batched {
+        for start in (0..rows).step_by(6000) {
+            let mut q = sqlx::QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
+            q.push_values(start..(start + 6000).min(rows), |mut b, i| {
+                b.push_bind(&ids[i / 40]).push_bind(&names[i % 40]).push_bind(i as f64).push_bind("u").push_bind("higher");
+            });
+            q.build().execute(&mut *tx).await.unwrap();
+        }
+    } else {
+        for i in 0..rows {
+            sqlx::query("INSERT INTO metrics (run_id, name, value, unit, direction) VALUES (?, ?, ?, ?, ?)")
+                .bind(&ids[i / 40])
+                .bind(&names[i % 40])
+                .bind(i as f64)
+                .bind("u")
+                .bind("higher")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
     }
     tx.commit().await.unwrap();
     rows as f64 / t.elapsed().as_secs_f64()
@@ -65,10 +81,12 @@ fn main() {
 
     let db = base.join("fleet.db");
     let import = time(&["import", file.to_str().unwrap()], &db, &[0]);
-    let anchor_rows = 100_000;
-    let anchor = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(row_by_row(&dir.path().join("anchor.db"), anchor_rows));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let naive = rt.block_on(anchor(&base.join("anchor.db"), 100_000, false));
+    let batched = rt.block_on(anchor(&base.join("anchor.db"), 1_200_000, true));
     let rate = metrics as f64 / import;
-    println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x); row-by-row sqlx anchor {:.0} k rows/s, kiln / anchor = {:.1}", rate / 1e3, rate / 500e3, anchor / 1e3, rate / anchor);
+    println!("anchors (same run): sqlx row by row {:.0} k rows/s, sqlx batched {:.0} k rows/s", naive / 1e3, batched / 1e3);
+    println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x; {:.1}x row by row, {:.2}x batched)", rate / 1e3, rate / 500e3, rate / naive, rate / batched);
     let again = time(&["import", file.to_str().unwrap()], &db, &[0]);
     println!("import again (idempotent, nothing new): {again:.2} s");
     // The same fleet with metrics only (no samples, no telemetry): the metric-row rate alone.
@@ -80,7 +98,8 @@ fn main() {
     let bare_db = base.join("fleet-metrics-only.db");
     let _ = std::fs::remove_file(&bare_db);
     let secs = time(&["import", bare_file.to_str().unwrap()], &bare_db, &[0]);
-    println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x)", bare_metrics as f64 / secs / 1e3, bare_metrics as f64 / secs / 500e3);
+    let bare_rate = bare_metrics as f64 / secs;
+    println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x; {:.2}x the batched anchor, where the issue's figures put the target at 500/810 = 0.62x)", bare_rate / 1e3, bare_rate / 500e3, bare_rate / batched);
 
     let report = |name: &str, args: &[&str], codes: &[i32], target: f64, n: usize| {
         let times: Vec<f64> = (0..n).map(|_| time(args, &db, codes)).collect();

@@ -249,10 +249,11 @@ pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>
     if runs.is_empty() {
         return Ok(());
     }
-    let mut keys: HashMap<(String, String, String, String, String), i64> = HashMap::new();
-    for r in sqlx::query("SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys").fetch_all(&mut *conn).await? {
-        keys.insert((r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)), r.get(0));
-    }
+    let existing: Vec<(i64, String, String, String, String, String)> =
+        sqlx::query_as("SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys").fetch_all(&mut *conn).await?;
+    // Keys borrowed from the rows above and from the runs: no string copies per metric.
+    let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> =
+        existing.iter().map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id)).collect();
     let mut by_host: BTreeMap<&str, Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
     for run in runs {
         let Some(t) = parse_rfc3339(run.started_at) else { continue };
@@ -262,7 +263,7 @@ pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>
             if !value.is_finite() {
                 continue;
             }
-            let k = (run.config_fingerprint.to_string(), run.benchmark.to_string(), run.bench_config.to_string(), run.software_fingerprint.to_string(), name.to_string());
+            let k = (run.config_fingerprint, run.benchmark, run.bench_config, run.software_fingerprint, name);
             let id = match keys.get(&k) {
                 Some(id) => *id,
                 None => {
@@ -687,20 +688,40 @@ impl Store {
         if header.kiln_export > EXPORT_VERSION {
             return Err(malformed(1, format!("export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln", header.kiln_export)));
         }
+        // Lines are parsed on every core (the file is in memory), then checked in order.
+        let lines: Vec<(usize, &str)> = lines.collect();
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let chunk = lines.len().div_ceil(workers).max(1);
+        let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lines
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|&(n, line)| {
+                                if !line.ends_with('\n') {
+                                    return (n, Err("the last line is cut off (no newline): the file is truncated".to_string()));
+                                }
+                                let body = line.trim_end();
+                                if body.is_empty() {
+                                    return (n, Ok(None));
+                                }
+                                (n, parse_record(body).map(Some).map_err(|e| e.to_string()))
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
+        });
         let mut records = Vec::new();
         let mut end: Option<(usize, u64)> = None;
-        for (n, line) in lines {
-            if !line.ends_with('\n') {
-                return Err(malformed(n, "the last line is cut off (no newline): the file is truncated".into()));
-            }
-            let body = line.trim_end();
-            if body.is_empty() {
-                continue;
-            }
+        for (n, record) in parsed.into_iter().flatten() {
+            let record = record.map_err(|e| malformed(n, e))?;
+            let Some(record) = record else { continue };
             if let Some((at, _)) = end {
                 return Err(malformed(n, format!("data after the end record of line {at}")));
             }
-            let record = parse_record(body).map_err(|e| malformed(n, e.to_string()))?;
             if let Record::End(EndRec { records: count, .. }) = record {
                 end = Some((n, count));
             } else {
@@ -918,13 +939,16 @@ impl Store {
         }
         // Children, batched across runs.
         // Each batch sorted by its table's key: B-tree appends instead of inserts all over the tree.
-        let mut metrics: Vec<(&str, &(String, f64, String, String))> =
+        let metrics: Vec<(&str, &(String, f64, String, String))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { metrics, .. }) = r.rec { metrics.iter().map(move |m| (r.id, m)).collect::<Vec<_>>() } else { vec![] }).collect();
-        metrics.sort_unstable_by(|a, b| (a.0, &a.1 .0).cmp(&(b.0, &b.1 .0)));
-        for chunk in metrics.chunks(MAX_BINDS / 5) {
-            let mut q = QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
-            q.push_values(chunk, |mut b, (run, (name, value, unit, direction))| {
-                b.push_bind(*run).push_bind(name).push_bind(value).push_bind(unit).push_bind(direction);
+        let names: Vec<(&str, &str, &str)> = metrics.iter().map(|(_, (n, _, u, d))| (n.as_str(), u.as_str(), d.as_str())).collect();
+        let ids = crate::metric_ids(&mut tx, &names).await.map_err(&err)?;
+        let mut values: Vec<(&str, i64, f64)> = metrics.iter().map(|(run, (n, v, u, d))| (*run, ids[&(n.as_str(), u.as_str(), d.as_str())], *v)).collect();
+        values.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for chunk in values.chunks(MAX_BINDS / 3) {
+            let mut q = QueryBuilder::new("INSERT INTO metric_values (run_id, metric, value) ");
+            q.push_values(chunk, |mut b, (run, metric, value)| {
+                b.push_bind(*run).push_bind(metric).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }

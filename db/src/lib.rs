@@ -168,6 +168,38 @@ pub struct RunDetail {
     pub telemetry: Vec<(i64, String, String, f64)>,
 }
 
+/// The ids of metrics (name, unit, direction), creating the missing ones.
+pub(crate) async fn metric_ids<'a>(
+    conn: &mut SqliteConnection,
+    metrics: &[(&'a str, &'a str, &'a str)],
+) -> std::result::Result<std::collections::HashMap<(&'a str, &'a str, &'a str), i64>, sqlx::Error> {
+    let mut known: std::collections::HashMap<(String, String, String), i64> = std::collections::HashMap::new();
+    for r in sqlx::query("SELECT id, name, unit, direction FROM metric_names").fetch_all(&mut *conn).await? {
+        known.insert((r.get(1), r.get(2), r.get(3)), r.get(0));
+    }
+    let mut out = std::collections::HashMap::new();
+    for &(name, unit, direction) in metrics {
+        if out.contains_key(&(name, unit, direction)) {
+            continue;
+        }
+        let id = match known.get(&(name.to_string(), unit.to_string(), direction.to_string())) {
+            Some(id) => *id,
+            None => {
+                let id: i64 = sqlx::query_scalar("INSERT INTO metric_names (name, unit, direction) VALUES (?, ?, ?) RETURNING id")
+                    .bind(name)
+                    .bind(unit)
+                    .bind(direction)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                known.insert((name.to_string(), unit.to_string(), direction.to_string()), id);
+                id
+            }
+        };
+        out.insert((name, unit, direction), id);
+    }
+    Ok(out)
+}
+
 /// SQLite allows 32766 bound values per statement; stay well under.
 pub(crate) const MAX_BINDS: usize = 30_000;
 
@@ -429,10 +461,13 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
-        for chunk in run.metrics.chunks(MAX_BINDS / 5) {
-            let mut q = QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
-            q.push_values(chunk, |mut b, m| {
-                b.push_bind(&id).push_bind(&m.name).push_bind(m.value).push_bind(&m.unit).push_bind(m.direction.as_str());
+        let names: Vec<(&str, &str, &str)> = run.metrics.iter().map(|m| (m.name.as_str(), m.unit.as_str(), m.direction.as_str())).collect();
+        let ids = metric_ids(&mut tx, &names).await.map_err(&err)?;
+        let values: Vec<(i64, f64)> = run.metrics.iter().map(|m| (ids[&(m.name.as_str(), m.unit.as_str(), m.direction.as_str())], m.value)).collect();
+        for chunk in values.chunks(MAX_BINDS / 3) {
+            let mut q = QueryBuilder::new("INSERT INTO metric_values (run_id, metric, value) ");
+            q.push_values(chunk, |mut b, (metric, value)| {
+                b.push_bind(&id).push_bind(metric).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
