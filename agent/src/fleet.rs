@@ -57,15 +57,18 @@ impl Filter {
 #[derive(Debug, Clone)]
 pub struct HostValues {
     pub host: usize,
+    /// In time order as collected; `by_group` leaves them sorted by value.
     pub values: Vec<f64>,
     pub powers: Vec<f64>,
     pub last_run: uuid::Uuid,
     pub last_t: i64,
+    median: f64,
 }
 
 impl HostValues {
+    /// The median of the host's runs in the group.
     pub fn median(&self) -> f64 {
-        median(&self.values)
+        self.median
     }
 }
 
@@ -77,30 +80,34 @@ pub struct GroupInfo {
     pub direction: Direction,
 }
 
-/// Every group with its hosts' values.
+/// Every group with its hosts' values. Series keys are mapped to groups once (a few hundred
+/// keys), so the pass over millions of points copies no strings.
 pub fn by_group(fleet: &Fleet, filter: &Filter) -> BTreeMap<Group, (GroupInfo, Vec<HostValues>)> {
-    let mut out: BTreeMap<Group, (GroupInfo, Vec<HostValues>)> = BTreeMap::new();
+    let mut groups: Vec<(Group, GroupInfo, Vec<HostValues>)> = Vec::new();
+    let mut index: std::collections::HashMap<Group, usize> = std::collections::HashMap::new();
+    let mut of_key: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+    for key in fleet.keys.values().filter(|k| filter.wants(k)) {
+        let group = Group {
+            config_fingerprint: key.config_fingerprint.clone(),
+            benchmark: key.benchmark.clone(),
+            bench_config: key.bench_config.clone(),
+            software: if filter.across_software { String::new() } else { key.software_fingerprint.clone() },
+            metric: key.metric.clone(),
+        };
+        let gi = *index.entry(group.clone()).or_insert_with(|| {
+            groups.push((group, GroupInfo { config_name: key.config_name.clone(), unit: key.unit.clone(), direction: key.direction }, Vec::new()));
+            groups.len() - 1
+        });
+        of_key.insert(key.id, gi);
+    }
     for (h, host) in fleet.hosts.iter().enumerate() {
         for s in &host.data.series {
-            let Some(key) = fleet.keys.get(&s.key) else { continue };
-            if !filter.wants(key) {
-                continue;
+            let Some(&gi) = of_key.get(&s.key) else { continue };
+            let list = &mut groups[gi].2;
+            if list.last().is_none_or(|hv| hv.host != h) {
+                list.push(HostValues { host: h, values: vec![], powers: vec![], last_run: uuid::Uuid::nil(), last_t: i64::MIN, median: f64::NAN });
             }
-            let group = Group {
-                config_fingerprint: key.config_fingerprint.clone(),
-                benchmark: key.benchmark.clone(),
-                bench_config: key.bench_config.clone(),
-                software: if filter.across_software { String::new() } else { key.software_fingerprint.clone() },
-                metric: key.metric.clone(),
-            };
-            let entry = out.entry(group).or_insert_with(|| (GroupInfo { config_name: key.config_name.clone(), unit: key.unit.clone(), direction: key.direction }, Vec::new()));
-            let hv = match entry.1.last_mut() {
-                Some(hv) if hv.host == h => hv,
-                _ => {
-                    entry.1.push(HostValues { host: h, values: vec![], powers: vec![], last_run: uuid::Uuid::nil(), last_t: i64::MIN });
-                    entry.1.last_mut().unwrap()
-                }
-            };
+            let hv = list.last_mut().unwrap();
             for &(run, value) in &s.points {
                 let r = &host.data.runs[run as usize];
                 if filter.since.is_some_and(|since| r.t < since) {
@@ -117,10 +124,18 @@ pub fn by_group(fleet: &Fleet, filter: &Filter) -> BTreeMap<Group, (GroupInfo, V
             }
         }
     }
-    for (_, hosts) in out.values_mut() {
+    let mut out = BTreeMap::new();
+    for (g, info, mut hosts) in groups {
         hosts.retain(|h| !h.values.is_empty());
+        for hv in hosts.iter_mut() {
+            hv.values.sort_unstable_by(f64::total_cmp);
+            let n = hv.values.len();
+            hv.median = if n % 2 == 1 { hv.values[n / 2] } else { (hv.values[n / 2 - 1] + hv.values[n / 2]) / 2.0 };
+        }
+        if !hosts.is_empty() {
+            out.insert(g, (info, hosts));
+        }
     }
-    out.retain(|_, (_, hosts)| !hosts.is_empty());
     out
 }
 
