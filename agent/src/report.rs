@@ -132,18 +132,39 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
             let mut results = Section { heading: "Results against the fleet".into(), ..Default::default() };
             results.text.push("Each plot: the configuration's hosts (one dot per host, the median of its runs), the box from p25 to p75 with the median, whiskers at p10 and p90; the marked value is this host's.".into());
             let mut rows = Vec::new();
-            for (g, (info, hosts)) in &groups {
-                let Some(mine) = hosts.iter().find(|v| v.host == h) else { continue };
+            // Per metric, the group of the host's latest run (its current software stack); when
+            // too few hosts share that stack, the configuration's hosts on every stack.
+            let merged = by_group(&fleet, &Filter { since: Some(since), metric: None, across_software: true });
+            let mut latest: BTreeMap<(String, String, String), (&fleet::Group, i64)> = BTreeMap::new();
+            for (g, (_, hosts)) in &groups {
+                if let Some(mine) = hosts.iter().find(|v| v.host == h) {
+                    let k = (g.benchmark.clone(), g.bench_config.clone(), g.metric.clone());
+                    if latest.get(&k).is_none_or(|(_, t)| mine.last_t > *t) {
+                        latest.insert(k, (g, mine.last_t));
+                    }
+                }
+            }
+            let mut pooled = Vec::new();
+            for (g, _) in latest.values() {
+                let Some(current) = groups[*g].1.iter().find(|v| v.host == h).map(HostValues::median) else { continue };
+                let (mut info, mut hosts, mut label_g) = (&groups[*g].0, &groups[*g].1, (*g).clone());
+                if hosts.len() < 3 {
+                    let wide = fleet::Group { software: String::new(), ..(*g).clone() };
+                    if let Some((i, hs)) = merged.get(&wide) {
+                        pooled.push(format!("{}:{}", g.benchmark, g.metric));
+                        (info, hosts, label_g) = (i, hs, wide);
+                    }
+                }
                 let value = match &run {
                     Some(r) if r.run.benchmark == g.benchmark => match r.run.metrics.iter().find(|m| m.name == g.metric) {
                         Some(m) => m.value,
                         None => continue,
                     },
                     Some(_) => continue,
-                    None => mine.median(),
+                    None => current,
                 };
                 let values: Vec<f64> = hosts.iter().map(HostValues::median).collect();
-                let name = format!("{}:{}", g.benchmark, g.metric);
+                let name = format!("{}:{}{}", label_g.benchmark, label_g.metric, if label_g.software.is_empty() && !g.software.is_empty() { " (all stacks)" } else { "" });
                 rows.push(distribution_table_row(&name, &info.unit, info.direction, &values, Some(value)));
                 results.charts.push(Chart::Distribution {
                     title: format!("{name} — {} hosts", values.len()),
@@ -152,6 +173,12 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                     values,
                     mark: Some((if run.is_some() { "this run".into() } else { "this host".into() }, value)),
                 });
+            }
+            if !pooled.is_empty() {
+                results.text.push(format!(
+                    "Fewer than 3 hosts run this host's current software stack for {}: compared with the configuration's hosts on every stack.",
+                    if pooled.len() > 3 { format!("{} metrics", pooled.len()) } else { pooled.join(", ") }
+                ));
             }
             results.table = Some((["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"].map(String::from).to_vec(), rows));
             sections.push(results);
@@ -314,7 +341,7 @@ pub fn svg(chart: &Chart) -> String {
     let mut o = String::new();
     match chart {
         Chart::Distribution { title, unit, direction, values, mark } => {
-            let h = 130.0;
+            let h = 138.0;
             let mut sorted = values.clone();
             sorted.sort_by(f64::total_cmp);
             let mut lo = sorted[0];
@@ -345,9 +372,11 @@ pub fn svg(chart: &Chart) -> String {
             let _ = write!(o, r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##, x(p25), (x(p75) - x(p25)).max(1.0));
             let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##, x(p50));
             if let Some((label, v)) = mark {
-                let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{0:.1}" y="122" class="m" text-anchor="middle">{1} {2}</text>"##, x(*v), esc(label), num(*v));
+                let mx = x(*v);
+                let anchor = if mx < PAD_L + 60.0 { "start" } else if mx > W - PAD_R - 60.0 { "end" } else { "middle" };
+                let _ = write!(o, r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{mx:.1}" y="118" class="m" text-anchor="{anchor}">{} {}</text>"##, esc(label), num(*v));
             }
-            let _ = write!(o, r#"<text x="{PAD_L}" y="122" class="a">{}</text><text x="{}" y="122" class="a" text-anchor="end">{}</text>"#, num(lo), W - PAD_R, num(hi));
+            let _ = write!(o, r#"<text x="{PAD_L}" y="132" class="a">{}</text><text x="{}" y="132" class="a" text-anchor="end">{}</text>"#, num(lo), W - PAD_R, num(hi));
             o.push_str("</svg>");
         }
         Chart::History { title, unit, points, change_at } => {
@@ -373,7 +402,8 @@ pub fn svg(chart: &Chart) -> String {
             }
             if let Some(c) = change_at {
                 let cx = x(points[*c].0 as f64);
-                let _ = write!(o, r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{cx:.1}" y="158" class="m" text-anchor="middle">change {}</text>"##, crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or(""));
+                let (tx, anchor) = if cx > W - PAD_R - 120.0 { (cx - 4.0, "end") } else { (cx + 4.0, "start") };
+                let _ = write!(o, r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{tx:.1}" y="34" class="m" text-anchor="{anchor}">change {}</text>"##, crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or(""));
             }
             let _ = write!(o, r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#, crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""), W - PAD_R, crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or(""));
             o.push_str("</svg>");
