@@ -1,11 +1,12 @@
 //! The fleet commands at fleet scale: 2,000 hosts × 30 nightly runs × 40 metrics (2.4 M metric
 //! rows), with raw samples and GPU power telemetry, generated as an export file
 //! (`tests/fleet_gen.rs`), then timed through the `kiln` binary as users run it:
-//! - `kiln import` (metric rows/s; target ≥ 500 k/s), against the anchor of inserting metric rows
-//!   one statement at a time through sqlx into the same schema, measured here in the same run;
+//! - `kiln import` (metric rows/s; target ≥ 500 k/s), against sqlx inserting the same rows one
+//!   statement at a time and batched, measured here in the same run;
 //! - `kiln compare --by config` (target < 300 ms), `kiln outliers`;
 //! - `kiln regressions` over the whole fleet (target < 2 s);
 //! - `kiln report --host … --html` (target < 1 s).
+//!
 //! `cargo bench --bench fleet`; `KILN_BENCH_HOSTS` scales the fleet.
 
 #[path = "../tests/fleet_gen.rs"]

@@ -25,17 +25,9 @@ pub struct FleetSpec {
     pub seed: u64,
 }
 
-fn splitmix(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn gauss(s: &mut u64) -> f64 {
-    let u1 = ((splitmix(s) >> 11) as f64 / (1u64 << 53) as f64).max(1e-12);
-    let u2 = (splitmix(s) >> 11) as f64 / (1u64 << 53) as f64;
+    let u1 = ((kiln_bench::stats::splitmix64(s) >> 11) as f64 / (1u64 << 53) as f64).max(1e-12);
+    let u2 = (kiln_bench::stats::splitmix64(s) >> 11) as f64 / (1u64 << 53) as f64;
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
@@ -43,20 +35,7 @@ fn uuid(kind: u8, a: u64, b: u64) -> String {
     format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", (a >> 16) as u32 ^ u32::from(kind) << 24, a & 0xffff, (b >> 48) & 0xfff, (b >> 36) & 0xfff, b & 0xffff_ffff_ffff)
 }
 
-fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
+use kiln::timefmt::rfc3339;
 
 pub const CONFIG_NAMES: [&str; 4] = ["2× EPYC 9654 · 8× H100 80GB HBM3 · 2 TiB", "2× Xeon 8480+ · 8× H100 80GB HBM3 · 2 TiB", "2× EPYC 9654 · 8× H200 141GB · 2 TiB", "2× Xeon 8568Y+ · 8× H200 141GB · 2 TiB"];
 
@@ -74,7 +53,7 @@ pub fn metric_name(m: usize) -> String {
 
 /// Higher is better for even metrics, lower for odd ones.
 pub fn higher(m: usize) -> bool {
-    m % 2 == 0
+    m.is_multiple_of(2)
 }
 
 /// Writes the export; returns (text, metric rows, sample rows, telemetry rows).

@@ -350,33 +350,30 @@ pub fn compare_two(fleet: &Fleet, a: &Subject, b: &Subject, filter: &Filter, noi
     let mut pairs: BTreeMap<(String, String, String, String), (GroupInfo, Side, Side)> = BTreeMap::new();
     let short = |s: &str| s[..s.len().min(12)].to_string();
     for (g, (info, hosts)) in &groups {
+        let software_ctx = || if g.software.is_empty() { String::new() } else { format!("software {}", short(&g.software)) };
+        // Which side a group's host medians belong to, when the subject is one of its fields.
+        let split = |field: &String, a: &String, b: &String, ctx: String| {
+            let vals: Side = hosts.iter().map(HostValues::median).collect();
+            if field == a {
+                Some((ctx, vals, vec![]))
+            } else if field == b {
+                Some((ctx, vec![], vals))
+            } else {
+                None
+            }
+        };
         let (context, side_a, side_b): (String, Side, Side) = match (a, b) {
-            (Subject::Config(ca), Subject::Config(cb)) => {
-                let vals: Side = hosts.iter().map(HostValues::median).collect();
-                let ctx = if g.software.is_empty() { String::new() } else { format!("software {}", short(&g.software)) };
-                if &g.config_fingerprint == ca {
-                    (ctx, vals, vec![])
-                } else if &g.config_fingerprint == cb {
-                    (ctx, vec![], vals)
-                } else {
-                    continue;
-                }
-            }
-            (Subject::Software(sa), Subject::Software(sb)) => {
-                let vals: Side = hosts.iter().map(HostValues::median).collect();
-                let ctx = format!("config {}", info.config_name);
-                if &g.software == sa {
-                    (ctx, vals, vec![])
-                } else if &g.software == sb {
-                    (ctx, vec![], vals)
-                } else {
-                    continue;
-                }
-            }
+            (Subject::Config(ca), Subject::Config(cb)) => match split(&g.config_fingerprint, ca, cb, software_ctx()) {
+                Some(x) => x,
+                None => continue,
+            },
+            (Subject::Software(sa), Subject::Software(sb)) => match split(&g.software, sa, sb, format!("config {}", info.config_name)) {
+                Some(x) => x,
+                None => continue,
+            },
             (Subject::Host(ha), Subject::Host(hb)) => {
-                let ctx = if g.software.is_empty() { String::new() } else { format!("software {}", short(&g.software)) };
                 let pick = |h: usize| hosts.iter().find(|v| v.host == h).map(|v| v.values.clone()).unwrap_or_default();
-                (ctx, pick(*ha), pick(*hb))
+                (software_ctx(), pick(*ha), pick(*hb))
             }
             _ => return Err("compare two of a kind: two configurations, two hosts or two software stacks".into()),
         };

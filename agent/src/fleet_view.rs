@@ -87,7 +87,7 @@ pub fn render_comparison(a: &str, b: &str, noise: f64, rows: &[CompareRow]) -> S
         out += "no metric measured on both sides under the same benchmark configuration (and software stack: try --across-software)\n";
         return out;
     }
-    let _ = writeln!(out, "{:<34} {:>10} {:>10} {:>9} {:>21}  {}", "METRIC", "A", "B", "B/A", "95 % INTERVAL", "VERDICT");
+    let _ = writeln!(out, "{:<34} {:>10} {:>10} {:>9} {:>21}  VERDICT", "METRIC", "A", "B", "B/A", "95 % INTERVAL");
     for r in rows {
         let _ = writeln!(
             out,
