@@ -329,6 +329,9 @@ pub struct Comparison {
     pub rows: Vec<CompareRow>,
 }
 
+/// The fewest values on each side for a verdict: a bootstrap of two runs says nothing.
+pub const MIN_SAMPLES: usize = 5;
+
 /// The verdict on a ratio's interval: stated only when it excludes 1 ± noise.
 pub fn verdict(ci: (f64, f64), direction: Direction, noise: f64) -> &'static str {
     let higher = ci.0 > 1.0 + noise;
@@ -404,7 +407,11 @@ pub fn compare_two(fleet: &Fleet, a: &Subject, b: &Subject, filter: &Filter, noi
             b_median: mb,
             ratio: mb / ma,
             ci,
-            verdict: verdict(ci, info.direction, noise).to_string(),
+            verdict: if va.len().min(vb.len()) < MIN_SAMPLES {
+                format!("too few values for a verdict (fewer than {MIN_SAMPLES} on a side)")
+            } else {
+                verdict(ci, info.direction, noise).to_string()
+            },
         });
     }
     Ok(rows)

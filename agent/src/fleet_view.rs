@@ -51,7 +51,7 @@ pub fn render_configs(configs: &[ConfigSummary]) -> String {
             out,
             "{} ({}) — {} host{}{}",
             c.config_name,
-            short(&c.config_fingerprint),
+            c.config_fingerprint,
             c.hosts,
             if c.hosts == 1 { "" } else { "s" },
             c.price.map_or(String::new(), |p| format!(", price {}", num(p)))

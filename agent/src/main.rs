@@ -153,7 +153,7 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
     },
-    /// Import exports (idempotent: records already here are skipped; a malformed file imports nothing)
+    /// Import exports (idempotent: records already here are skipped; a malformed file imports nothing); `-` reads standard input
     Import {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
@@ -838,7 +838,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let db = db_path(cli.db)?;
             let mut all = Vec::new();
             for f in &files {
-                let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+                let text = if f.as_os_str() == "-" {
+                    let mut buf = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("reading standard input")?;
+                    buf
+                } else {
+                    std::fs::read(f).with_context(|| format!("reading {}", f.display()))?
+                };
                 let text = String::from_utf8(text).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {}); nothing was imported", f.display(), e.utf8_error().valid_up_to()))?;
                 let started = std::time::Instant::now();
                 let name = f.display().to_string();
