@@ -56,12 +56,12 @@ pub fn render_configs(configs: &[ConfigSummary]) -> String {
             if c.hosts == 1 { "" } else { "s" },
             c.price.map_or(String::new(), |p| format!(", price {}", num(p)))
         );
-        let _ = writeln!(out, "  {:<30} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}", "METRIC", "HOSTS", "RUNS", "P10", "MEDIAN", "P90", "BEST", "WORST", "PER WATT", "PER PRICE");
+        let _ = writeln!(out, "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}", "METRIC", "HOSTS", "RUNS", "P10", "MEDIAN", "P90", "BEST", "WORST", "PER WATT", "PER PRICE");
         for m in &c.metrics {
             let name = format!("{}{} {}:{}", arrow(m.direction), if m.software.is_empty() { String::new() } else { format!("[{}] ", &m.software[..m.software.len().min(6)]) }, m.benchmark, m.metric);
             let _ = writeln!(
                 out,
-                "  {:<30} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}   {}",
+                "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}   {}",
                 name,
                 m.hosts,
                 m.runs,

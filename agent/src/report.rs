@@ -77,7 +77,8 @@ fn distribution_table_row(group_metric: &str, unit: &str, direction: Direction, 
     if let Some(v) = mine {
         let below = sorted.iter().filter(|x| **x < v).count();
         row.push(num(v));
-        row.push(format!("{:.0}", 100.0 * below as f64 / sorted.len().max(1) as f64));
+        // A percentile among fewer than three hosts says nothing.
+        row.push(if sorted.len() < 3 { "-".into() } else { format!("{:.0}", 100.0 * below as f64 / sorted.len() as f64) });
     }
     row.extend([num(percentile_sorted(&sorted, 0.10)), num(median(&sorted)), num(percentile_sorted(&sorted, 0.90)), sorted.len().to_string()]);
     row
@@ -145,14 +146,19 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                 }
             }
             let mut pooled = Vec::new();
+            let mut lonely = 0;
             for (g, _) in latest.values() {
                 let Some(current) = groups[*g].1.iter().find(|v| v.host == h).map(HostValues::median) else { continue };
                 let (mut info, mut hosts, mut label_g) = (&groups[*g].0, &groups[*g].1, (*g).clone());
                 if hosts.len() < 3 {
                     let wide = fleet::Group { software: String::new(), ..(*g).clone() };
                     if let Some((i, hs)) = merged.get(&wide) {
-                        pooled.push(format!("{}:{}", g.benchmark, g.metric));
-                        (info, hosts, label_g) = (i, hs, wide);
+                        if hs.len() >= 3 {
+                            pooled.push(format!("{}:{}", g.benchmark, g.metric));
+                            (info, hosts, label_g) = (i, hs, wide);
+                        } else {
+                            lonely = lonely.max(hs.len());
+                        }
                     }
                 }
                 let value = match &run {
@@ -173,6 +179,13 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                     values,
                     mark: Some((if run.is_some() { "this run".into() } else { "this host".into() }, value)),
                 });
+            }
+            if lonely > 0 {
+                results.text.push(format!(
+                    "Only {lonely} host{} of this configuration {} results here: a fleet distribution needs at least 3 (import other hosts' results with `kiln import`).",
+                    if lonely == 1 { "" } else { "s" },
+                    if lonely == 1 { "has" } else { "have" }
+                ));
             }
             if !pooled.is_empty() {
                 results.text.push(format!(
