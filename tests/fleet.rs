@@ -174,6 +174,13 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
     assert_eq!(by_host(&list, &hostname(7)).len(), s.metrics, "{out}");
     assert_eq!(list.len(), s.metrics, "only host 7: {out}");
     assert!(list.iter().all(|o| o["worse"] == true && o["z"].as_f64().unwrap().abs() > 3.5));
+    // …with the telemetry that may explain it: its GPUs drew less power than typical hosts'.
+    for o in out["outliers"].as_array().unwrap() {
+        let t: Vec<&str> = o["telemetry"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert!(t.iter().any(|l| l.starts_with("gpu0 power_watts 5") && l.contains("(typical 6")), "{t:?}");
+    }
+    let text = lab.kiln(&["outliers"]).success().stdout();
+    assert!(text.contains("telemetry: gpu1 power_watts"), "{text}");
 
     // Regressions: host 13 (software) and configuration 2 (BIOS), with what changed; nothing else.
     let run = lab.kiln(&["regressions", "--since", "40d", "--json"]);

@@ -1,7 +1,8 @@
 //! A synthetic fleet as a `kiln export` file, shared by the fleet tests and the fleet benchmark:
 //! hosts of a few configurations, one suite run per host per night with `metrics` metrics (1 %
 //! noise), raw samples and GPU power telemetry, and known faults:
-//! - host 7 is 20 % slower than its configuration on every metric (an outlier);
+//! - host 7 is 20 % slower than its configuration on every metric (an outlier), its GPUs held to
+//!   520 W where the others draw 650 W (the telemetry that explains it);
 //! - host 13 gets a new software stack at night `nights - 10`, and is 10 % slower from then on;
 //! - every host of configuration 2 gets a BIOS update at night `nights - 6`, 6 % slower from then on.
 
@@ -143,7 +144,8 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
             let mut firstt = true;
             for g in 0..spec.gpus {
                 for p in 0..spec.telemetry_points {
-                    let _ = write!(out, r#"{}[{},"gpu{g}","power_watts",{:.1}]"#, if firstt { "" } else { "," }, p * 1000, 650.0 + 20.0 * gauss(&mut s));
+                    let watts = if h == 7 { 520.0 } else { 650.0 };
+                    let _ = write!(out, r#"{}[{},"gpu{g}","power_watts",{:.1}]"#, if firstt { "" } else { "," }, p * 1000, watts + 20.0 * gauss(&mut s));
                     firstt = false;
                     n_telemetry += 1;
                 }
