@@ -162,6 +162,21 @@ fn usage_errors_exit_2() {
     }
 }
 
+/// Several kilns opening one new database at once (a nightly job and a technician): one migrates,
+/// the others wait for it, none fails.
+#[test]
+fn concurrent_first_opens_of_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("new.db");
+    let children: Vec<std::process::Child> = (0..6)
+        .map(|_| std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(["hosts", "--json"]).env("KILN_DB", &db).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap())
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// Every command's `--help` parses: clap checks each command's definition (unique names, valid
 /// defaults) only when that command is reached, so a broken one would otherwise surface as a panic
 /// in a user's hands.

@@ -231,6 +231,33 @@ fn header(path: &Path) -> Result<Option<[u8; 16]>> {
     }
 }
 
+/// An exclusive `flock` on `<database>.lock`, released when dropped. Where the lock file cannot be
+/// created (a read-only directory) there is nobody to race with a migration: no lock.
+struct OpenLock {
+    _file: Option<std::fs::File>,
+}
+
+impl OpenLock {
+    fn take(db: &Path) -> Result<OpenLock> {
+        let mut name = db.as_os_str().to_owned();
+        name.push(".lock");
+        let file = match std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&name) {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem) => return Ok(OpenLock { _file: None }),
+            Err(source) => return Err(DbError::Open { path: PathBuf::from(name), source }),
+        };
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; blocks until the other opener has finished.
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(DbError::Open { path: PathBuf::from(name), source: e });
+            }
+        }
+        Ok(OpenLock { _file: Some(file) })
+    }
+}
+
 fn is_corruption(e: &sqlx::Error) -> bool {
     // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), with or without extended codes.
     matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| {
@@ -260,6 +287,16 @@ impl Store {
     /// A file that is not SQLite, is corrupt, belongs to another program or to a newer kiln is
     /// refused and left byte-for-byte as it was.
     pub async fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir).map_err(|source| DbError::Open { path: dir.to_owned(), source })?;
+            }
+        }
+        // Two kilns opening a new or older database at once would both migrate it: the second
+        // fails on tables the first created. Opening, checking and migrating are serialised on a
+        // lock file beside the database (not the database itself: closing another descriptor of
+        // it would drop SQLite's own POSIX locks).
+        let _guard = OpenLock::take(path)?;
         let existing = match header(path)? {
             Some(h) if &h != SQLITE_MAGIC => return Err(DbError::NotSqlite { path: path.to_owned() }),
             Some(_) => true,
