@@ -729,7 +729,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let db = db_path(cli.db)?;
             let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
             let filter = kiln::fleet::Filter { since, metric, across_software };
-            let fleet = query(&db, async |store: &mut Store| store.fleet().await)?;
+            let fleet = query(&db, async |store: &mut Store| store.fleet(filter.since).await)?;
             match (by.as_deref(), subjects.as_slice()) {
                 (Some("config"), []) => {
                     let prices = match prices {
@@ -764,7 +764,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
             let filter = kiln::fleet::Filter { since, metric, across_software };
             let found = query(&db, async |store: &mut Store| {
-                let fleet = store.fleet().await?;
+                let fleet = store.fleet(filter.since).await?;
                 let mut out = Vec::new();
                 for o in kiln::fleet::outliers(&fleet, &filter, threshold, min_deviation) {
                     let t = kiln::fleet_view::outlier_telemetry(store, &o).await?;
@@ -785,7 +785,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let window = kiln::fleet::parse_duration(&since).map_err(anyhow::Error::msg)?;
             let filter = kiln::fleet::Filter { since: Some(kiln::timefmt::now_unix() - window), metric, across_software: true };
             let regs = query(&db, async |store: &mut Store| {
-                let fleet = store.fleet().await?;
+                let fleet = store.fleet(filter.since).await?;
                 let mut regs = kiln::fleet::regressions(&fleet, &filter, noise);
                 let mut cache = kiln::fleet_view::Explainer::default();
                 for r in regs.iter_mut() {

@@ -86,7 +86,7 @@ fn distribution_table_row(group_metric: &str, unit: &str, direction: Direction, 
 
 /// Gathers everything a report shows.
 pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db::Result<Result<Report, String>> {
-    let fleet = store.fleet().await?;
+    let fleet = store.fleet(Some(since)).await?;
     let filter = Filter { since: Some(since), metric: None, across_software: false };
     let groups = by_group(&fleet, &filter);
     let mut sections = Vec::new();

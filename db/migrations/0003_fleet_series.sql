@@ -18,13 +18,16 @@ CREATE TABLE series_keys (
     UNIQUE (config_fingerprint, benchmark, bench_config, software_fingerprint, metric)
 );
 
--- Per host: its runs (id, time, mean GPU power) and, per series key, the (run, value) points.
--- Format: see db/src/fleet.rs (`SeriesBlob`).
+-- Per host and 30-day period (start time div 2,592,000 s): its runs (id, time, mean GPU power) and,
+-- per series key, the (run, value) points. Periods let a window (`--since 30d`) load two blobs a
+-- host, not its whole history. Format: see db/src/fleet.rs (`HostSeries`).
 CREATE TABLE host_series (
-    host_id               TEXT PRIMARY KEY NOT NULL REFERENCES hosts(id),
+    host_id               TEXT NOT NULL REFERENCES hosts(id),
+    period                INTEGER NOT NULL,
     runs                  INTEGER NOT NULL,
     points                INTEGER NOT NULL,
-    data                  BLOB NOT NULL
+    data                  BLOB NOT NULL,
+    PRIMARY KEY (host_id, period)
 );
 
 -- Metric values keyed by a small integer for the metric (name, unit, direction) instead of

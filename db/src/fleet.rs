@@ -186,6 +186,13 @@ pub(crate) struct IndexRun<'a> {
     pub power_watts: Option<f64>,
 }
 
+/// The length of a series partition: a window loads only the partitions it reaches.
+pub const PERIOD_SECONDS: i64 = 30 * 86_400;
+
+fn period_of(t: i64) -> i64 {
+    t.div_euclid(PERIOD_SECONDS)
+}
+
 /// Seconds since the epoch of an RFC 3339 UTC time (`2026-12-02T15:33:58.126Z`, `+00:00` too);
 /// offsets other than UTC are applied.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
@@ -254,7 +261,7 @@ pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>
     // Keys borrowed from the rows above and from the runs: no string copies per metric.
     let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> =
         existing.iter().map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id)).collect();
-    let mut by_host: BTreeMap<&str, Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
+    let mut by_host: BTreeMap<(&str, i64), Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
     for run in runs {
         let Some(t) = parse_rfc3339(run.started_at) else { continue };
         let Ok(run_id) = uuid::Uuid::parse_str(run.run_id) else { continue };
@@ -287,14 +294,19 @@ pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>
             };
             values.push((id, value));
         }
-        by_host.entry(run.host_id).or_default().push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
+        by_host.entry((run.host_id, period_of(t))).or_default().push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
     }
-    for (host, new) in by_host {
-        let existing: Option<Vec<u8>> = sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = ?").bind(host).fetch_optional(&mut *conn).await?;
+    for ((host, period), new) in by_host {
+        let existing: Option<Vec<u8>> = sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = ? AND period = ?")
+            .bind(host)
+            .bind(period)
+            .fetch_optional(&mut *conn)
+            .await?;
         let mut series = existing.and_then(|b| HostSeries::decode(&b).ok()).unwrap_or_default();
         series.merge(new);
-        sqlx::query("INSERT OR REPLACE INTO host_series (host_id, runs, points, data) VALUES (?, ?, ?, ?)")
+        sqlx::query("INSERT OR REPLACE INTO host_series (host_id, period, runs, points, data) VALUES (?, ?, ?, ?, ?)")
             .bind(host)
+            .bind(period)
             .bind(series.runs.len() as i64)
             .bind(series.points() as i64)
             .bind(series.encode())
@@ -467,8 +479,10 @@ fn json_line<T: Serialize>(out: &mut dyn Write, value: &T) -> std::io::Result<()
 }
 
 impl Store {
-    /// Loads every host's series and every series key.
-    pub async fn fleet(&mut self) -> Result<Fleet> {
+    /// Loads every series key and every host with its series — those of the partitions that reach
+    /// `since` (seconds since the epoch; older points of a reached partition are included: callers
+    /// filter by time).
+    pub async fn fleet(&mut self, since: Option<i64>) -> Result<Fleet> {
         let err = self.sql_err();
         let mut keys = BTreeMap::new();
         for r in sqlx::query("SELECT id, config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction FROM series_keys")
@@ -489,22 +503,44 @@ impl Store {
             };
             keys.insert(key.id, key);
         }
-        let rows = sqlx::query("SELECT h.id, h.hostname, h.config_fingerprint, h.config_name, s.data FROM hosts h LEFT JOIN host_series s ON s.host_id = h.id ORDER BY h.id")
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(&err)?;
-        let mut hosts = Vec::with_capacity(rows.len());
+        // Every host, and its partitions that reach the window, oldest first.
+        let first_period = since.map(period_of).unwrap_or(i64::MIN);
+        let rows = sqlx::query(
+            "SELECT h.id, h.hostname, h.config_fingerprint, h.config_name, s.data FROM hosts h \
+             LEFT JOIN host_series s ON s.host_id = h.id AND s.period >= ?1 ORDER BY h.id, s.period",
+        )
+        .bind(first_period)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(&err)?;
+        let mut hosts: Vec<FleetHost> = Vec::with_capacity(rows.len());
+        // Per host being assembled: key → its points, in time order across partitions.
+        let mut points: BTreeMap<i64, Vec<(u32, f64)>> = BTreeMap::new();
+        let finish = |host: &mut FleetHost, points: &mut BTreeMap<i64, Vec<(u32, f64)>>| {
+            host.data.series = std::mem::take(points).into_iter().map(|(key, points)| Series { key, points }).collect();
+        };
         for r in rows {
-            let data: Option<Vec<u8>> = r.get(4);
             let id: String = r.get(0);
-            let data = match data {
-                Some(b) => HostSeries::decode(&b).map_err(|e| DbError::Corrupt {
-                    path: self.path.clone(),
-                    cause: sqlx::Error::Protocol(format!("series of host {id}: {e}")),
-                })?,
-                None => HostSeries::default(),
-            };
-            hosts.push(FleetHost { id, hostname: r.get(1), config_fingerprint: r.get(2), config_name: r.get(3), data });
+            if hosts.last().is_none_or(|h| h.id != id) {
+                if let Some(last) = hosts.last_mut() {
+                    finish(last, &mut points);
+                }
+                hosts.push(FleetHost { id: id.clone(), hostname: r.get(1), config_fingerprint: r.get(2), config_name: r.get(3), data: HostSeries::default() });
+            }
+            let Some(blob) = r.get::<Option<Vec<u8>>, _>(4) else { continue };
+            let part = HostSeries::decode(&blob).map_err(|e| DbError::Corrupt {
+                path: self.path.clone(),
+                cause: sqlx::Error::Protocol(format!("series of host {id}: {e}; `kiln` rebuilds them from the runs when the table is emptied")),
+            })?;
+            let host = hosts.last_mut().unwrap();
+            let offset = host.data.runs.len() as u32;
+            host.data.runs.extend(part.runs);
+            for s in part.series {
+                points.entry(s.key).or_default().extend(s.points.into_iter().map(|(run, v)| (run + offset, v)));
+            }
+        }
+        if let Some(last) = hosts.last_mut() {
+            finish(last, &mut points);
         }
         Ok(Fleet { keys, hosts })
     }

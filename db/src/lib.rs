@@ -799,7 +799,7 @@ mod tests {
 
         // Every saved run is in the fleet series, under its comparable group; rebuilding the
         // series from the tables (what opening a schema-2 database does) gives the same.
-        let fleet = store.fleet().await.unwrap();
+        let fleet = store.fleet(None).await.unwrap();
         let series = &fleet.hosts[0].data;
         assert_eq!(series.runs.len(), 2);
         assert_eq!(series.series.len(), 1);
@@ -808,7 +808,20 @@ mod tests {
         assert_eq!(series.series[0].points.iter().map(|p| p.1).collect::<Vec<_>>(), [42.0, 42.0]);
         sqlx::query("DELETE FROM host_series").execute(&mut store.conn).await.unwrap();
         store.rebuild_series().await.unwrap();
-        assert_eq!(store.fleet().await.unwrap().hosts[0].data, *series);
+        assert_eq!(store.fleet(None).await.unwrap().hosts[0].data, *series);
+
+        // A run 100 days earlier lands in an older partition: a window that does not reach it
+        // leaves it unloaded, the whole history has it first.
+        let old = NewRun { started_at: "2026-08-24T10:00:00Z".into(), finished_at: "2026-08-24T10:00:05Z".into(), ..run.clone() };
+        store.save_run(&old).await.unwrap();
+        let all = store.fleet(None).await.unwrap();
+        assert_eq!(all.hosts[0].data.runs.len(), 3);
+        assert_eq!(all.hosts[0].data.runs[0].t, fleet::parse_rfc3339("2026-08-24T10:00:00Z").unwrap());
+        assert_eq!(all.hosts[0].data.series[0].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2]);
+        let recent = store.fleet(fleet::parse_rfc3339("2026-11-25T00:00:00Z")).await.unwrap();
+        assert_eq!(recent.hosts[0].data, *series);
+        let partitions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM host_series").fetch_one(&mut store.conn).await.unwrap();
+        assert_eq!(partitions, 2);
     }
 
     #[tokio::test]
