@@ -30,10 +30,15 @@ CREATE TABLE host_series (
     PRIMARY KEY (host_id, period)
 );
 
--- Metric values keyed by a small integer for the metric (name, unit, direction) instead of
--- repeating three strings on every row: imports of millions of rows go about 1.7x faster. The
--- `metrics` view keeps the old shape for every reader. Rows are written only together with their
--- run, in its transaction, so they carry no per-row foreign-key check (which cost a lookup each).
+-- Metric values keyed by small integers — the run's number and the metric's (name, unit, direction)
+-- id — instead of a 36-character run id and three strings on every row: imports of millions of rows
+-- go about three times faster (the raw insert: 1.67 M rows/s against 0.52 M). The `metrics` view
+-- keeps the old shape for every reader. Values are written only together with their run, in its
+-- transaction, so they carry no per-row foreign-key check (which cost a lookup each).
+CREATE TABLE run_numbers (
+    num                 INTEGER PRIMARY KEY,
+    run_id              TEXT NOT NULL UNIQUE
+);
 CREATE TABLE metric_names (
     id                  INTEGER PRIMARY KEY,
     name                TEXT NOT NULL,
@@ -42,15 +47,19 @@ CREATE TABLE metric_names (
     UNIQUE (name, unit, direction)
 );
 CREATE TABLE metric_values (
-    run_id              TEXT NOT NULL,
+    run                 INTEGER NOT NULL,
     metric              INTEGER NOT NULL,
     value               REAL NOT NULL,
-    PRIMARY KEY (run_id, metric)
+    PRIMARY KEY (run, metric)
 ) WITHOUT ROWID;
+INSERT INTO run_numbers (run_id) SELECT id FROM runs ORDER BY id;
 INSERT INTO metric_names (name, unit, direction) SELECT DISTINCT name, unit, direction FROM metrics;
-INSERT INTO metric_values (run_id, metric, value)
-    SELECT m.run_id, n.id, m.value FROM metrics m JOIN metric_names n ON n.name = m.name AND n.unit = m.unit AND n.direction = m.direction;
+INSERT INTO metric_values (run, metric, value)
+    SELECT r.num, n.id, m.value FROM metrics m
+    JOIN run_numbers r ON r.run_id = m.run_id
+    JOIN metric_names n ON n.name = m.name AND n.unit = m.unit AND n.direction = m.direction;
 DROP INDEX metrics_by_name;
 DROP TABLE metrics;
 CREATE VIEW metrics (run_id, name, value, unit, direction) AS
-    SELECT v.run_id, n.name, v.value, n.unit, n.direction FROM metric_values v JOIN metric_names n ON n.id = v.metric;
+    SELECT r.run_id, n.name, v.value, n.unit, n.direction
+    FROM metric_values v JOIN run_numbers r ON r.num = v.run JOIN metric_names n ON n.id = v.metric;

@@ -977,14 +977,27 @@ impl Store {
         // Each batch sorted by its table's key: B-tree appends instead of inserts all over the tree.
         let metrics: Vec<(&str, &(String, f64, String, String))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { metrics, .. }) = r.rec { metrics.iter().map(move |m| (r.id, m)).collect::<Vec<_>>() } else { vec![] }).collect();
+        // Run numbers, assigned in run-id order (the runs are sorted), so that values sorted by
+        // number are appended to the table's B-tree.
+        let mut nums: HashMap<String, i64> = HashMap::with_capacity(fresh.len());
+        for chunk in fresh.chunks(MAX_BINDS) {
+            let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
+            q.push_values(chunk, |mut b, r| {
+                b.push_bind(r.id);
+            });
+            q.push(" RETURNING num, run_id");
+            for row in q.build().fetch_all(&mut *tx).await.map_err(&err)? {
+                nums.insert(row.get(1), row.get(0));
+            }
+        }
         let names: Vec<(&str, &str, &str)> = metrics.iter().map(|(_, (n, _, u, d))| (n.as_str(), u.as_str(), d.as_str())).collect();
         let ids = crate::metric_ids(&mut tx, &names).await.map_err(&err)?;
-        let mut values: Vec<(&str, i64, f64)> = metrics.iter().map(|(run, (n, v, u, d))| (*run, ids[&(n.as_str(), u.as_str(), d.as_str())], *v)).collect();
+        let mut values: Vec<(i64, i64, f64)> = metrics.iter().map(|(run, (n, v, u, d))| (nums[*run], ids[&(n.as_str(), u.as_str(), d.as_str())], *v)).collect();
         values.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         for chunk in values.chunks(MAX_BINDS / 3) {
-            let mut q = QueryBuilder::new("INSERT INTO metric_values (run_id, metric, value) ");
+            let mut q = QueryBuilder::new("INSERT INTO metric_values (run, metric, value) ");
             q.push_values(chunk, |mut b, (run, metric, value)| {
-                b.push_bind(*run).push_bind(metric).push_bind(value);
+                b.push_bind(run).push_bind(metric).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }

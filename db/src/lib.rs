@@ -500,11 +500,12 @@ impl Store {
         .map_err(&err)?;
         let names: Vec<(&str, &str, &str)> = run.metrics.iter().map(|m| (m.name.as_str(), m.unit.as_str(), m.direction.as_str())).collect();
         let ids = metric_ids(&mut tx, &names).await.map_err(&err)?;
+        let num: i64 = sqlx::query_scalar("INSERT INTO run_numbers (run_id) VALUES (?) RETURNING num").bind(&id).fetch_one(&mut *tx).await.map_err(&err)?;
         let values: Vec<(i64, f64)> = run.metrics.iter().map(|m| (ids[&(m.name.as_str(), m.unit.as_str(), m.direction.as_str())], m.value)).collect();
         for chunk in values.chunks(MAX_BINDS / 3) {
-            let mut q = QueryBuilder::new("INSERT INTO metric_values (run_id, metric, value) ");
+            let mut q = QueryBuilder::new("INSERT INTO metric_values (run, metric, value) ");
             q.push_values(chunk, |mut b, (metric, value)| {
-                b.push_bind(&id).push_bind(metric).push_bind(value);
+                b.push_bind(num).push_bind(metric).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
@@ -762,6 +763,35 @@ mod tests {
         store.close().await.unwrap();
         // Reopening an up-to-date database is a no-op.
         Store::open(&path).await.unwrap().close().await.unwrap();
+    }
+
+    /// A database written before the fleet tables (schema 2) keeps its metrics through migration 3
+    /// (moved to `metric_values`, read back through the `metrics` view) and gets its series built.
+    #[tokio::test]
+    async fn a_schema_2_database_migrates_with_its_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let old = Migrator { migrations: std::borrow::Cow::Owned(MIGRATOR.migrations[..2].to_vec()), ..Migrator::DEFAULT };
+            let mut conn = SqliteConnectOptions::from_str("sqlite://").unwrap().filename(&path).create_if_missing(true).connect().await.unwrap();
+            old.run(&mut conn).await.unwrap();
+            for sql in [
+                "INSERT INTO hosts VALUES ('h1', 'ident', 'node1', 'cfg', 'Config', '2026-12-01T00:00:00Z', '2026-12-01T00:00:00Z')",
+                "INSERT INTO runs (id, host_id, benchmark, config, started_at, status) VALUES ('00000000-0000-4000-8000-000000000001', 'h1', 'membw', '{}', '2026-12-01T01:00:00Z', 'ok')",
+                "INSERT INTO metrics VALUES ('00000000-0000-4000-8000-000000000001', 'triad', 42.5, 'GB/s', 'higher')",
+                "INSERT INTO metrics VALUES ('00000000-0000-4000-8000-000000000001', 'copy', 40.0, 'GB/s', 'higher')",
+            ] {
+                sqlx::query(sql).execute(&mut conn).await.unwrap();
+            }
+            conn.close().await.unwrap();
+        }
+        let mut store = Store::open(&path).await.unwrap();
+        let run = store.run("00000000").await.unwrap();
+        let got: Vec<(String, f64)> = run.run.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
+        assert_eq!(got, [("copy".to_string(), 40.0), ("triad".to_string(), 42.5)]);
+        let fleet = store.fleet(None).await.unwrap();
+        assert_eq!(fleet.hosts[0].data.points(), 2, "series rebuilt from the migrated results");
+        store.close().await.unwrap();
     }
 
     #[tokio::test]
