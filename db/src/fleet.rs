@@ -1002,24 +1002,30 @@ impl Store {
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
         stats.metrics = metrics.len() as u64;
-        let mut samples: Vec<(&str, &(String, i64, f64))> =
+        let samples: Vec<(&str, &(String, i64, f64))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { samples, .. }) = r.rec { samples.iter().map(move |s| (r.id, s)).collect::<Vec<_>>() } else { vec![] }).collect();
-        samples.sort_unstable_by(|a, b| (a.0, &a.1 .0, a.1 .1).cmp(&(b.0, &b.1 .0, b.1 .1)));
-        for chunk in samples.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO samples (run_id, metric, idx, value) ");
-            q.push_values(chunk, |mut b, (run, (metric, idx, value))| {
-                b.push_bind(*run).push_bind(metric).push_bind(idx).push_bind(value);
+        let names: Vec<&str> = samples.iter().map(|(_, (m, _, _))| m.as_str()).collect();
+        let sample_ids = crate::dictionary(&mut tx, "sample_metrics", &names).await.map_err(&err)?;
+        let mut rows: Vec<(i64, i64, i64, f64)> = samples.iter().map(|(run, (m, idx, v))| (nums[*run], sample_ids[m.as_str()], *idx, *v)).collect();
+        rows.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        for chunk in rows.chunks(MAX_BINDS / 4) {
+            let mut q = QueryBuilder::new("INSERT INTO sample_values (run, metric, idx, value) ");
+            q.push_values(chunk, |mut b, (run, metric, idx, value)| {
+                b.push_bind(run).push_bind(metric).push_bind(idx).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
         stats.samples = samples.len() as u64;
-        let mut telemetry: Vec<(&str, &(i64, String, String, f64))> =
+        let telemetry: Vec<(&str, &(i64, String, String, f64))> =
             fresh.iter().flat_map(|r| if let Record::Run(RunRec { telemetry, .. }) = r.rec { telemetry.iter().map(move |t| (r.id, t)).collect::<Vec<_>>() } else { vec![] }).collect();
-        telemetry.sort_unstable_by(|a, b| (a.0, &a.1 .1, &a.1 .2, a.1 .0).cmp(&(b.0, &b.1 .1, &b.1 .2, b.1 .0)));
-        for chunk in telemetry.chunks(MAX_BINDS / 5) {
-            let mut q = QueryBuilder::new("INSERT INTO telemetry (run_id, t_ms, source, name, value) ");
-            q.push_values(chunk, |mut b, (run, (t, source, name, value))| {
-                b.push_bind(*run).push_bind(t).push_bind(source).push_bind(name).push_bind(value);
+        let pairs: Vec<(&str, &str)> = telemetry.iter().map(|(_, (_, s, n, _))| (s.as_str(), n.as_str())).collect();
+        let channels = crate::channel_ids(&mut tx, &pairs).await.map_err(&err)?;
+        let mut rows: Vec<(i64, i64, i64, f64)> = telemetry.iter().map(|(run, (t, s, n, v))| (nums[*run], channels[&(s.as_str(), n.as_str())], *t, *v)).collect();
+        rows.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        for chunk in rows.chunks(MAX_BINDS / 4) {
+            let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");
+            q.push_values(chunk, |mut b, (run, channel, t, value)| {
+                b.push_bind(run).push_bind(channel).push_bind(t).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }

@@ -200,6 +200,65 @@ pub(crate) async fn metric_ids<'a>(
     Ok(out)
 }
 
+/// Ids of names in a one-column dictionary table (`sample_metrics`), creating the missing ones.
+pub(crate) async fn dictionary<'a>(
+    conn: &mut SqliteConnection,
+    table: &str,
+    names: &[&'a str],
+) -> std::result::Result<std::collections::HashMap<&'a str, i64>, sqlx::Error> {
+    let mut known: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for r in sqlx::query(&format!("SELECT id, name FROM {table}")).fetch_all(&mut *conn).await? {
+        known.insert(r.get(1), r.get(0));
+    }
+    let mut out = std::collections::HashMap::new();
+    for &name in names {
+        if out.contains_key(name) {
+            continue;
+        }
+        let id = match known.get(name) {
+            Some(id) => *id,
+            None => {
+                let id: i64 = sqlx::query_scalar(&format!("INSERT INTO {table} (name) VALUES (?) RETURNING id")).bind(name).fetch_one(&mut *conn).await?;
+                known.insert(name.to_string(), id);
+                id
+            }
+        };
+        out.insert(name, id);
+    }
+    Ok(out)
+}
+
+/// Ids of telemetry channels (source, name), creating the missing ones.
+pub(crate) async fn channel_ids<'a>(
+    conn: &mut SqliteConnection,
+    pairs: &[(&'a str, &'a str)],
+) -> std::result::Result<std::collections::HashMap<(&'a str, &'a str), i64>, sqlx::Error> {
+    let mut known: std::collections::HashMap<(String, String), i64> = std::collections::HashMap::new();
+    for r in sqlx::query("SELECT id, source, name FROM telemetry_channels").fetch_all(&mut *conn).await? {
+        known.insert((r.get(1), r.get(2)), r.get(0));
+    }
+    let mut out = std::collections::HashMap::new();
+    for &(source, name) in pairs {
+        if out.contains_key(&(source, name)) {
+            continue;
+        }
+        let id = match known.get(&(source.to_string(), name.to_string())) {
+            Some(id) => *id,
+            None => {
+                let id: i64 = sqlx::query_scalar("INSERT INTO telemetry_channels (source, name) VALUES (?, ?) RETURNING id")
+                    .bind(source)
+                    .bind(name)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                known.insert((source.to_string(), name.to_string()), id);
+                id
+            }
+        };
+        out.insert((source, name), id);
+    }
+    Ok(out)
+}
+
 /// SQLite allows 32766 bound values per statement; stay well under.
 pub(crate) const MAX_BINDS: usize = 30_000;
 
@@ -509,17 +568,21 @@ impl Store {
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
+        let names: Vec<&str> = run.samples.iter().map(|(m, _, _)| m.as_str()).collect();
+        let sample_ids = dictionary(&mut tx, "sample_metrics", &names).await.map_err(&err)?;
         for chunk in run.samples.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO samples (run_id, metric, idx, value) ");
+            let mut q = QueryBuilder::new("INSERT INTO sample_values (run, metric, idx, value) ");
             q.push_values(chunk, |mut b, (metric, idx, value)| {
-                b.push_bind(&id).push_bind(metric).push_bind(idx).push_bind(value);
+                b.push_bind(num).push_bind(sample_ids[metric.as_str()]).push_bind(idx).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
-        for chunk in run.telemetry.chunks(MAX_BINDS / 5) {
-            let mut q = QueryBuilder::new("INSERT INTO telemetry (run_id, t_ms, source, name, value) ");
+        let pairs: Vec<(&str, &str)> = run.telemetry.iter().map(|(_, s, n, _)| (s.as_str(), n.as_str())).collect();
+        let channels = channel_ids(&mut tx, &pairs).await.map_err(&err)?;
+        for chunk in run.telemetry.chunks(MAX_BINDS / 4) {
+            let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");
             q.push_values(chunk, |mut b, (t, source, name, value)| {
-                b.push_bind(&id).push_bind(t).push_bind(source).push_bind(name).push_bind(value);
+                b.push_bind(num).push_bind(channels[&(source.as_str(), name.as_str())]).push_bind(t).push_bind(value);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
@@ -780,6 +843,10 @@ mod tests {
                 "INSERT INTO runs (id, host_id, benchmark, config, started_at, status) VALUES ('00000000-0000-4000-8000-000000000001', 'h1', 'membw', '{}', '2026-12-01T01:00:00Z', 'ok')",
                 "INSERT INTO metrics VALUES ('00000000-0000-4000-8000-000000000001', 'triad', 42.5, 'GB/s', 'higher')",
                 "INSERT INTO metrics VALUES ('00000000-0000-4000-8000-000000000001', 'copy', 40.0, 'GB/s', 'higher')",
+                "INSERT INTO samples VALUES ('00000000-0000-4000-8000-000000000001', 'triad', 0, 42.0)",
+                "INSERT INTO samples VALUES ('00000000-0000-4000-8000-000000000001', 'triad', 1, 43.0)",
+                "INSERT INTO telemetry VALUES ('00000000-0000-4000-8000-000000000001', 0, 'gpu0', 'power_watts', 700.0)",
+                "INSERT INTO telemetry VALUES ('00000000-0000-4000-8000-000000000001', 500, 'gpu0', 'power_watts', 710.0)",
             ] {
                 sqlx::query(sql).execute(&mut conn).await.unwrap();
             }
@@ -789,8 +856,11 @@ mod tests {
         let run = store.run("00000000").await.unwrap();
         let got: Vec<(String, f64)> = run.run.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
         assert_eq!(got, [("copy".to_string(), 40.0), ("triad".to_string(), 42.5)]);
+        assert_eq!(run.samples, [("triad".to_string(), 0, 42.0), ("triad".to_string(), 1, 43.0)]);
+        assert_eq!(run.telemetry, [(0, "gpu0".to_string(), "power_watts".to_string(), 700.0), (500, "gpu0".to_string(), "power_watts".to_string(), 710.0)]);
         let fleet = store.fleet(None).await.unwrap();
         assert_eq!(fleet.hosts[0].data.points(), 2, "series rebuilt from the migrated results");
+        assert_eq!(fleet.hosts[0].data.runs[0].power_watts, Some(705.0), "mean GPU power from the migrated telemetry");
         store.close().await.unwrap();
     }
 
