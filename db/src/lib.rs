@@ -400,8 +400,13 @@ impl Store {
             cause => DbError::Migrate { path: path.to_owned(), cause },
         })?;
         let mut store = Store { path: path.to_owned(), conn };
-        // Runs stored before the fleet series existed (schema 3): derive their series once.
-        if (1..3).contains(&applied_before) {
+        // Runs stored before the fleet series existed (schema 3), or series emptied to repair a
+        // damaged blob: derive them from the runs.
+        let missing: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs) AND NOT EXISTS (SELECT 1 FROM host_series)")
+            .fetch_one(&mut store.conn)
+            .await
+            .map_err(|e| classify(path, e))?;
+        if (1..3).contains(&applied_before) || missing {
             store.rebuild_series().await?;
         }
         Ok(store)
@@ -908,6 +913,12 @@ mod tests {
         assert_eq!(series.series[0].points.iter().map(|p| p.1).collect::<Vec<_>>(), [42.0, 42.0]);
         sqlx::query("DELETE FROM host_series").execute(&mut store.conn).await.unwrap();
         store.rebuild_series().await.unwrap();
+        assert_eq!(store.fleet(None).await.unwrap().hosts[0].data, *series);
+        // Emptied (to repair a damaged blob): the next open rebuilds them.
+        sqlx::query("DELETE FROM host_series").execute(&mut store.conn).await.unwrap();
+        let path = store.path().to_path_buf();
+        store.close().await.unwrap();
+        let mut store = Store::open(&path).await.unwrap();
         assert_eq!(store.fleet(None).await.unwrap().hosts[0].data, *series);
 
         // A run 100 days earlier lands in an older partition: a window that does not reach it
