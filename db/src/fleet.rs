@@ -596,23 +596,21 @@ impl Store {
         .await
         .map_err(&err)?;
         struct Owned {
-            strings: [String; 7],
+            strings: [String; 8],
             metrics: Vec<(String, f64, String, String)>,
             power: Option<f64>,
         }
         let owned: Vec<Owned> = rows
             .iter()
             .map(|r| Owned {
-                strings: [r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)],
+                strings: [r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)],
                 metrics: serde_json::from_str(&r.get::<String, _>(8)).unwrap_or_default(),
                 power: r.get(9),
             })
             .collect();
-        let fps: Vec<String> = rows.iter().map(|r| r.get(7)).collect();
         let runs: Vec<IndexRun> = owned
             .iter()
-            .zip(&fps)
-            .map(|(o, fp)| IndexRun {
+            .map(|o| IndexRun {
                 run_id: &o.strings[0],
                 host_id: &o.strings[1],
                 started_at: &o.strings[2],
@@ -620,7 +618,7 @@ impl Store {
                 config_name: &o.strings[4],
                 benchmark: &o.strings[5],
                 bench_config: &o.strings[6],
-                software_fingerprint: fp,
+                software_fingerprint: &o.strings[7],
                 metrics: o.metrics.iter().map(|(n, v, u, d)| (n.as_str(), *v, u.as_str(), d.as_str())).collect(),
                 power_watts: o.power,
             })
@@ -796,7 +794,6 @@ impl Store {
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let mut run_lines = Vec::new();
         let mut inventory_configs: HashMap<String, (String, String)> = HashMap::new();
         for (n, rec) in &records {
             match rec {
@@ -895,8 +892,7 @@ impl Store {
                     .map_err(&err)?;
                     stats.inventories_new += done.rows_affected();
                 }
-                Record::Run(_) => run_lines.push(*n),
-                Record::End(_) => {}
+                Record::Run(_) | Record::End(_) => {}
             }
         }
         // Runs: which are new? (Batched lookups; a fresh database answers with nothing.)

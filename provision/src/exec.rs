@@ -9,7 +9,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// A program and its arguments, environment additions, working directory and standard input.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -379,9 +378,6 @@ impl Executor for Recording {
         }
     }
 }
-
-/// How long a step may take before progress calls it slow; for display only.
-pub const SLOW_STEP: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -52,7 +52,6 @@ pub struct Facts {
     pub kernel_release: Option<String>,
     pub nvidia_gpu: bool,
     pub systemd_running: bool,
-    pub is_root: bool,
     /// The time of the plan (RFC 3339), recorded in the image's marker when applied.
     pub now: String,
     /// Whether the target is this running machine.
@@ -86,8 +85,6 @@ impl Facts {
             kernel_release,
             nvidia_gpu: nvidia_gpu_present(Path::new("/sys/bus/pci/devices")),
             systemd_running: target.live() && Path::new("/run/systemd/system").is_dir(),
-            // SAFETY: geteuid has no preconditions.
-            is_root: unsafe { libc::geteuid() } == 0,
             now,
             live: target.live(),
         }
