@@ -969,63 +969,18 @@ impl Store {
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
-        // Children, batched across runs.
-        // Each batch sorted by its table's key: B-tree appends instead of inserts all over the tree.
-        let metrics: Vec<(&str, &(String, f64, String, String))> =
-            fresh.iter().flat_map(|r| if let Record::Run(RunRec { metrics, .. }) = r.rec { metrics.iter().map(move |m| (r.id, m)).collect::<Vec<_>>() } else { vec![] }).collect();
-        // Run numbers, assigned in run-id order (the runs are sorted), so that values sorted by
-        // number are appended to the table's B-tree.
-        let mut nums: HashMap<String, i64> = HashMap::with_capacity(fresh.len());
-        for chunk in fresh.chunks(MAX_BINDS) {
-            let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
-            q.push_values(chunk, |mut b, r| {
-                b.push_bind(r.id);
-            });
-            q.push(" RETURNING num, run_id");
-            for row in q.build().fetch_all(&mut *tx).await.map_err(&err)? {
-                nums.insert(row.get(1), row.get(0));
-            }
+        // Their values, numbered in run-id order (the runs are sorted) and written key-sorted.
+        let ids: Vec<&str> = fresh.iter().map(|r| r.id).collect();
+        let nums = crate::values::run_numbers(&mut tx, &ids).await.map_err(&err)?;
+        let mut v = crate::values::Values::default();
+        for r in &fresh {
+            let Record::Run(rec) = r.rec else { continue };
+            v.metrics.extend(rec.metrics.iter().map(|(n, x, u, d)| (r.id, n.as_str(), u.as_str(), d.as_str(), *x)));
+            v.samples.extend(rec.samples.iter().map(|(m, i, x)| (r.id, m.as_str(), *i, *x)));
+            v.telemetry.extend(rec.telemetry.iter().map(|(t, src, n, x)| (r.id, src.as_str(), n.as_str(), *t, *x)));
         }
-        let names: Vec<(&str, &str, &str)> = metrics.iter().map(|(_, (n, _, u, d))| (n.as_str(), u.as_str(), d.as_str())).collect();
-        let ids = crate::metric_ids(&mut tx, &names).await.map_err(&err)?;
-        let mut values: Vec<(i64, i64, f64)> = metrics.iter().map(|(run, (n, v, u, d))| (nums[*run], ids[&(n.as_str(), u.as_str(), d.as_str())], *v)).collect();
-        values.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        for chunk in values.chunks(MAX_BINDS / 3) {
-            let mut q = QueryBuilder::new("INSERT INTO metric_values (run, metric, value) ");
-            q.push_values(chunk, |mut b, (run, metric, value)| {
-                b.push_bind(run).push_bind(metric).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
-        stats.metrics = metrics.len() as u64;
-        let samples: Vec<(&str, &(String, i64, f64))> =
-            fresh.iter().flat_map(|r| if let Record::Run(RunRec { samples, .. }) = r.rec { samples.iter().map(move |s| (r.id, s)).collect::<Vec<_>>() } else { vec![] }).collect();
-        let names: Vec<&str> = samples.iter().map(|(_, (m, _, _))| m.as_str()).collect();
-        let sample_ids = crate::dictionary(&mut tx, "sample_metrics", &names).await.map_err(&err)?;
-        let mut rows: Vec<(i64, i64, i64, f64)> = samples.iter().map(|(run, (m, idx, v))| (nums[*run], sample_ids[m.as_str()], *idx, *v)).collect();
-        rows.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
-        for chunk in rows.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO sample_values (run, metric, idx, value) ");
-            q.push_values(chunk, |mut b, (run, metric, idx, value)| {
-                b.push_bind(run).push_bind(metric).push_bind(idx).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
-        stats.samples = samples.len() as u64;
-        let telemetry: Vec<(&str, &(i64, String, String, f64))> =
-            fresh.iter().flat_map(|r| if let Record::Run(RunRec { telemetry, .. }) = r.rec { telemetry.iter().map(move |t| (r.id, t)).collect::<Vec<_>>() } else { vec![] }).collect();
-        let pairs: Vec<(&str, &str)> = telemetry.iter().map(|(_, (_, s, n, _))| (s.as_str(), n.as_str())).collect();
-        let channels = crate::channel_ids(&mut tx, &pairs).await.map_err(&err)?;
-        let mut rows: Vec<(i64, i64, i64, f64)> = telemetry.iter().map(|(run, (t, s, n, v))| (nums[*run], channels[&(s.as_str(), n.as_str())], *t, *v)).collect();
-        rows.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
-        for chunk in rows.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");
-            q.push_values(chunk, |mut b, (run, channel, t, value)| {
-                b.push_bind(run).push_bind(channel).push_bind(t).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
-        stats.telemetry = telemetry.len() as u64;
+        crate::values::write(&mut tx, &nums, &v).await.map_err(&err)?;
+        (stats.metrics, stats.samples, stats.telemetry) = (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
         // The series of the new runs.
         let mut software_fps: HashMap<String, String> = HashMap::new();
         for r in sqlx::query("SELECT id, fingerprint FROM software_stacks").fetch_all(&mut *tx).await.map_err(&err)? {

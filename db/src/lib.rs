@@ -14,6 +14,7 @@ use sqlx::{ConnectOptions, Connection, Row};
 
 mod fleet;
 mod journal;
+mod values;
 pub use fleet::{mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series, SeriesKey, EXPORT_VERSION};
 pub use journal::{ApplyRow, NewApply, StepRow};
 
@@ -166,97 +167,6 @@ pub struct RunDetail {
     pub software: Option<String>,
     pub samples: Vec<(String, i64, f64)>,
     pub telemetry: Vec<(i64, String, String, f64)>,
-}
-
-/// The ids of metrics (name, unit, direction), creating the missing ones.
-pub(crate) async fn metric_ids<'a>(
-    conn: &mut SqliteConnection,
-    metrics: &[(&'a str, &'a str, &'a str)],
-) -> std::result::Result<std::collections::HashMap<(&'a str, &'a str, &'a str), i64>, sqlx::Error> {
-    let mut known: std::collections::HashMap<(String, String, String), i64> = std::collections::HashMap::new();
-    for r in sqlx::query("SELECT id, name, unit, direction FROM metric_names").fetch_all(&mut *conn).await? {
-        known.insert((r.get(1), r.get(2), r.get(3)), r.get(0));
-    }
-    let mut out = std::collections::HashMap::new();
-    for &(name, unit, direction) in metrics {
-        if out.contains_key(&(name, unit, direction)) {
-            continue;
-        }
-        let id = match known.get(&(name.to_string(), unit.to_string(), direction.to_string())) {
-            Some(id) => *id,
-            None => {
-                let id: i64 = sqlx::query_scalar("INSERT INTO metric_names (name, unit, direction) VALUES (?, ?, ?) RETURNING id")
-                    .bind(name)
-                    .bind(unit)
-                    .bind(direction)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                known.insert((name.to_string(), unit.to_string(), direction.to_string()), id);
-                id
-            }
-        };
-        out.insert((name, unit, direction), id);
-    }
-    Ok(out)
-}
-
-/// Ids of names in a one-column dictionary table (`sample_metrics`), creating the missing ones.
-pub(crate) async fn dictionary<'a>(
-    conn: &mut SqliteConnection,
-    table: &str,
-    names: &[&'a str],
-) -> std::result::Result<std::collections::HashMap<&'a str, i64>, sqlx::Error> {
-    let mut known: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    for r in sqlx::query(&format!("SELECT id, name FROM {table}")).fetch_all(&mut *conn).await? {
-        known.insert(r.get(1), r.get(0));
-    }
-    let mut out = std::collections::HashMap::new();
-    for &name in names {
-        if out.contains_key(name) {
-            continue;
-        }
-        let id = match known.get(name) {
-            Some(id) => *id,
-            None => {
-                let id: i64 = sqlx::query_scalar(&format!("INSERT INTO {table} (name) VALUES (?) RETURNING id")).bind(name).fetch_one(&mut *conn).await?;
-                known.insert(name.to_string(), id);
-                id
-            }
-        };
-        out.insert(name, id);
-    }
-    Ok(out)
-}
-
-/// Ids of telemetry channels (source, name), creating the missing ones.
-pub(crate) async fn channel_ids<'a>(
-    conn: &mut SqliteConnection,
-    pairs: &[(&'a str, &'a str)],
-) -> std::result::Result<std::collections::HashMap<(&'a str, &'a str), i64>, sqlx::Error> {
-    let mut known: std::collections::HashMap<(String, String), i64> = std::collections::HashMap::new();
-    for r in sqlx::query("SELECT id, source, name FROM telemetry_channels").fetch_all(&mut *conn).await? {
-        known.insert((r.get(1), r.get(2)), r.get(0));
-    }
-    let mut out = std::collections::HashMap::new();
-    for &(source, name) in pairs {
-        if out.contains_key(&(source, name)) {
-            continue;
-        }
-        let id = match known.get(&(source.to_string(), name.to_string())) {
-            Some(id) => *id,
-            None => {
-                let id: i64 = sqlx::query_scalar("INSERT INTO telemetry_channels (source, name) VALUES (?, ?) RETURNING id")
-                    .bind(source)
-                    .bind(name)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                known.insert((source.to_string(), name.to_string()), id);
-                id
-            }
-        };
-        out.insert((source, name), id);
-    }
-    Ok(out)
 }
 
 /// SQLite allows 32766 bound values per statement; stay well under.
@@ -518,7 +428,6 @@ impl Store {
 
     /// Stores a run, its metrics, samples and telemetry in one transaction, with batched inserts.
     pub async fn save_run(&mut self, run: &NewRun) -> Result<String> {
-        use sqlx::QueryBuilder;
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
         let mut tx = self.conn.begin().await.map_err(&err)?;
@@ -562,35 +471,13 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
-        let names: Vec<(&str, &str, &str)> = run.metrics.iter().map(|m| (m.name.as_str(), m.unit.as_str(), m.direction.as_str())).collect();
-        let ids = metric_ids(&mut tx, &names).await.map_err(&err)?;
-        let num: i64 = sqlx::query_scalar("INSERT INTO run_numbers (run_id) VALUES (?) RETURNING num").bind(&id).fetch_one(&mut *tx).await.map_err(&err)?;
-        let values: Vec<(i64, f64)> = run.metrics.iter().map(|m| (ids[&(m.name.as_str(), m.unit.as_str(), m.direction.as_str())], m.value)).collect();
-        for chunk in values.chunks(MAX_BINDS / 3) {
-            let mut q = QueryBuilder::new("INSERT INTO metric_values (run, metric, value) ");
-            q.push_values(chunk, |mut b, (metric, value)| {
-                b.push_bind(num).push_bind(metric).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
-        let names: Vec<&str> = run.samples.iter().map(|(m, _, _)| m.as_str()).collect();
-        let sample_ids = dictionary(&mut tx, "sample_metrics", &names).await.map_err(&err)?;
-        for chunk in run.samples.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO sample_values (run, metric, idx, value) ");
-            q.push_values(chunk, |mut b, (metric, idx, value)| {
-                b.push_bind(num).push_bind(sample_ids[metric.as_str()]).push_bind(idx).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
-        let pairs: Vec<(&str, &str)> = run.telemetry.iter().map(|(_, s, n, _)| (s.as_str(), n.as_str())).collect();
-        let channels = channel_ids(&mut tx, &pairs).await.map_err(&err)?;
-        for chunk in run.telemetry.chunks(MAX_BINDS / 4) {
-            let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");
-            q.push_values(chunk, |mut b, (t, source, name, value)| {
-                b.push_bind(num).push_bind(channels[&(source.as_str(), name.as_str())]).push_bind(t).push_bind(value);
-            });
-            q.build().execute(&mut *tx).await.map_err(&err)?;
-        }
+        let nums = values::run_numbers(&mut tx, &[id.as_str()]).await.map_err(&err)?;
+        let v = values::Values {
+            metrics: run.metrics.iter().map(|m| (id.as_str(), m.name.as_str(), m.unit.as_str(), m.direction.as_str(), m.value)).collect(),
+            samples: run.samples.iter().map(|(m, i, x)| (id.as_str(), m.as_str(), *i, *x)).collect(),
+            telemetry: run.telemetry.iter().map(|(t, src, n, x)| (id.as_str(), src.as_str(), n.as_str(), *t, *x)).collect(),
+        };
+        values::write(&mut tx, &nums, &v).await.map_err(&err)?;
         let (config_fingerprint, config_name): (String, String) = sqlx::query_as(
             "SELECT COALESCE(i.config_fingerprint, h.config_fingerprint), COALESCE(i.config_name, h.config_name) \
              FROM hosts h LEFT JOIN inventories i ON i.id = ?2 WHERE h.id = ?1",

@@ -1,0 +1,106 @@
+//! Writing runs' measured values — metric values, raw samples, telemetry — into the integer-keyed
+//! tables of schema 3: each run gets a number (`run_numbers`), each metric, sampled metric and
+//! telemetry channel a dictionary id, and rows go in sorted by key (B-tree appends) in batches. One
+//! path for `save_run` and `import`.
+
+use std::collections::HashMap;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{QueryBuilder, Row};
+
+use crate::MAX_BINDS;
+
+/// The values of one or more runs, each row naming its run by id.
+#[derive(Default)]
+pub(crate) struct Values<'a> {
+    /// (run, name, unit, direction, value)
+    pub metrics: Vec<(&'a str, &'a str, &'a str, &'a str, f64)>,
+    /// (run, metric, repetition, value)
+    pub samples: Vec<(&'a str, &'a str, i64, f64)>,
+    /// (run, source, name, milliseconds since start, value)
+    pub telemetry: Vec<(&'a str, &'a str, &'a str, i64, f64)>,
+}
+
+/// Numbers new runs, in the order given (sorted ids give numbers in id order); run id → number.
+pub(crate) async fn run_numbers(conn: &mut SqliteConnection, run_ids: &[&str]) -> Result<HashMap<String, i64>, sqlx::Error> {
+    let mut nums = HashMap::with_capacity(run_ids.len());
+    for chunk in run_ids.chunks(MAX_BINDS) {
+        let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
+        q.push_values(chunk, |mut b, id| {
+            b.push_bind(*id);
+        });
+        q.push(" RETURNING num, run_id");
+        for row in q.build().fetch_all(&mut *conn).await? {
+            nums.insert(row.get(1), row.get(0));
+        }
+    }
+    Ok(nums)
+}
+
+/// Ids of keys in a dictionary table whose key is the TEXT `columns`, creating the missing ones.
+async fn dictionary<'a, const N: usize>(
+    conn: &mut SqliteConnection,
+    table: &str,
+    columns: [&str; N],
+    keys: impl Iterator<Item = [&'a str; N]>,
+) -> Result<HashMap<[&'a str; N], i64>, sqlx::Error> {
+    let mut known: HashMap<[String; N], i64> = HashMap::new();
+    for r in sqlx::query(&format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(&mut *conn).await? {
+        known.insert(std::array::from_fn(|i| r.get(i + 1)), r.get(0));
+    }
+    let insert = format!("INSERT INTO {table} ({}) VALUES ({}) RETURNING id", columns.join(", "), vec!["?"; N].join(", "));
+    let mut out = HashMap::new();
+    for key in keys {
+        if out.contains_key(&key) {
+            continue;
+        }
+        let owned = key.map(str::to_string);
+        let id = match known.get(&owned) {
+            Some(id) => *id,
+            None => {
+                let mut q = sqlx::query_scalar(&insert);
+                for part in key {
+                    q = q.bind(part);
+                }
+                q.fetch_one(&mut *conn).await?
+            }
+        };
+        out.insert(key, id);
+    }
+    Ok(out)
+}
+
+/// Writes the values of runs already numbered in `nums`.
+pub(crate) async fn write(conn: &mut SqliteConnection, nums: &HashMap<String, i64>, v: &Values<'_>) -> Result<(), sqlx::Error> {
+    let ids = dictionary(conn, "metric_names", ["name", "unit", "direction"], v.metrics.iter().map(|m| [m.1, m.2, m.3])).await?;
+    let mut rows: Vec<(i64, i64, f64)> = v.metrics.iter().map(|m| (nums[m.0], ids[&[m.1, m.2, m.3]], m.4)).collect();
+    rows.sort_unstable_by_key(|r| (r.0, r.1));
+    for chunk in rows.chunks(MAX_BINDS / 3) {
+        let mut q = QueryBuilder::new("INSERT INTO metric_values (run, metric, value) ");
+        q.push_values(chunk, |mut b, (run, metric, value)| {
+            b.push_bind(run).push_bind(metric).push_bind(value);
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    let ids = dictionary(conn, "sample_metrics", ["name"], v.samples.iter().map(|s| [s.1])).await?;
+    let mut rows: Vec<(i64, i64, i64, f64)> = v.samples.iter().map(|s| (nums[s.0], ids[&[s.1]], s.2, s.3)).collect();
+    rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
+    for chunk in rows.chunks(MAX_BINDS / 4) {
+        let mut q = QueryBuilder::new("INSERT INTO sample_values (run, metric, idx, value) ");
+        q.push_values(chunk, |mut b, (run, metric, idx, value)| {
+            b.push_bind(run).push_bind(metric).push_bind(idx).push_bind(value);
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    let ids = dictionary(conn, "telemetry_channels", ["source", "name"], v.telemetry.iter().map(|t| [t.1, t.2])).await?;
+    let mut rows: Vec<(i64, i64, i64, f64)> = v.telemetry.iter().map(|t| (nums[t.0], ids[&[t.1, t.2]], t.3, t.4)).collect();
+    rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
+    for chunk in rows.chunks(MAX_BINDS / 4) {
+        let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");
+        q.push_values(chunk, |mut b, (run, channel, t, value)| {
+            b.push_bind(run).push_bind(channel).push_bind(t).push_bind(value);
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
