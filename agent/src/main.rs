@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use kiln::inventory::{self, Inventory};
-use kiln::render;
+use kiln::render::{self, progress};
 use kiln_db::{NewInventory, Store};
 
 #[derive(Parser)]
@@ -443,13 +443,6 @@ fn emit(text: &str) -> Result<()> {
 
 fn emit_json<T: serde::Serialize>(value: &T) -> Result<()> {
     emit(&serde_json::to_string_pretty(value)?)
-}
-
-/// Progress for people: on stderr, and only when stderr is a terminal.
-fn progress(message: &str) {
-    if std::io::stderr().is_terminal() {
-        eprintln!("kiln: {message}");
-    }
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -941,7 +934,7 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                 emit_json(&report)?;
             } else if report.status == "failed" {
                 eprint!("{}", prov::render_apply(&report, &image_arg));
-            } else if report.status != "unchanged" {
+            } else {
                 emit(&prov::render_apply(&report, &image_arg))?;
             }
             Ok(match report.status.as_str() {

@@ -3,6 +3,8 @@
 //! arguments and maps the outcomes below to exit codes.
 
 use std::io::{IsTerminal, Write};
+
+use crate::render::progress;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -166,6 +168,9 @@ pub struct ApplyReport {
     pub interrupted_steps: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_step: Option<FailedStep>,
+    /// For an apply that had nothing to do: the plan that says so, for people.
+    #[serde(skip)]
+    pub unchanged_plan: Option<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -221,13 +226,12 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
         resumed: false,
         interrupted_steps: vec![],
         failed_step: None,
+        unchanged_plan: None,
     };
     let resuming = opts.resume && unfinished.is_some();
     if plan.steps.is_empty() && !resuming {
         report.status = "unchanged".into();
-        if !opts.json {
-            print_out(&render_plan(&plan, "to apply"))?;
-        }
+        report.unchanged_plan = Some(render_plan(&plan, "to apply"));
         rt.block_on(store.close())?;
         return Ok(report);
     }
@@ -330,7 +334,7 @@ pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
             "{}: interrupted after {} of {} steps (journal {journal}); run `{again}` to finish\n",
             report.image, report.steps_done, report.steps_planned
         ),
-        _ => String::new(),
+        _ => report.unchanged_plan.clone().unwrap_or_default(),
     }
 }
 
@@ -454,15 +458,3 @@ pub fn render_software(s: &kiln_provision::software::Software) -> String {
     out
 }
 
-fn print_out(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
-}
-
-fn progress(message: &str) {
-    if std::io::stderr().is_terminal() {
-        eprintln!("kiln: {message}");
-    }
-}

@@ -248,3 +248,11 @@ fn devices(out: &mut String, inv: &Inventory) {
         let _ = writeln!(out, "          {d}");
     }
 }
+
+/// Progress for people: on stderr, and only when stderr is a terminal.
+pub fn progress(message: &str) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprintln!("kiln: {message}");
+    }
+}
