@@ -32,11 +32,17 @@ pub struct Software {
 }
 
 impl Software {
-    /// The software of this (live) host; runs are only ever measured live.
+    /// The software of this (live) host; runs are only ever measured live. The package stack is
+    /// read once per process (a commission stores several runs on the same stack).
     pub fn of(inv: &Inventory) -> Software {
-        let stack = kiln_provision::software::read(&kiln_provision::plan::Target::new(std::path::Path::new("/")))
-            .map_err(|e| tracing::warn!("software fingerprint without packages: {e}"))
-            .ok();
+        static STACK: std::sync::OnceLock<Option<kiln_provision::software::Software>> = std::sync::OnceLock::new();
+        let stack = STACK
+            .get_or_init(|| {
+                kiln_provision::software::read(&kiln_provision::plan::Target::new(std::path::Path::new("/")))
+                    .map_err(|e| tracing::warn!("software fingerprint without packages: {e}"))
+                    .ok()
+            })
+            .clone();
         Software {
             kiln: env!("CARGO_PKG_VERSION").to_string(),
             kernel: inv.os.kernel_release.clone(),
