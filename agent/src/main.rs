@@ -720,7 +720,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Provision { what } => provision(cli.db, what),
         Command::Compare { subjects, by, metric, prices, across_software, since, noise, json } => {
             let db = db_path(cli.db)?;
-            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
+            let since = since.as_deref().map(window_start).transpose()?;
             let filter = kiln::fleet::Filter { since, metric, across_software };
             let fleet = query(&db, async |store: &mut Store| store.fleet(filter.since).await)?;
             match (by.as_deref(), subjects.as_slice()) {
@@ -754,7 +754,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Outliers { metric, threshold, min_deviation, across_software, since, json } => {
             let db = db_path(cli.db)?;
-            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::now_unix() - d)).transpose().map_err(anyhow::Error::msg)?;
+            let since = since.as_deref().map(window_start).transpose()?;
             let filter = kiln::fleet::Filter { since, metric, across_software };
             let found = query(&db, async |store: &mut Store| {
                 let fleet = store.fleet(filter.since).await?;
@@ -775,8 +775,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Regressions { since, metric, noise, json } => {
             let db = db_path(cli.db)?;
-            let window = kiln::fleet::parse_duration(&since).map_err(anyhow::Error::msg)?;
-            let filter = kiln::fleet::Filter { since: Some(kiln::timefmt::now_unix() - window), metric, across_software: true };
+            let start = window_start(&since)?;
+            let filter = kiln::fleet::Filter { since: Some(start), metric, across_software: true };
             let regs = query(&db, async |store: &mut Store| {
                 let fleet = store.fleet(filter.since).await?;
                 let mut regs = kiln::fleet::regressions(&fleet, &filter, noise);
@@ -789,13 +789,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if json {
                 emit_json(&serde_json::json!({ "schema_version": 1, "since": since, "noise": noise, "regressions": regs }))?;
             } else {
-                emit(&kiln::fleet_view::render_regressions(&regs, window as f64 / 86_400.0))?;
+                emit(&kiln::fleet_view::render_regressions(&regs, (kiln::timefmt::now_unix() - start) as f64 / 86_400.0))?;
             }
             Ok(if regs.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Export { since, output } => {
             let db = db_path(cli.db)?;
-            let since = since.map(|s| kiln::fleet::parse_duration(&s).map(|d| kiln::timefmt::rfc3339(kiln::timefmt::now_unix() - d))).transpose().map_err(anyhow::Error::msg)?;
+            let since = since.as_deref().map(window_start).transpose()?.map(kiln::timefmt::rfc3339);
             let now = kiln::timefmt::now_rfc3339();
             let stats = match &output {
                 Some(path) => {
@@ -867,14 +867,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if html.is_none() && markdown.is_none() {
                 anyhow::bail!("say where the report goes: --html FILE and/or --markdown FILE");
             }
-            let window = kiln::fleet::parse_duration(&since).map_err(anyhow::Error::msg)?;
+            let start = window_start(&since)?;
             let subject = match (host, config, run) {
                 (Some(h), None, None) => kiln::report::Subject::Host(h),
                 (None, Some(c), None) => kiln::report::Subject::Config(c),
                 (None, None, Some(r)) => kiln::report::Subject::Run(r),
                 _ => anyhow::bail!("give one of --host, --config or --run"),
             };
-            let report = query(&db, async |store: &mut Store| kiln::report::build(store, &subject, kiln::timefmt::now_unix() - window).await)?
+            let report = query(&db, async |store: &mut Store| kiln::report::build(store, &subject, start).await)?
                 .map_err(anyhow::Error::msg)?;
             if let Some(path) = &html {
                 std::fs::write(path, kiln::report::html(&report)).with_context(|| format!("writing {}", path.display()))?;
@@ -1034,6 +1034,12 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The start of a `--since` window (`30d`, `12h`, `2w`), in seconds since the epoch.
+fn window_start(since: &str) -> Result<i64> {
+    let length = kiln::fleet::parse_duration(since).map_err(anyhow::Error::msg)?;
+    Ok(kiln::timefmt::now_unix() - length)
 }
 
 fn take_inventory(source: &Source) -> Result<Inventory> {
