@@ -325,6 +325,9 @@ enum Bench {
         /// Only f32 on the CPU for now
         #[arg(long, default_value = "f32")]
         dtype: String,
+        /// fused: kiln's CPU kernels with hand-written backward passes; composed: candle's elementary ops
+        #[arg(long, default_value = "fused")]
+        kernels: kiln_bench::train::Kernels,
         #[arg(long)]
         no_save: bool,
         #[arg(long)]
@@ -565,7 +568,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let inv = live_inventory()?;
             finish_bench(cli.db, &inv, outcome, no_save, json)
         }
-        Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, no_save, json } } => {
+        Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, no_save, json } } => {
             preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(dtype == "f32", "--dtype {dtype}: the CPU run trains in f32 (bf16 arrives with the CUDA build)");
             let mut config = kiln_bench::train::Config::preset(&size)
@@ -578,6 +581,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config.steps = steps.unwrap_or(config.steps);
             config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
             config.seed = seed.unwrap_or(config.seed);
+            config.kernels = kernels;
             config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
             let inv = live_inventory()?;
             let outcome = kiln::runs::train(&inv, &config)?;

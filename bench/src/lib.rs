@@ -4,6 +4,7 @@
 //! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
 
 pub mod disk;
+pub mod fused;
 pub mod gemm;
 pub mod membw;
 pub mod net;

@@ -13,9 +13,10 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Module, Tensor, Var, D};
-use candle_nn::{embedding, linear, linear_no_bias, AdamW, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{embedding, AdamW, Embedding, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
+use crate::fused;
 use crate::stats::{percentile_sorted, splitmix64, summarize, Summary};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,6 +34,13 @@ pub struct Config {
     pub weight_decay: f64,
     pub grad_clip: f64,
     pub seed: u64,
+    /// Absent in runs stored before the fused kernels existed, which ran composed ops.
+    #[serde(default = "composed")]
+    pub kernels: Kernels,
+}
+
+fn composed() -> Kernels {
+    Kernels::Composed
 }
 
 impl Config {
@@ -62,6 +70,7 @@ impl Config {
             weight_decay: 0.1,
             grad_clip: 1.0,
             seed: 1234,
+            kernels: Kernels::Fused,
         })
     }
 
@@ -127,7 +136,31 @@ impl Corpus {
     }
 }
 
-/// LayerNorm from elementary ops, so that its backward pass is real.
+/// How the model's non-matmul ops run: `fused` CPU kernels with hand-written backward passes
+/// ([`crate::fused`]), or `composed` from candle's elementary ops (any device; the reference the
+/// fused kernels are tested against).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    #[default]
+    Fused,
+    Composed,
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Kernels, String> {
+        match s {
+            "fused" => Ok(Kernels::Fused),
+            "composed" => Ok(Kernels::Composed),
+            _ => Err(format!("unknown kernels {s:?}: choose fused or composed")),
+        }
+    }
+}
+
+/// LayerNorm weight and bias; `forward` runs it fused, or composed from elementary ops (candle
+/// 0.11's own `layer_norm` passes no gradient back).
 struct Norm {
     weight: Tensor,
     bias: Tensor,
@@ -141,7 +174,10 @@ impl Norm {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
+        if k == Kernels::Fused {
+            return fused::layer_norm(x, &self.weight, &self.bias);
+        }
         let mean = x.mean_keepdim(D::Minus1)?;
         let centered = x.broadcast_sub(&mean)?;
         let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
@@ -151,7 +187,7 @@ impl Norm {
 }
 
 /// GELU, tanh approximation, from elementary ops: candle's fused `gelu` computes x³ with `powf`
-/// per element, a tenth of a CPU training step; multiplications vectorise.
+/// per element; multiplications vectorise.
 fn gelu_tanh(x: &Tensor) -> candle_core::Result<Tensor> {
     let cube = x.sqr()?.mul(x)?;
     let inner = ((x + (cube * 0.044715)?)? * (2.0f64 / std::f64::consts::PI).sqrt())?;
@@ -159,13 +195,49 @@ fn gelu_tanh(x: &Tensor) -> candle_core::Result<Tensor> {
     (x * gate)? * 0.5
 }
 
+/// A dense layer on `(rows, in)` activations, its weight stored `(in, out)` so that both the
+/// forward product and the weight's gradient (`xᵀ · dy`) are plain row-major matmuls.
+struct Dense {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Dense {
+    /// Weights and bias uniform in ±1/√in, as candle-nn's and PyTorch's `Linear`.
+    fn new(inputs: usize, outputs: usize, bias: bool, vb: VarBuilder) -> candle_core::Result<Dense> {
+        let bound = 1.0 / (inputs as f64).sqrt();
+        let init = candle_nn::Init::Uniform { lo: -bound, up: bound };
+        Ok(Dense {
+            weight: vb.get_with_hints((inputs, outputs), "weight", init)?,
+            bias: if bias { Some(vb.get_with_hints(outputs, "bias", init)?) } else { None },
+        })
+    }
+
+    fn forward(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight)?;
+        match (&self.bias, k) {
+            (None, _) => Ok(y),
+            (Some(b), Kernels::Fused) => fused::add_bias(&y, b),
+            (Some(b), Kernels::Composed) => y.broadcast_add(b),
+        }
+    }
+
+    /// `gelu_tanh(x · W + b)`.
+    fn forward_gelu(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
+        match (&self.bias, k) {
+            (Some(b), Kernels::Fused) => fused::bias_gelu(&x.matmul(&self.weight)?, b),
+            _ => gelu_tanh(&self.forward(x, k)?),
+        }
+    }
+}
+
 struct Block {
     ln1: Norm,
-    qkv: Linear,
-    proj: Linear,
+    qkv: Dense,
+    proj: Dense,
     ln2: Norm,
-    fc: Linear,
-    out: Linear,
+    fc: Dense,
+    out: Dense,
     heads: usize,
 }
 
@@ -173,38 +245,44 @@ impl Block {
     fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Block> {
         Ok(Block {
             ln1: Norm::new(d, vb.pp("ln1"))?,
-            qkv: linear(d, 3 * d, vb.pp("qkv"))?,
-            proj: linear(d, d, vb.pp("proj"))?,
+            qkv: Dense::new(d, 3 * d, true, vb.pp("qkv"))?,
+            proj: Dense::new(d, d, true, vb.pp("proj"))?,
             ln2: Norm::new(d, vb.pp("ln2"))?,
-            fc: linear(d, 4 * d, vb.pp("fc"))?,
-            out: linear(4 * d, d, vb.pp("out"))?,
+            fc: Dense::new(d, 4 * d, true, vb.pp("fc"))?,
+            out: Dense::new(4 * d, d, true, vb.pp("out"))?,
             heads,
         })
     }
 
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, d) = x.dims3()?;
+    /// `x` is `(batch · seq, d)`, rows in sequence order.
+    fn forward(&self, x: &Tensor, (b, t): (usize, usize), mask: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
+        let d = x.dim(1)?;
         let hd = d / self.heads;
-        let qkv = self.qkv.forward(&self.ln1.forward(x)?)?.reshape((b, t, 3, self.heads, hd))?;
+        let qkv = self.qkv.forward(&self.ln1.forward(x, k)?, k)?.reshape((b, t, 3, self.heads, hd))?;
         let part = |i| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(mask)?;
-        // The composed softmax: the fused softmax_last_dim has no backward pass in candle 0.11.
-        let attn = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let y = attn.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
-        let x = (x + self.proj.forward(&y)?)?;
-        let h = gelu_tanh(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
-        x + self.out.forward(&h)?
+        let (q, key, v) = (part(0)?, part(1)?, part(2)?);
+        let scores = q.matmul(&key.t()?)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let attn = match k {
+            Kernels::Fused => fused::causal_softmax(&scores, scale)?,
+            // The composed softmax: the fused softmax_last_dim has no backward pass in candle 0.11.
+            Kernels::Composed => candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(mask)?, D::Minus1)?,
+        };
+        let y = attn.matmul(&v)?.transpose(1, 2)?.reshape((b * t, d))?;
+        let x = (x + self.proj.forward(&y, k)?)?;
+        let h = self.fc.forward_gelu(&self.ln2.forward(&x, k)?, k)?;
+        x + self.out.forward(&h, k)?
     }
 }
 
 pub struct Gpt {
     tok: Embedding,
-    pos: Embedding,
+    pos: Tensor,
     blocks: Vec<Block>,
     ln_f: Norm,
-    head: Linear,
+    head: Dense,
     mask: Tensor,
+    kernels: Kernels,
 }
 
 impl Gpt {
@@ -212,24 +290,38 @@ impl Gpt {
         let mask: Vec<f32> = (0..c.seq).flat_map(|i| (0..c.seq).map(move |j| if j > i { -1e9 } else { 0.0 })).collect();
         Ok(Gpt {
             tok: embedding(c.vocab, c.d_model, vb.pp("tok"))?,
-            pos: embedding(c.seq, c.d_model, vb.pp("pos"))?,
+            pos: vb.get_with_hints((c.seq, c.d_model), "pos.weight", candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 })?,
             blocks: (0..c.layers).map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}")))).collect::<candle_core::Result<_>>()?,
             ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
-            head: linear_no_bias(c.d_model, c.vocab, vb.pp("head"))?,
+            head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"))?,
             mask: Tensor::from_vec(mask, (c.seq, c.seq), device)?,
+            kernels: if device.is_cpu() { c.kernels } else { Kernels::Composed },
         })
     }
 
-    /// Logits `(batch, seq, vocab)` for token ids `(batch, seq)`.
+    /// Logits `(batch · seq, vocab)` for token ids `(batch, seq)`.
     pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, t) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, t as u32, ids.device())?;
-        let mut x = self.tok.forward(ids)?.broadcast_add(&self.pos.forward(&positions)?)?;
+        let (b, t) = ids.dims2()?;
+        let k = self.kernels;
+        let tok = self.tok.forward(&ids.flatten_all()?)?;
+        let pos = self.pos.narrow(0, 0, t)?;
+        let mut x = match k {
+            Kernels::Fused => fused::add_bias(&tok, &pos)?,
+            Kernels::Composed => tok.reshape((b, t, ()))?.broadcast_add(&pos)?.reshape((b * t, ()))?,
+        };
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         for block in &self.blocks {
-            x = block.forward(&x, &mask)?;
+            x = block.forward(&x, (b, t), &mask, k)?;
         }
-        self.head.forward(&self.ln_f.forward(&x)?)
+        self.head.forward(&self.ln_f.forward(&x, k)?, k)
+    }
+
+    /// Mean cross-entropy of the logits against `(batch · seq)` targets.
+    pub fn loss(&self, logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+        match self.kernels {
+            Kernels::Fused => fused::cross_entropy(logits, targets),
+            Kernels::Composed => candle_nn::loss::cross_entropy(logits, targets),
+        }
     }
 }
 
@@ -301,6 +393,115 @@ pub fn clip_gradients(grads: &mut candle_core::backprop::GradStore, vars: &[Var]
     Ok(norm)
 }
 
+/// Parameters initialised from the run's seed: candle cannot seed its CPU generator, so each
+/// parameter draws from its own splitmix64 stream, keyed by the seed and the parameter's name
+/// (the order of creation does not matter). Created parameters land in `varmap`.
+struct SeededParams {
+    varmap: VarMap,
+    seed: u64,
+}
+
+impl SeededParams {
+    /// A model's variable builder over `varmap`, seeded with `seed`.
+    fn builder(varmap: &VarMap, seed: u64, device: &Device) -> VarBuilder<'static> {
+        VarBuilder::from_backend(Box::new(SeededParams { varmap: varmap.clone(), seed }), DType::F32, device.clone())
+    }
+}
+
+impl candle_nn::var_builder::SimpleBackend for SeededParams {
+    fn get(&self, shape: candle_core::Shape, name: &str, init: candle_nn::Init, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+        let mut data = self.varmap.data().lock().expect("the parameter map's lock");
+        if let Some(var) = data.get(name) {
+            if var.shape() != &shape {
+                candle_core::bail!("parameter {name}: shape {:?}, asked for {shape:?}", var.shape())
+            }
+            return Ok(var.as_tensor().clone());
+        }
+        let mut state = self.seed ^ name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let mut uniform = || (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+        let n = shape.elem_count();
+        let values: Vec<f32> = match init {
+            candle_nn::Init::Const(c) => vec![c as f32; n],
+            candle_nn::Init::Uniform { lo, up } => (0..n).map(|_| (lo + (up - lo) * uniform()) as f32).collect(),
+            // Box–Muller.
+            candle_nn::Init::Randn { mean, stdev } => (0..n)
+                .map(|_| {
+                    let (u1, u2) = (1.0 - uniform(), uniform());
+                    (mean + stdev * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+                })
+                .collect(),
+            other => candle_core::bail!("parameter {name}: no seeded initialisation for {other:?}"),
+        };
+        let var = Var::from_tensor(&Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?)?;
+        let tensor = var.as_tensor().clone();
+        data.insert(name.to_string(), var);
+        Ok(tensor)
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _device: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("parameter {name}: the seeded parameters need a shape")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.varmap.data().lock().expect("the parameter map's lock").contains_key(name)
+    }
+}
+
+/// The parameters in name order (a `VarMap` iterates in hash order, different in every process).
+fn sorted_vars(varmap: &VarMap) -> Vec<Var> {
+    let data = varmap.data().lock().expect("the parameter map's lock");
+    let mut named: Vec<(&String, &Var)> = data.iter().collect();
+    named.sort_by(|a, b| a.0.cmp(b.0));
+    named.into_iter().map(|(_, v)| v.clone()).collect()
+}
+
+/// AdamW with clipping: fused in place, or candle-nn's after [`clip_gradients`].
+enum Optim {
+    Fused(fused::AdamW),
+    Composed(AdamW, Vec<Var>),
+}
+
+impl Optim {
+    fn new(c: &Config, vars: Vec<Var>) -> candle_core::Result<Optim> {
+        let (beta1, beta2, eps) = (0.9, 0.95, 1e-8);
+        Ok(match c.kernels {
+            Kernels::Fused => Optim::Fused(fused::AdamW::new(vars, c.lr, beta1, beta2, eps, c.weight_decay)),
+            Kernels::Composed => {
+                let params = ParamsAdamW { lr: c.lr, beta1, beta2, eps, weight_decay: c.weight_decay };
+                Optim::Composed(AdamW::new(vars.clone(), params)?, vars)
+            }
+        })
+    }
+
+    fn step(&mut self, mut grads: candle_core::backprop::GradStore, lr: f64, max_norm: f64) -> candle_core::Result<f64> {
+        match self {
+            Optim::Fused(opt) => {
+                opt.lr = lr;
+                opt.step(&grads, max_norm)
+            }
+            Optim::Composed(opt, vars) => {
+                let norm = clip_gradients(&mut grads, vars, max_norm)?;
+                opt.set_learning_rate(lr);
+                opt.step(&grads)?;
+                Ok(norm)
+            }
+        }
+    }
+}
+
+/// Keeps freed buffers in the process's heap instead of returning them to the kernel: glibc
+/// maps every buffer over its (adaptive) threshold afresh, and the page faults of zeroing new
+/// pages cost ~15 % of a CPU training step. A training process allocates the same sizes every
+/// step, so its heap stops growing after the first.
+fn reuse_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator thresholds; 32 MiB is glibc's largest mmap threshold.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
 /// Trains for `config.steps` steps and reports. `peak_flops` is the device's peak (FLOP/s).
 ///
 /// # Errors
@@ -309,29 +510,25 @@ pub fn run(config: &Config, peak_flops: Option<f64>, mut progress: impl FnMut(us
     config.validate().map_err(candle_core::Error::Msg)?;
     let device = Device::Cpu;
     let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-    let model = Gpt::new(config, vb, &device)?;
-    let vars = varmap.all_vars();
+    let model = Gpt::new(config, SeededParams::builder(&varmap, config.seed, &device), &device)?;
+    let vars = sorted_vars(&varmap);
     let parameters: usize = vars.iter().map(|v| v.elem_count()).sum();
     let embeddings = (config.vocab + config.seq) * config.d_model;
     let n = parameters - embeddings;
     let flops_per_token = 6.0 * n as f64 + 12.0 * (config.layers * config.seq * config.d_model) as f64;
-    let params = ParamsAdamW { lr: config.lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: config.weight_decay };
-    let mut opt = AdamW::new(vars.clone(), params)?;
+    let mut opt = Optim::new(config, vars)?;
     let mut corpus = Corpus::new(config.vocab, config.seed);
     let mut losses = Vec::new();
     let mut steps = Vec::new();
+    reuse_freed_memory();
     for step in 0..config.steps {
         let (inputs, targets) = corpus.batch(config.batch, config.seq);
         let t0 = Instant::now();
         let ids = Tensor::from_vec(inputs, (config.batch, config.seq), &device)?;
         let tgt = Tensor::from_vec(targets, config.batch * config.seq, &device)?;
-        let logits = model.forward(&ids)?.reshape((config.batch * config.seq, config.vocab))?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &tgt)?;
-        let mut grads = loss.backward()?;
-        clip_gradients(&mut grads, &vars, config.grad_clip)?;
-        opt.set_learning_rate(learning_rate(config, step));
-        opt.step(&grads)?;
+        let loss = model.loss(&model.forward(&ids)?, &tgt)?;
+        let grads = loss.backward()?;
+        opt.step(grads, learning_rate(config, step), config.grad_clip)?;
         let value = loss.to_scalar::<f32>()? as f64;
         steps.push(t0.elapsed().as_secs_f64());
         losses.push(value);
@@ -387,25 +584,94 @@ mod tests {
         Config { steps: 1, seq: 16, batch: 2, d_model: 32, ..Config::preset("tiny").unwrap() }
     }
 
+    /// Loss and gradients of one batch, for a model built from `seed` with `kernels`.
+    fn loss_and_grads(c: &Config, kernels: Kernels) -> (f32, Vec<(String, Vec<f32>)>) {
+        let device = Device::Cpu;
+        let varmap = VarMap::new();
+        let c = Config { kernels, ..c.clone() };
+        let model = Gpt::new(&c, SeededParams::builder(&varmap, c.seed, &device), &device).unwrap();
+        let (inputs, targets) = Corpus::new(c.vocab, 7).batch(c.batch, c.seq);
+        let ids = Tensor::from_vec(inputs, (c.batch, c.seq), &device).unwrap();
+        let tgt = Tensor::from_vec(targets, c.batch * c.seq, &device).unwrap();
+        let loss = model.loss(&model.forward(&ids).unwrap(), &tgt).unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        let mut out: Vec<(String, Vec<f32>)> = data
+            .iter()
+            .map(|(name, var)| {
+                let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{kernels:?}: {name} has no gradient"));
+                (name.clone(), g.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        (loss.to_scalar::<f32>().unwrap(), out)
+    }
+
     #[test]
     fn every_parameter_receives_a_gradient() {
         let c = micro();
-        let device = Device::Cpu;
-        let varmap = VarMap::new();
-        let model = Gpt::new(&c, VarBuilder::from_varmap(&varmap, DType::F32, &device), &device).unwrap();
-        let mut corpus = Corpus::new(c.vocab, 7);
-        let (inputs, targets) = corpus.batch(c.batch, c.seq);
-        let ids = Tensor::from_vec(inputs, (c.batch, c.seq), &device).unwrap();
-        let tgt = Tensor::from_vec(targets, c.batch * c.seq, &device).unwrap();
-        let logits = model.forward(&ids).unwrap().reshape((c.batch * c.seq, c.vocab)).unwrap();
-        let grads = candle_nn::loss::cross_entropy(&logits, &tgt).unwrap().backward().unwrap();
-        let data = varmap.data().lock().unwrap();
-        assert!(data.len() >= 4 + 10 * c.layers, "{} parameters", data.len());
-        for (name, var) in data.iter() {
-            let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{name} has no gradient"));
-            let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(norm > 0.0 && norm.is_finite(), "{name}: gradient norm {norm}");
+        for kernels in [Kernels::Fused, Kernels::Composed] {
+            let (_, grads) = loss_and_grads(&c, kernels);
+            assert_eq!(grads.len(), 5 + 12 * c.layers, "{kernels:?}: parameters {:?}", grads.iter().map(|g| &g.0).collect::<Vec<_>>());
+            for (name, g) in &grads {
+                let norm: f32 = g.iter().map(|v| v * v).sum();
+                assert!(norm > 0.0 && norm.is_finite(), "{kernels:?}: {name}: gradient norm {norm}");
+            }
         }
+    }
+
+    /// Every fused kernel's forward value and hand-written backward pass against candle's
+    /// composed ops (whose backward is candle's autograd), through the whole model.
+    #[test]
+    fn fused_kernels_match_the_composed_ops() {
+        // Dimensions that are not multiples of the 8 vector lanes exercise the tails.
+        for c in [micro(), Config { d_model: 36, heads: 3, seq: 13, batch: 3, vocab: 50, ..micro() }] {
+            let (fused_loss, fused) = loss_and_grads(&c, Kernels::Fused);
+            let (composed_loss, composed) = loss_and_grads(&c, Kernels::Composed);
+            assert!((fused_loss - composed_loss).abs() < 1e-5 * composed_loss.abs(), "loss {fused_loss} vs {composed_loss}");
+            for ((name, f), (_, r)) in fused.iter().zip(&composed) {
+                let scale = r.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = f.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(worst <= 1e-4 * scale, "{name}: gradients differ by {worst} (largest {scale})");
+            }
+        }
+    }
+
+    #[test]
+    fn fused_adamw_matches_candles_with_clipping() {
+        let device = Device::Cpu;
+        let start = [0.5f32, -1.5, 2.0, 0.25, -0.75];
+        let make = || Var::new(&start, &device).unwrap();
+        let (a, b) = (make(), make());
+        let mut fused = fused::AdamW::new(vec![a.clone()], 0.1, 0.9, 0.95, 1e-8, 0.1);
+        let params = ParamsAdamW { lr: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+        let mut reference = AdamW::new(vec![b.clone()], params).unwrap();
+        for step in 0..4 {
+            // Loss Σ x⁴ · (step + 1): gradients well over the clipping norm of 1.
+            let loss = |v: &Var| (v.as_tensor().sqr().unwrap().sqr().unwrap().sum_all().unwrap() * (step + 1) as f64).unwrap();
+            let norm_fused = fused.step(&loss(&a).backward().unwrap(), 1.0).unwrap();
+            let mut grads = loss(&b).backward().unwrap();
+            let norm_reference = clip_gradients(&mut grads, &[b.clone()], 1.0).unwrap();
+            reference.step(&grads).unwrap();
+            assert!((norm_fused - norm_reference).abs() < 1e-4 * norm_reference, "step {step}: norm {norm_fused} vs {norm_reference}");
+            let (x, y) = (a.as_tensor().to_vec1::<f32>().unwrap(), b.as_tensor().to_vec1::<f32>().unwrap());
+            for (x, y) in x.iter().zip(&y) {
+                assert!((x - y).abs() < 1e-5, "step {step}: {x} vs {y}");
+            }
+        }
+        assert_ne!(a.as_tensor().to_vec1::<f32>().unwrap(), start.to_vec());
+    }
+
+    #[test]
+    fn initialisation_follows_the_seed() {
+        let c = micro();
+        let params = |seed| {
+            let varmap = VarMap::new();
+            Gpt::new(&c, SeededParams::builder(&varmap, seed, &Device::Cpu), &Device::Cpu).unwrap();
+            sorted_vars(&varmap).iter().map(|v| v.flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(params(1), params(1));
+        assert_ne!(params(1), params(2));
     }
 
     #[test]
