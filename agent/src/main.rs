@@ -407,6 +407,13 @@ fn catch_interrupts() {
 }
 
 fn main() -> ExitCode {
+    // candle's CPU worker threads spin 25,000 times after every elementwise op before they sleep;
+    // meanwhile the matmuls run on rayon's threads, and on a small machine the spinning worker
+    // takes a core from them: a CPU training step is 7-13 % faster when the workers sleep at once
+    // (measured on 2 cores). Set before any thread exists; a user's own setting wins.
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
+    }
     let cli = Cli::parse();
     init_logging();
     match run(cli) {
