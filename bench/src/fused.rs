@@ -7,7 +7,8 @@
 //! - [`add_bias`]: `x + bias` broadcast over rows; backward sums the rows in vector lanes;
 //! - [`bias_gelu`]: `gelu_tanh(x + bias)` (tanh approximation, as `gelu(x, approximate="tanh")`);
 //! - [`layer_norm`]: LayerNorm over the last dimension with weight and bias;
-//! - [`causal_softmax`]: `softmax(scale · scores + causal mask)` over the last dimension;
+//! - [`attention`]: causal multi-head self-attention straight from the fused QKV projection;
+//! - [`residual`]: `x + y + bias`, a residual connection with its layer's bias;
 //! - [`cross_entropy`]: mean negative log-likelihood of targets under softmax(logits);
 //! - [`AdamW`]: decoupled weight decay, bias-corrected moments and global-norm clipping, in place.
 //!
@@ -399,75 +400,249 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Tensor> 
     x.contiguous()?.apply_op3(weight, bias, LayerNorm { eps: 1e-5 })
 }
 
-/// Softmax over the last dimension of `scale · scores` with a causal mask: row i of each
-/// `(t, t)` matrix sees columns 0..=i; the masked probabilities are exactly zero.
-struct CausalSoftmax {
+/// `dst = beta · lhs · rhs` for an `m × k` by `k × n` product of strided views, on this thread.
+/// Rows and columns may have any strides, so heads are read in place from the fused QKV matrix.
+struct Mat<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl Mat<'_> {
+    /// Checks that an `rows × cols` view stays inside its slice.
+    fn check(&self, rows: usize, cols: usize, len: usize) {
+        let last = self.offset + (rows - 1) * self.row_stride + (cols - 1) * self.col_stride;
+        assert!(last < len, "a {rows}×{cols} view at {} reaches {last}, past {len}", self.offset);
+    }
+}
+
+fn mat(data: &[f32], offset: usize, row_stride: usize, col_stride: usize) -> Mat<'_> {
+    Mat { data, offset, row_stride, col_stride }
+}
+
+/// The destination of [`gemm`]: a pointer shared by tasks that each write their own elements.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint elements through `Out` (each head its own columns and rows), and
+// the buffer outlives the parallel loop that uses it.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    fn new(buffer: &mut [f32]) -> Out {
+        Out { ptr: buffer.as_mut_ptr(), len: buffer.len() }
+    }
+}
+
+/// `out[offset + i·row_stride + j] = beta · Σ_k lhs(i, k) · rhs(k, j)` for an `m × n` result.
+///
+/// # Safety
+/// No other thread may touch the `m × n` elements written here while this runs.
+unsafe fn gemm(m: usize, n: usize, k: usize, out: Out, offset: usize, row_stride: usize, lhs: &Mat, rhs: &Mat, beta: f32) {
+    lhs.check(m, k, lhs.data.len());
+    rhs.check(k, n, rhs.data.len());
+    mat(&[], offset, row_stride, 1).check(m, n, out.len);
+    gemm::gemm(
+        m,
+        n,
+        k,
+        out.ptr.add(offset),
+        1,
+        row_stride as isize,
+        false,
+        lhs.data.as_ptr().add(lhs.offset),
+        lhs.col_stride as isize,
+        lhs.row_stride as isize,
+        rhs.data.as_ptr().add(rhs.offset),
+        rhs.col_stride as isize,
+        rhs.row_stride as isize,
+        0.0,
+        beta,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
+}
+
+multiversion! {
+    // Causal softmax in place over the rows of a `t × t` matrix: row i keeps columns 0..=i.
+    fn causal_softmax_rows(s: &mut [f32], t: usize) {
+        for (i, row) in s.chunks_exact_mut(t).enumerate() {
+            let (seen, future) = row.split_at_mut(i + 1);
+            let m = max(seen);
+            seen.iter_mut().for_each(|v| *v = exp(*v - m));
+            let inv = 1.0 / sum(seen);
+            seen.iter_mut().for_each(|v| *v *= inv);
+            future.fill(0.0);
+        }
+    }
+}
+
+multiversion! {
+    // The softmax's backward in place: dp ← scale · p ∘ (dp − Σ_j p_j dp_j) per row.
+    fn softmax_backward_rows(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
+        for (pr, dr) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)) {
+            let s = dot(pr, dr);
+            for (d, p) in dr.iter_mut().zip(pr) {
+                *d = scale * p * (*d - s);
+            }
+        }
+    }
+}
+
+/// Causal multi-head self-attention on the fused `(batch · seq, 3 · d)` QKV projection (Q, K
+/// and V side by side, each split into heads of `d / heads` columns), giving `(batch · seq, d)`
+/// with the heads side by side: `softmax(scale · Q Kᵀ + causal mask) · V` per sequence and head.
+///
+/// One node in the autograd graph instead of a dozen (splitting, transposing and copying the
+/// heads, two batched matmuls, the masked softmax, merging the heads), each of whose gradients
+/// candle would zero-fill and add. The backward pass recomputes the probabilities (as flash
+/// attention does) rather than keep them. Sequences × heads are spread over the rayon pool,
+/// each task running its small products on its own thread.
+struct Attention {
+    batch: usize,
+    heads: usize,
     scale: f32,
 }
 
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "kiln-causal-softmax"
+impl Attention {
+    /// (seq, d, head size) of a `(batch · seq, 3 · d)` QKV layout.
+    fn dims(&self, layout: &Layout) -> Result<(usize, usize, usize)> {
+        let &[rows, cols] = layout.dims() else { bail!("kiln-attention: expects (batch·seq, 3·d) QKV, got {:?}", layout.shape()) };
+        let d = cols / 3;
+        if rows == 0 || d == 0 || cols % 3 != 0 || rows % self.batch != 0 || d % self.heads != 0 {
+            bail!("kiln-attention: a QKV of shape {:?} does not split into batch {} and {} heads", layout.shape(), self.batch, self.heads)
+        }
+        Ok((rows / self.batch, d, d / self.heads))
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = cpu_f32(storage, layout, self.name())?;
-        let dims = layout.dims();
-        let t = dims.last().copied().unwrap_or(0);
-        if dims.len() < 2 || dims[dims.len() - 2] != t || t == 0 {
-            bail!("{}: expects (…, t, t) scores, got {:?}", self.name(), layout.shape())
-        }
-        multiversion! {
-            fn softmax(x: &[f32], first_row: usize, t: usize, scale: f32, out: &mut [f32]) {
-                for (r, (o, row)) in out.chunks_exact_mut(t).zip(x.chunks_exact(t)).enumerate() {
-                    let seen = (first_row + r) % t + 1;
-                    let m = max(&row[..seen]) * scale;
-                    for (o, x) in o[..seen].iter_mut().zip(&row[..seen]) {
-                        *o = exp(x * scale - m);
-                    }
-                    let inv = 1.0 / sum(&o[..seen]);
-                    o[..seen].iter_mut().for_each(|v| *v *= inv);
-                    o[seen..].fill(0.0);
-                }
-            }
-        }
-        let mut out = vec![0f32; x.len()];
-        let chunk = rows_per_task(t) * t;
-        out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).enumerate().for_each(|(i, (o, x))| softmax(x, i * chunk / t, t, self.scale, o));
-        Ok((CpuStorage::F32(out), layout.shape().clone()))
-    }
-
-    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        multiversion! {
-            // dx_j = scale · y_j · (dy_j - Σ_k y_k dy_k); masked y_j are zero, so their dx_j are.
-            fn backward(y: &[f32], dy: &[f32], t: usize, scale: f32, dx: &mut [f32]) {
-                for ((yr, dyr), dxr) in y.chunks_exact(t).zip(dy.chunks_exact(t)).zip(dx.chunks_exact_mut(t)) {
-                    let s = dot(yr, dyr);
-                    for ((d, y), g) in dxr.iter_mut().zip(yr).zip(dyr) {
-                        *d = scale * y * (g - s);
-                    }
-                }
-            }
-        }
-        let t = res.dims().last().copied().unwrap_or(1);
-        let dx = with_values(res, self.name(), |y| {
-            with_values(grad, self.name(), |dy| {
-                let mut dx = vec![0f32; y.len()];
-                let chunk = rows_per_task(t) * t;
-                dx.par_chunks_mut(chunk).zip(y.par_chunks(chunk)).zip(dy.par_chunks(chunk)).for_each(|((dx, y), dy)| backward(y, dy, t, self.scale, dx));
-                Ok(dx)
-            })
-        })?;
-        Ok(Some(cpu_tensor(dx, res.shape())?))
+    /// Writes the probabilities `P = softmax(scale · Q Kᵀ + mask)` of sequence `b`, head `h` into `p`.
+    fn probabilities(&self, qkv: &[f32], (b, h): (usize, usize), (t, d, hd): (usize, usize, usize), p: &mut [f32]) {
+        let base = b * t * 3 * d + h * hd;
+        let q = mat(qkv, base, 3 * d, 1);
+        let k_t = mat(qkv, base + d, 1, 3 * d);
+        // SAFETY: `p` is this task's own scratch matrix.
+        unsafe { gemm(t, t, hd, Out::new(p), 0, t, &q, &k_t, self.scale) };
+        causal_softmax_rows(p, t);
     }
 }
 
-/// `softmax(scale · scores + causal mask)` over the last dimension of `(…, t, t)` scores.
+impl CustomOp1 for Attention {
+    fn name(&self) -> &'static str {
+        "kiln-attention"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let qkv = cpu_f32(storage, layout, self.name())?;
+        let (t, d, hd) = self.dims(layout)?;
+        let mut y = vec![0f32; self.batch * t * d];
+        let out = Out::new(&mut y);
+        (0..self.batch * self.heads).into_par_iter().for_each_init(
+            || vec![0f32; t * t],
+            |p, task| {
+                let (b, h) = (task / self.heads, task % self.heads);
+                self.probabilities(qkv, (b, h), (t, d, hd), p);
+                let v = mat(qkv, b * t * 3 * d + 2 * d + h * hd, 3 * d, 1);
+                // SAFETY: this task alone writes rows b·t.., columns h·hd.. of y.
+                unsafe { gemm(t, hd, t, out, b * t * d + h * hd, d, &mat(p, 0, t, 1), &v, 1.0) };
+            },
+        );
+        Ok((CpuStorage::F32(y), Shape::from((self.batch * t, d))))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (t, d, hd) = self.dims(arg.layout())?;
+        let dqkv = with_values(arg, self.name(), |qkv| {
+            with_values(grad, self.name(), |dy| {
+                let mut dqkv = vec![0f32; qkv.len()];
+                let out = Out::new(&mut dqkv);
+                (0..self.batch * self.heads).into_par_iter().for_each_init(
+                    || (vec![0f32; t * t], vec![0f32; t * t]),
+                    |(p, dp), task| {
+                        let (b, h) = (task / self.heads, task % self.heads);
+                        let base = b * t * 3 * d + h * hd;
+                        let (q, k) = (mat(qkv, base, 3 * d, 1), mat(qkv, base + d, 3 * d, 1));
+                        let v_t = mat(qkv, base + 2 * d, 1, 3 * d);
+                        let dy_bh = mat(dy, b * t * d + h * hd, d, 1);
+                        self.probabilities(qkv, (b, h), (t, d, hd), p);
+                        // SAFETY: `dp` is this task's scratch; the dQ, dK, dV blocks of sequence
+                        // b, head h (rows b·t.., their own columns) are written by this task alone.
+                        unsafe {
+                            gemm(t, t, hd, Out::new(dp), 0, t, &dy_bh, &v_t, 1.0); // dP = dY Vᵀ
+                            softmax_backward_rows(p, dp, t, self.scale); // dS, scaled
+                            let (ds, ds_t, p_t) = (mat(dp, 0, t, 1), mat(dp, 0, 1, t), mat(p, 0, 1, t));
+                            gemm(t, hd, t, out, base, 3 * d, &ds, &k, 1.0); // dQ = dS K
+                            gemm(t, hd, t, out, base + d, 3 * d, &ds_t, &q, 1.0); // dK = dSᵀ Q
+                            gemm(t, hd, t, out, base + 2 * d, 3 * d, &p_t, &dy_bh, 1.0); // dV = Pᵀ dY
+                        }
+                    },
+                );
+                Ok(dqkv)
+            })
+        })?;
+        Ok(Some(cpu_tensor(dqkv, arg.shape())?))
+    }
+}
+
+/// Causal multi-head self-attention of a fused `(batch · seq, 3 · d)` QKV projection, scores
+/// scaled by `scale`; `(batch · seq, d)` with the heads side by side.
 ///
 /// # Errors
-/// When the last two dimensions differ, or the scores are not f32 on the CPU.
-pub fn causal_softmax(scores: &Tensor, scale: f64) -> Result<Tensor> {
-    scores.contiguous()?.apply_op1(CausalSoftmax { scale: scale as f32 })
+/// When the QKV does not split into `batch` sequences and `heads` heads, or is not f32 on the CPU.
+pub fn attention(qkv: &Tensor, batch: usize, heads: usize, scale: f64) -> Result<Tensor> {
+    qkv.contiguous()?.apply_op1(Attention { batch, heads, scale: scale as f32 })
+}
+
+/// `x + y + bias`: a residual connection with the bias of the layer that produced `y`.
+struct Residual;
+
+impl CustomOp3 for Residual {
+    fn name(&self) -> &'static str {
+        "kiln-residual"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, y) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
+        let bias = bias_of(l1, cpu_f32(s3, l3, self.name())?, self.name())?;
+        if l1.shape() != l2.shape() {
+            bail!("{}: shapes {:?} and {:?} differ", self.name(), l1.shape(), l2.shape())
+        }
+        multiversion! {
+            fn add(x: &[f32], y: &[f32], bias: &[f32], out: &mut [f32]) {
+                let n = bias.len();
+                for ((o, xs), ys) in out.chunks_exact_mut(n).zip(x.chunks_exact(n)).zip(y.chunks_exact(n)) {
+                    for (((o, x), y), b) in o.iter_mut().zip(xs).zip(ys).zip(bias) {
+                        *o = x + y + b;
+                    }
+                }
+            }
+        }
+        let n = bias.len();
+        let chunk = rows_per_task(n) * n;
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).zip(y.par_chunks(chunk)).for_each(|((o, x), y)| add(x, y, bias, o));
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, bias: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let db = with_values(grad, self.name(), |g| Ok(column_sums(g, bias.elem_count())))?;
+        Ok((Some(grad.clone()), Some(grad.clone()), Some(cpu_tensor(db, bias.shape())?)))
+    }
+}
+
+/// `x + y + bias`, the bias repeated over the rows.
+///
+/// # Errors
+/// When `x` and `y` differ in shape, the bias does not tile them, or they are not f32 on the CPU.
+pub fn residual(x: &Tensor, y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(&y.contiguous()?, &bias.contiguous()?, Residual)
 }
 
 /// Mean cross-entropy of `(n, vocab)` logits against `(n)` u32 targets.
@@ -677,17 +852,20 @@ mod tests {
     }
 
     #[test]
-    fn causal_softmax_rows_see_only_the_past() {
-        let t = 5;
-        let scores = Tensor::arange(0f32, (2 * t * t) as f32, &Device::Cpu).unwrap().reshape((2, t, t)).unwrap();
-        let p = causal_softmax(&scores, 0.5).unwrap().to_vec3::<f32>().unwrap();
-        for m in &p {
-            for (i, row) in m.iter().enumerate() {
-                assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6, "row {i}: {row:?}");
-                assert!(row[i + 1..].iter().all(|&v| v == 0.0), "row {i} sees the future: {row:?}");
-                assert!(row[..=i].iter().all(|&v| v > 0.0));
-            }
-        }
+    fn attention_rows_see_only_the_past() {
+        // Values that depend on the position only through the past: changing a later token's
+        // Q, K and V must leave every earlier output unchanged.
+        let (t, d) = (6, 8);
+        let base: Vec<f32> = (0..t * 3 * d).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
+        let mut changed = base.clone();
+        changed[(t - 1) * 3 * d..].iter_mut().for_each(|v| *v += 3.0);
+        let run = |v: Vec<f32>| attention(&Tensor::from_vec(v, (t, 3 * d), &Device::Cpu).unwrap(), 1, 2, 0.5).unwrap().to_vec2::<f32>().unwrap();
+        let (a, b) = (run(base), run(changed));
+        assert_eq!(a[..t - 1], b[..t - 1]);
+        assert_ne!(a[t - 1], b[t - 1]);
+        // The first position attends only to itself: its output is its own V.
+        let first = attention(&Tensor::from_vec((0..3 * d).map(|i| i as f32).collect::<Vec<_>>(), (1, 3 * d), &Device::Cpu).unwrap(), 1, 2, 1.0).unwrap();
+        assert_eq!(first.to_vec2::<f32>().unwrap()[0], (2 * d..3 * d).map(|i| i as f32).collect::<Vec<_>>());
     }
 
     #[test]
@@ -695,8 +873,10 @@ mod tests {
         let x = Tensor::zeros((4, 6), DType::F32, &Device::Cpu).unwrap();
         let err = add_bias(&x, &Tensor::zeros(5, DType::F32, &Device::Cpu).unwrap()).unwrap_err().to_string();
         assert!(err.contains("kiln-add-bias") && err.contains("does not repeat"), "{err}");
-        let err = causal_softmax(&x, 1.0).unwrap_err().to_string();
-        assert!(err.contains("(…, t, t)"), "{err}");
+        let err = attention(&x, 3, 1, 1.0).unwrap_err().to_string();
+        assert!(err.contains("does not split into batch 3"), "{err}");
+        let err = residual(&x, &x.narrow(0, 0, 2).unwrap(), &Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("differ"), "{err}");
         let tgt = Tensor::new(&[0u32, 1, 2, 9], &Device::Cpu).unwrap();
         let err = cross_entropy(&x, &tgt).unwrap_err().to_string();
         assert!(err.contains("target 9 is outside the vocabulary of 6"), "{err}");

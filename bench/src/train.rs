@@ -222,6 +222,15 @@ impl Dense {
         }
     }
 
+    /// `residual + x · W + b`, fused.
+    fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight)?;
+        match &self.bias {
+            Some(b) => fused::residual(residual, &y, b),
+            None => residual + y,
+        }
+    }
+
     /// `gelu_tanh(x · W + b)`.
     fn forward_gelu(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
         match (&self.bias, k) {
@@ -258,16 +267,20 @@ impl Block {
     fn forward(&self, x: &Tensor, (b, t): (usize, usize), mask: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
         let d = x.dim(1)?;
         let hd = d / self.heads;
-        let qkv = self.qkv.forward(&self.ln1.forward(x, k)?, k)?.reshape((b, t, 3, self.heads, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let qkv = self.qkv.forward(&self.ln1.forward(x, k)?, k)?;
+        if k == Kernels::Fused {
+            let y = fused::attention(&qkv, b, self.heads, scale)?;
+            let x = self.proj.forward_residual(&y, x)?;
+            let h = self.fc.forward_gelu(&self.ln2.forward(&x, k)?, k)?;
+            return self.out.forward_residual(&h, &x);
+        }
+        let qkv = qkv.reshape((b, t, 3, self.heads, hd))?;
         let part = |i| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
         let (q, key, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = q.matmul(&key.t()?)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let attn = match k {
-            Kernels::Fused => fused::causal_softmax(&scores, scale)?,
-            // The composed softmax: the fused softmax_last_dim has no backward pass in candle 0.11.
-            Kernels::Composed => candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(mask)?, D::Minus1)?,
-        };
+        let scores = (q.matmul(&key.t()?)? * scale)?.broadcast_add(mask)?;
+        // The composed softmax: the fused softmax_last_dim has no backward pass in candle 0.11.
+        let attn = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let y = attn.matmul(&v)?.transpose(1, 2)?.reshape((b * t, d))?;
         let x = (x + self.proj.forward(&y, k)?)?;
         let h = self.fc.forward_gelu(&self.ln2.forward(&x, k)?, k)?;
