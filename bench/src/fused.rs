@@ -92,7 +92,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
@@ -437,23 +437,34 @@ impl Out {
     fn new(buffer: &mut [f32]) -> Out {
         Out { ptr: buffer.as_mut_ptr(), len: buffer.len() }
     }
+
+    /// The matrix whose element (i, j) is at `offset + i·row_stride + j`.
+    fn at(self, offset: usize, row_stride: usize) -> Dst {
+        Dst { out: self, offset, row_stride }
+    }
 }
 
-/// `out[offset + i·row_stride + j] = beta · Σ_k lhs(i, k) · rhs(k, j)` for an `m × n` result.
+struct Dst {
+    out: Out,
+    offset: usize,
+    row_stride: usize,
+}
+
+/// `dst(i, j) = beta · Σ_k lhs(i, k) · rhs(k, j)` for an `m × n` result.
 ///
 /// # Safety
 /// No other thread may touch the `m × n` elements written here while this runs.
-unsafe fn gemm(m: usize, n: usize, k: usize, out: Out, offset: usize, row_stride: usize, lhs: &Mat, rhs: &Mat, beta: f32) {
+unsafe fn gemm(m: usize, n: usize, k: usize, dst: Dst, lhs: &Mat, rhs: &Mat, beta: f32) {
     lhs.check(m, k, lhs.data.len());
     rhs.check(k, n, rhs.data.len());
-    mat(&[], offset, row_stride, 1).check(m, n, out.len);
+    mat(&[], dst.offset, dst.row_stride, 1).check(m, n, dst.out.len);
     gemm::gemm(
         m,
         n,
         k,
-        out.ptr.add(offset),
+        dst.out.ptr.add(dst.offset),
         1,
-        row_stride as isize,
+        dst.row_stride as isize,
         false,
         lhs.data.as_ptr().add(lhs.offset),
         lhs.col_stride as isize,
@@ -528,7 +539,7 @@ impl Attention {
         let q = mat(qkv, base, 3 * d, 1);
         let k_t = mat(qkv, base + d, 1, 3 * d);
         // SAFETY: `p` is this task's own scratch matrix.
-        unsafe { gemm(t, t, hd, Out::new(p), 0, t, &q, &k_t, self.scale) };
+        unsafe { gemm(t, t, hd, Out::new(p).at(0, t), &q, &k_t, self.scale) };
         causal_softmax_rows(p, t);
     }
 }
@@ -550,7 +561,7 @@ impl CustomOp1 for Attention {
                 self.probabilities(qkv, (b, h), (t, d, hd), p);
                 let v = mat(qkv, b * t * 3 * d + 2 * d + h * hd, 3 * d, 1);
                 // SAFETY: this task alone writes rows b·t.., columns h·hd.. of y.
-                unsafe { gemm(t, hd, t, out, b * t * d + h * hd, d, &mat(p, 0, t, 1), &v, 1.0) };
+                unsafe { gemm(t, hd, t, out.at(b * t * d + h * hd, d), &mat(p, 0, t, 1), &v, 1.0) };
             },
         );
         Ok((CpuStorage::F32(y), Shape::from((self.batch * t, d))))
@@ -574,12 +585,12 @@ impl CustomOp1 for Attention {
                         // SAFETY: `dp` is this task's scratch; the dQ, dK, dV blocks of sequence
                         // b, head h (rows b·t.., their own columns) are written by this task alone.
                         unsafe {
-                            gemm(t, t, hd, Out::new(dp), 0, t, &dy_bh, &v_t, 1.0); // dP = dY Vᵀ
+                            gemm(t, t, hd, Out::new(dp).at(0, t), &dy_bh, &v_t, 1.0); // dP = dY Vᵀ
                             softmax_backward_rows(p, dp, t, self.scale); // dS, scaled
                             let (ds, ds_t, p_t) = (mat(dp, 0, t, 1), mat(dp, 0, 1, t), mat(p, 0, 1, t));
-                            gemm(t, hd, t, out, base, 3 * d, &ds, &k, 1.0); // dQ = dS K
-                            gemm(t, hd, t, out, base + d, 3 * d, &ds_t, &q, 1.0); // dK = dSᵀ Q
-                            gemm(t, hd, t, out, base + 2 * d, 3 * d, &p_t, &dy_bh, 1.0); // dV = Pᵀ dY
+                            gemm(t, hd, t, out.at(base, 3 * d), &ds, &k, 1.0); // dQ = dS K
+                            gemm(t, hd, t, out.at(base + d, 3 * d), &ds_t, &q, 1.0); // dK = dSᵀ Q
+                            gemm(t, hd, t, out.at(base + 2 * d, 3 * d), &p_t, &dy_bh, 1.0); // dV = Pᵀ dY
                         }
                     },
                 );

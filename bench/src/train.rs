@@ -671,7 +671,7 @@ mod tests {
             let loss = |v: &Var| (v.as_tensor().sqr().unwrap().sqr().unwrap().sum_all().unwrap() * (step + 1) as f64).unwrap();
             let norm_fused = fused.step(&loss(&a).backward().unwrap(), 1.0).unwrap();
             let mut grads = loss(&b).backward().unwrap();
-            let norm_reference = clip_gradients(&mut grads, &[b.clone()], 1.0).unwrap();
+            let norm_reference = clip_gradients(&mut grads, std::slice::from_ref(&b), 1.0).unwrap();
             reference.step(&grads).unwrap();
             assert!((norm_fused - norm_reference).abs() < 1e-4 * norm_reference, "step {step}: norm {norm_fused} vs {norm_reference}");
             let (x, y) = (a.as_tensor().to_vec1::<f32>().unwrap(), b.as_tensor().to_vec1::<f32>().unwrap());
@@ -718,7 +718,7 @@ mod tests {
         let var = Var::new(&[3f32, 4.], &Device::Cpu).unwrap();
         let loss = var.as_tensor().sqr().unwrap().sum_all().unwrap(); // grad = 2x = (6, 8), norm 10
         let mut grads = loss.backward().unwrap();
-        let norm = clip_gradients(&mut grads, &[var.clone()], 1.0).unwrap();
+        let norm = clip_gradients(&mut grads, std::slice::from_ref(&var), 1.0).unwrap();
         assert!((norm - 10.0).abs() < 1e-5);
         let g = grads.get(var.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
         assert!((g[0] - 0.6).abs() < 1e-5 && (g[1] - 0.8).abs() < 1e-5);
