@@ -7,6 +7,11 @@
 //! stack, not only a speed test. Only ops with a real backward pass are used (candle 0.11's fused
 //! `softmax_last_dim` and `layer_norm` pass no gradient; a test checks every parameter gets one).
 //!
+//! On the CPU the non-matmul work runs in kiln's fused kernels ([`crate::fused`], custom ops with
+//! hand-written backward passes, tested against candle's composed ops); `Kernels::Composed` runs
+//! candle's elementary ops and autograd only. Measured on 2 Zen 2 cores against PyTorch eager on
+//! the same model (`cargo bench --bench train`): fused 1.06-1.28x, composed 0.35x.
+//!
 //! FLOPs are counted as 6·N per token (N = parameters without the embeddings, forward and backward)
 //! plus 12·layers·seq·d_model per token for attention (the PaLM appendix B formula).
 
