@@ -150,6 +150,26 @@ fn tiny_training_run_learns_and_is_stored() {
 }
 
 #[test]
+fn both_kernel_paths_train_the_same_model_from_the_seed() {
+    // The fused CPU kernels and candle's composed ops start from the same seeded parameters and
+    // batches, so the whole loss curve agrees (to float rounding), and repeats run to run.
+    let curve = |kernels: &str| {
+        let out = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--kernels", kernels, "--no-save", "--json"], &[]).success().json();
+        assert_eq!(out["report"]["train"]["config"]["kernels"], kernels);
+        out["report"]["train"]["loss_curve"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>()
+    };
+    let (fused, composed, again) = (curve("fused"), curve("composed"), curve("fused"));
+    assert_eq!(fused.len(), 100);
+    for (step, ((f, c), a)) in fused.iter().zip(&composed).zip(&again).enumerate() {
+        assert!((f - c).abs() < 1e-3 * f, "step {step}: fused {f}, composed {c}");
+        assert!((f - a).abs() < 1e-5 * f, "step {step}: {f} then {a} from the same seed");
+    }
+    let bad = kiln(&["bench", "train", "--kernels", "fast", "--no-save"], &[]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.describe());
+    assert!(bad.stderr().contains("unknown kernels \"fast\": choose fused or composed"), "{}", bad.describe());
+}
+
+#[test]
 fn training_that_cannot_learn_fails_loudly() {
     // Three steps cannot learn the corpus: the run says so and exits 1, like a failed check.
     let run = kiln(&["bench", "train", "--size", "tiny", "--steps", "3", "--no-save"], &[]);
