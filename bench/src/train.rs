@@ -480,9 +480,10 @@ enum Optim {
 }
 
 impl Optim {
-    fn new(c: &Config, vars: Vec<Var>) -> candle_core::Result<Optim> {
+    /// `kernels` is the model's: fused on the CPU only.
+    fn new(c: &Config, kernels: Kernels, vars: Vec<Var>) -> candle_core::Result<Optim> {
         let (beta1, beta2, eps) = (0.9, 0.95, 1e-8);
-        Ok(match c.kernels {
+        Ok(match kernels {
             Kernels::Fused => Optim::Fused(fused::AdamW::new(vars, c.lr, beta1, beta2, eps, c.weight_decay)),
             Kernels::Composed => {
                 let params = ParamsAdamW { lr: c.lr, beta1, beta2, eps, weight_decay: c.weight_decay };
@@ -534,7 +535,7 @@ pub fn run(config: &Config, peak_flops: Option<f64>, mut progress: impl FnMut(us
     let embeddings = (config.vocab + config.seq) * config.d_model;
     let n = parameters - embeddings;
     let flops_per_token = 6.0 * n as f64 + 12.0 * (config.layers * config.seq * config.d_model) as f64;
-    let mut opt = Optim::new(config, vars)?;
+    let mut opt = Optim::new(config, model.kernels, vars)?;
     let mut corpus = Corpus::new(config.vocab, config.seed);
     let mut losses = Vec::new();
     let mut steps = Vec::new();
