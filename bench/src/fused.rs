@@ -30,6 +30,15 @@ fn rows_per_task(cols: usize) -> usize {
     (GRAIN / cols.max(1)).max(1)
 }
 
+/// A new `len`-element buffer filled in parallel, whole rows of `cols` at a time:
+/// `fill(start, out)` writes `out`, the buffer's elements from `start` on.
+fn fill_rows(len: usize, cols: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let chunk = rows_per_task(cols) * cols;
+    let mut out = vec![0f32; len];
+    out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| fill(i * chunk, o));
+    out
+}
+
 fn cpu_f32<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
     let CpuStorage::F32(values) = storage else {
         bail!("{op}: the fused CPU kernels take f32 tensors, not {:?}", storage.dtype())
@@ -194,9 +203,7 @@ impl CustomOp2 for AddBias {
                 }
             }
         }
-        let n = bias.len();
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(rows_per_task(n) * n).zip(x.par_chunks(rows_per_task(n) * n)).for_each(|(o, x)| add(x, bias, o));
+        let out = fill_rows(x.len(), bias.len(), |start, o| add(&x[start..start + o.len()], bias, o));
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -239,9 +246,7 @@ impl CustomOp2 for BiasGelu {
                 }
             }
         }
-        let n = bias.len();
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(rows_per_task(n) * n).zip(x.par_chunks(rows_per_task(n) * n)).for_each(|(o, x)| gelu(x, bias, o));
+        let out = fill_rows(x.len(), bias.len(), |start, o| gelu(&x[start..start + o.len()], bias, o));
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -264,10 +269,10 @@ impl CustomOp2 for BiasGelu {
         let dx = with_values(x, self.name(), |x| {
             with_values(bias, self.name(), |b| {
                 with_values(grad, self.name(), |g| {
-                    let mut out = vec![0f32; x.len()];
-                    let chunk = rows_per_task(n) * n;
-                    out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).zip(g.par_chunks(chunk)).for_each(|((o, x), g)| backward(x, b, g, o));
-                    Ok(out)
+                    Ok(fill_rows(x.len(), n, |start, o| {
+                        let rows = start..start + o.len();
+                        backward(&x[rows.clone()], b, &g[rows], o)
+                    }))
                 })
             })
         })?;
@@ -328,9 +333,7 @@ impl CustomOp3 for LayerNorm {
                 }
             }
         }
-        let mut out = vec![0f32; x.len()];
-        let chunk = rows_per_task(n) * n;
-        out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(o, x)| norm(x, w, b, self.eps, o));
+        let out = fill_rows(x.len(), n, |start, o| norm(&x[start..start + o.len()], w, b, self.eps, o));
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -634,10 +637,10 @@ impl CustomOp3 for Residual {
                 }
             }
         }
-        let n = bias.len();
-        let chunk = rows_per_task(n) * n;
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).zip(y.par_chunks(chunk)).for_each(|((o, x), y)| add(x, y, bias, o));
+        let out = fill_rows(x.len(), bias.len(), |start, o| {
+            let rows = start..start + o.len();
+            add(&x[rows.clone()], &y[rows], bias, o)
+        });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -724,10 +727,10 @@ impl CustomOp2 for CrossEntropy {
         let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()? / n as f32;
         let tgt = tgt.to_vec1::<u32>()?;
         let dx = with_values(logits, self.name(), |x| {
-            let mut dx = vec![0f32; x.len()];
-            let rows = rows_per_task(vocab);
-            dx.par_chunks_mut(rows * vocab).zip(x.par_chunks(rows * vocab)).zip(tgt.par_chunks(rows)).for_each(|((dx, x), t)| backward(x, t, vocab, scale, dx));
-            Ok(dx)
+            Ok(fill_rows(x.len(), vocab, |start, dx| {
+                let end = start + dx.len();
+                backward(&x[start..end], &tgt[start / vocab..end / vocab], vocab, scale, dx)
+            }))
         })?;
         Ok((Some(cpu_tensor(dx, logits.shape())?), None))
     }
