@@ -21,7 +21,12 @@ fn time(args: &[&str], db: &std::path::Path, ok_codes: &[i32]) -> f64 {
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env("KILN_DB", db).output().expect("running kiln");
     let secs = t.elapsed().as_secs_f64();
-    assert!(ok_codes.contains(&out.status.code().unwrap_or(-1)), "kiln {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        ok_codes.contains(&out.status.code().unwrap_or(-1)),
+        "kiln {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
     secs
 }
 
@@ -34,7 +39,8 @@ async fn anchor(db: &std::path::Path, rows: usize, batched: bool) -> f64 {
     let mut c = sqlx::sqlite::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", db.display())).await.unwrap();
     c.execute("PRAGMA journal_mode = WAL").await.unwrap();
     c.execute("CREATE TABLE metrics (run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL, direction TEXT NOT NULL, PRIMARY KEY (run_id, name)) WITHOUT ROWID").await.unwrap();
-    let ids: Vec<String> = (0..rows / 40 + 1).map(|r| format!("03000000-{:04x}-4000-8000-{:012x}", r % 65536, r)).collect();
+    let ids: Vec<String> =
+        (0..rows / 40 + 1).map(|r| format!("03000000-{:04x}-4000-8000-{:012x}", r % 65536, r)).collect();
     let names: Vec<String> = (0..40).map(|m| format!("metric_{m:02}")).collect();
     let t = Instant::now();
     let mut tx = c.begin().await.unwrap();
@@ -42,7 +48,11 @@ async fn anchor(db: &std::path::Path, rows: usize, batched: bool) -> f64 {
         for start in (0..rows).step_by(6000) {
             let mut q = sqlx::QueryBuilder::new("INSERT INTO metrics (run_id, name, value, unit, direction) ");
             q.push_values(start..(start + 6000).min(rows), |mut b, i| {
-                b.push_bind(&ids[i / 40]).push_bind(&names[i % 40]).push_bind(i as f64).push_bind("u").push_bind("higher");
+                b.push_bind(&ids[i / 40])
+                    .push_bind(&names[i % 40])
+                    .push_bind(i as f64)
+                    .push_bind("u")
+                    .push_bind("higher");
             });
             q.build().execute(&mut *tx).await.unwrap();
         }
@@ -72,7 +82,18 @@ fn main() {
     std::fs::create_dir_all(&base).unwrap();
     let _ = std::fs::remove_file(base.join("fleet.db"));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let spec = fleet_gen::FleetSpec { hosts, configs: 8, nights: 30, metrics: 40, samples_per_metric: 5, sampled_metrics: 5, gpus: 8, telemetry_points: 2, end: now - 3600, seed: 7 };
+    let spec = fleet_gen::FleetSpec {
+        hosts,
+        configs: 8,
+        nights: 30,
+        metrics: 40,
+        samples_per_metric: 5,
+        sampled_metrics: 5,
+        gpus: 8,
+        telemetry_points: 2,
+        end: now - 3600,
+        seed: 7,
+    };
     let t = Instant::now();
     let (text, metrics, samples, telemetry) = fleet_gen::generate(&spec);
     let file = base.join("fleet.jsonl");
@@ -86,7 +107,11 @@ fn main() {
     let naive = rt.block_on(anchor(&base.join("anchor.db"), 100_000, false));
     let batched = rt.block_on(anchor(&base.join("anchor.db"), 1_200_000, true));
     let rate = metrics as f64 / import;
-    println!("anchors (same run): sqlx row by row {:.0} k rows/s, sqlx batched {:.0} k rows/s", naive / 1e3, batched / 1e3);
+    println!(
+        "anchors (same run): sqlx row by row {:.0} k rows/s, sqlx batched {:.0} k rows/s",
+        naive / 1e3,
+        batched / 1e3
+    );
     println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x; {:.1}x row by row, {:.2}x batched)", rate / 1e3, rate / 500e3, rate / naive, rate / batched);
     let again = time(&["import", file.to_str().unwrap()], &db, &[0]);
     println!("import again (idempotent, nothing new): {again:.2} s");
@@ -105,12 +130,33 @@ fn main() {
     let report = |name: &str, args: &[&str], codes: &[i32], target: f64, n: usize| {
         let times: Vec<f64> = (0..n).map(|_| time(args, &db, codes)).collect();
         let m = median(&times);
-        println!("{name}: median {:.0} ms over {n} runs (min {:.0}){}", m * 1e3, times.iter().copied().fold(f64::INFINITY, f64::min) * 1e3, if target > 0.0 { format!(", target < {:.0} ms: {:.2}x of it", target * 1e3, m / target) } else { String::new() });
+        println!(
+            "{name}: median {:.0} ms over {n} runs (min {:.0}){}",
+            m * 1e3,
+            times.iter().copied().fold(f64::INFINITY, f64::min) * 1e3,
+            if target > 0.0 {
+                format!(", target < {:.0} ms: {:.2}x of it", target * 1e3, m / target)
+            } else {
+                String::new()
+            }
+        );
     };
     let html = dir.path().join("report.html");
     report("compare --by config", &["compare", "--by", "config", "--json"], &[0], 0.3, 5);
     report("outliers", &["outliers", "--json"], &[0], 0.0, 3);
     report("regressions --since 40d (whole fleet)", &["regressions", "--since", "40d", "--json"], &[0, 1], 2.0, 3);
-    report("report --host (HTML)", &["report", "--host", &fleet_gen::hostname(13), "--since", "40d", "--html", html.to_str().unwrap()], &[0], 1.0, 5);
-    report("report --config (HTML)", &["report", "--config", &fleet_gen::config_fp(2), "--since", "40d", "--html", html.to_str().unwrap()], &[0], 1.0, 3);
+    report(
+        "report --host (HTML)",
+        &["report", "--host", &fleet_gen::hostname(13), "--since", "40d", "--html", html.to_str().unwrap()],
+        &[0],
+        1.0,
+        5,
+    );
+    report(
+        "report --config (HTML)",
+        &["report", "--config", &fleet_gen::config_fp(2), "--since", "40d", "--html", html.to_str().unwrap()],
+        &[0],
+        1.0,
+        3,
+    );
 }

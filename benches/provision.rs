@@ -27,7 +27,9 @@ fn main() {
         spec += &format!("bench-pkg-{i} = \"1.0\"\n");
     }
     for i in 0..30 {
-        spec += &format!("\n[[file]]\npath = \"/etc/bench/file-{i}.conf\"\nmode = \"0640\"\ncontent = \"setting-{i} = {i}\\n\"\n");
+        spec += &format!(
+            "\n[[file]]\npath = \"/etc/bench/file-{i}.conf\"\nmode = \"0640\"\ncontent = \"setting-{i} = {i}\\n\"\n"
+        );
     }
     for i in 0..20 {
         if i < 5 {
@@ -45,7 +47,15 @@ fn main() {
     let spec = lab.spec("bench-60", &spec);
     let root = lab.root();
     let db = lab.path().join("kiln.db");
-    let args = |verb: &str| vec!["provision".to_string(), verb.to_string(), spec.display().to_string(), "--root".into(), root.display().to_string()];
+    let args = |verb: &str| {
+        vec![
+            "provision".to_string(),
+            verb.to_string(),
+            spec.display().to_string(),
+            "--root".into(),
+            root.display().to_string(),
+        ]
+    };
 
     let fresh = Command::new(kiln).args(args("plan")).arg("--json").output().unwrap();
     let plan: serde_json::Value = serde_json::from_slice(&fresh.stdout).expect("plan JSON");
@@ -54,7 +64,11 @@ fn main() {
     let applied = Command::new(kiln).args(args("apply")).env("KILN_DB", &db).output().unwrap();
     assert!(applied.status.success(), "apply failed: {}", String::from_utf8_lossy(&applied.stderr));
     let again = Command::new(kiln).args(args("plan")).output().unwrap();
-    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to change"), "{}", String::from_utf8_lossy(&again.stdout));
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("nothing to change"),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
 
     let (mut ours, mut naive) = (Vec::new(), Vec::new());
     let admindir = format!("--admindir={}", root.join("var/lib/dpkg").display());
@@ -65,8 +79,13 @@ fn main() {
         ours.push(t.elapsed().as_secs_f64() * 1e3);
         assert!(out.status.success());
         let t = Instant::now();
-        let q = Command::new("dpkg-query").arg(&admindir).args(["-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"]).output().unwrap();
-        let f = Command::new(&pip).args(["-m", "pip", "freeze", "--all", "--disable-pip-version-check"]).output().unwrap();
+        let q = Command::new("dpkg-query")
+            .arg(&admindir)
+            .args(["-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"])
+            .output()
+            .unwrap();
+        let f =
+            Command::new(&pip).args(["-m", "pip", "freeze", "--all", "--disable-pip-version-check"]).output().unwrap();
         naive.push(t.elapsed().as_secs_f64() * 1e3);
         assert!(q.status.success() && f.status.success());
         if round == 0 {
@@ -75,5 +94,9 @@ fn main() {
     }
     let (o, n) = (summarize(&ours).expect("samples"), summarize(&naive).expect("samples"));
     println!("plan of {steps}-step image on a provisioned root: median {:.1} ms (min {:.1}, max {:.1}), target < 1000 ms: {:.0}x under", o.median, o.min, o.max, 1000.0 / o.median);
-    println!("anchor, one dpkg-query + one pip freeze: median {:.1} ms; kiln's whole plan / anchor = {:.2}", n.median, o.median / n.median);
+    println!(
+        "anchor, one dpkg-query + one pip freeze: median {:.1} ms; kiln's whole plan / anchor = {:.2}",
+        n.median,
+        o.median / n.median
+    );
 }

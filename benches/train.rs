@@ -17,7 +17,18 @@ use kiln_bench::train::Config;
 
 fn kiln_tokens_per_s(size: &str, steps: usize, kernels: &str) -> f64 {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["bench", "train", "--size", size, "--steps", &steps.to_string(), "--kernels", kernels, "--no-save", "--json"])
+        .args([
+            "bench",
+            "train",
+            "--size",
+            size,
+            "--steps",
+            &steps.to_string(),
+            "--kernels",
+            kernels,
+            "--no-save",
+            "--json",
+        ])
         .output()
         .expect("running kiln");
     assert!(out.status.success(), "kiln bench train --size {size}: {}", String::from_utf8_lossy(&out.stderr));
@@ -28,10 +39,22 @@ fn kiln_tokens_per_s(size: &str, steps: usize, kernels: &str) -> f64 {
 fn torch_tokens_per_s(python: &std::ffi::OsStr, c: &Config, steps: usize) -> f64 {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/anchors/torch_train.py");
     let sizes = [c.vocab, c.d_model, c.layers, c.heads, c.seq, c.batch].map(|v| v.to_string());
-    let out = Command::new(python).arg(&script).arg(steps.to_string()).arg("eager").args(&sizes).output().expect("running the anchor");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(steps.to_string())
+        .arg("eager")
+        .args(&sizes)
+        .output()
+        .expect("running the anchor");
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("RESULT")).unwrap_or_else(|| panic!("no RESULT line: {text}{}", String::from_utf8_lossy(&out.stderr)));
-    line.split_whitespace().find_map(|w| w.strip_prefix("tokens_per_s_median=")).and_then(|v| v.parse().ok()).expect("tokens_per_s_median")
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("RESULT"))
+        .unwrap_or_else(|| panic!("no RESULT line: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("tokens_per_s_median="))
+        .and_then(|v| v.parse().ok())
+        .expect("tokens_per_s_median")
 }
 
 fn main() {
@@ -56,14 +79,24 @@ fn main() {
                 composed.push(kiln_tokens_per_s(size, steps, "composed"));
             }
             torch.push(torch_tokens_per_s(&python, &c, steps));
-            eprintln!("{size} round {round}: kiln {:.0} tokens/s, PyTorch eager {:.0} tokens/s", fused[round - 1], torch[round - 1]);
+            eprintln!(
+                "{size} round {round}: kiln {:.0} tokens/s, PyTorch eager {:.0} tokens/s",
+                fused[round - 1],
+                torch[round - 1]
+            );
         }
         let (k, t) = (summarize(&fused).unwrap(), summarize(&torch).unwrap());
-        let params = format!("d_model {}, {} layers, {} heads, seq {}, batch {}", c.d_model, c.layers, c.heads, c.seq, c.batch);
+        let params =
+            format!("d_model {}, {} layers, {} heads, seq {}, batch {}", c.d_model, c.layers, c.heads, c.seq, c.batch);
         lines.push(format!("{size} ({params}), {steps} steps, 3 interleaved rounds:"));
         lines.push(format!("  kiln (candle, fused kernels)  {:>8.0} tokens/s (CV {:.1} %)", k.median, k.cv * 100.0));
         if let Some(s) = summarize(&composed) {
-            lines.push(format!("  kiln (candle, composed ops)   {:>8.0} tokens/s (CV {:.1} %), {:.2}x PyTorch", s.median, s.cv * 100.0, s.median / t.median));
+            lines.push(format!(
+                "  kiln (candle, composed ops)   {:>8.0} tokens/s (CV {:.1} %), {:.2}x PyTorch",
+                s.median,
+                s.cv * 100.0,
+                s.median / t.median
+            ));
         }
         lines.push(format!("  PyTorch eager (CPU)           {:>8.0} tokens/s (CV {:.1} %)", t.median, t.cv * 100.0));
         lines.push(format!("  ratio kiln / PyTorch          {:.2}", k.median / t.median));

@@ -7,7 +7,11 @@ use crate::util::kiln;
 fn membw_run_is_measured_stored_and_shown() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    let run = kiln(&["bench", "membw", "--array-mib", "2", "--repetitions", "3", "--warmup", "1", "--json"], &[("KILN_DB", &db)]).success();
+    let run = kiln(
+        &["bench", "membw", "--array-mib", "2", "--repetitions", "3", "--warmup", "1", "--json"],
+        &[("KILN_DB", &db)],
+    )
+    .success();
     let out = run.json();
     let scopes = out["report"]["scopes"].as_array().unwrap();
     let all = scopes.iter().find(|s| s["scope"] == "all").unwrap();
@@ -23,7 +27,11 @@ fn membw_run_is_measured_stored_and_shown() {
     let runs = runs["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["benchmark"], "membw");
-    assert!(runs[0]["metrics"].as_array().unwrap().iter().any(|m| m["name"] == "membw.all.triad_gbps" && m["unit"] == "GB/s" && m["direction"] == "higher"));
+    assert!(runs[0]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "membw.all.triad_gbps" && m["unit"] == "GB/s" && m["direction"] == "higher"));
 
     let shown = kiln(&["show", "run", &run_id[..8], "--json"], &[("KILN_DB", &db)]).success().json();
     assert_eq!(shown["id"], run_id);
@@ -39,7 +47,10 @@ fn membw_run_is_measured_stored_and_shown() {
 
 #[test]
 fn membw_rejects_nonsense_sizes() {
-    for args in [&["bench", "membw", "--no-save", "--repetitions", "0"][..], &["bench", "membw", "--no-save", "--array-mib", "0"][..]] {
+    for args in [
+        &["bench", "membw", "--no-save", "--repetitions", "0"][..],
+        &["bench", "membw", "--no-save", "--array-mib", "0"][..],
+    ] {
         let run = kiln(args, &[]);
         assert_eq!(run.code(), Some(2), "{}", run.describe());
         assert!(run.stderr().contains("must be at least 1"), "{}", run.describe());
@@ -52,8 +63,14 @@ fn disk_run_in_a_directory_leaves_nothing_behind() {
     let target = dir.path().join("target");
     std::fs::create_dir(&target).unwrap();
     let db = dir.path().join("kiln.db");
-    let out = kiln(&["bench", "disk", target.to_str().unwrap(), "--size-mib", "4", "--seconds", "0.05", "--qd", "1,4", "--json"], &[("KILN_DB", &db)]).success().json();
-    let tests: Vec<&str> = out["report"]["tests"].as_array().unwrap().iter().map(|t| t["test"].as_str().unwrap()).collect();
+    let out = kiln(
+        &["bench", "disk", target.to_str().unwrap(), "--size-mib", "4", "--seconds", "0.05", "--qd", "1,4", "--json"],
+        &[("KILN_DB", &db)],
+    )
+    .success()
+    .json();
+    let tests: Vec<&str> =
+        out["report"]["tests"].as_array().unwrap().iter().map(|t| t["test"].as_str().unwrap()).collect();
     assert_eq!(tests, ["seq_write", "seq_read", "rand_read", "rand_read", "rand_write", "rand_write"]);
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "the test file is gone");
     let shown = kiln(&["show", "run", out["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
@@ -106,7 +123,12 @@ fn net_between_two_kiln_processes_on_loopback() {
     let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line:?}")).to_string();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    let out = kiln(&["bench", "net", "--connect", &addr, "--seconds", "0.1", "--repetitions", "2", "--streams", "2", "--json"], &[("KILN_DB", &db)]).success().json();
+    let out = kiln(
+        &["bench", "net", "--connect", &addr, "--seconds", "0.1", "--repetitions", "2", "--streams", "2", "--json"],
+        &[("KILN_DB", &db)],
+    )
+    .success()
+    .json();
     let _ = server.kill();
     let _ = server.wait();
     assert_eq!(out["report"]["throughput_gbps"].as_array().unwrap().len(), 2);
@@ -137,7 +159,8 @@ fn tiny_training_run_learns_and_is_stored() {
     assert_eq!(out["status"].as_str().map(|s| s != "failed"), Some(true), "{}", run.describe());
     assert_eq!(run.code(), Some(0), "{}", run.describe());
     assert!(r["learned"].as_bool().unwrap());
-    let (start, end, chance) = (r["loss_start"].as_f64().unwrap(), r["loss_end"].as_f64().unwrap(), r["loss_chance"].as_f64().unwrap());
+    let (start, end, chance) =
+        (r["loss_start"].as_f64().unwrap(), r["loss_end"].as_f64().unwrap(), r["loss_chance"].as_f64().unwrap());
     assert!(end < 0.6 * chance && end < start, "loss {start} -> {end}, chance {chance}");
     assert_eq!(r["loss_curve"].as_array().unwrap().len(), 100);
     assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0);
@@ -154,7 +177,12 @@ fn both_kernel_paths_train_the_same_model_from_the_seed() {
     // The fused CPU kernels and candle's composed ops start from the same seeded parameters and
     // batches, so the whole loss curve agrees (to float rounding), and repeats run to run.
     let curve = |kernels: &str| {
-        let out = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--kernels", kernels, "--no-save", "--json"], &[]).success().json();
+        let out = kiln(
+            &["bench", "train", "--size", "tiny", "--seq", "32", "--kernels", kernels, "--no-save", "--json"],
+            &[],
+        )
+        .success()
+        .json();
         assert_eq!(out["report"]["train"]["config"]["kernels"], kernels);
         out["report"]["train"]["loss_curve"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>()
     };
@@ -182,7 +210,12 @@ fn training_that_cannot_learn_fails_loudly() {
 
 #[test]
 fn gemm_small_sizes_against_the_peak() {
-    let out = kiln(&["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"], &[]).success().json();
+    let out = kiln(
+        &["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"],
+        &[],
+    )
+    .success()
+    .json();
     assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
     // Where the processor is in the FLOPs-per-cycle table, the datasheet view comes with it.
     let t = &out["report"]["theoretical_peak"];

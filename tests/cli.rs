@@ -49,11 +49,30 @@ fn json_document_has_the_documented_shape() {
     assert_eq!(
         top,
         [
-            "collected_at", "collection_micros", "cpu", "fingerprints", "gpus", "kiln_version", "memory", "nics", "numa", "nvme",
-            "os", "pci", "problems", "rdma", "root", "schema_version", "system", "topology"
+            "collected_at",
+            "collection_micros",
+            "cpu",
+            "fingerprints",
+            "gpus",
+            "kiln_version",
+            "memory",
+            "nics",
+            "numa",
+            "nvme",
+            "os",
+            "pci",
+            "problems",
+            "rdma",
+            "root",
+            "schema_version",
+            "system",
+            "topology"
         ]
     );
-    assert_eq!((inv["cpu"]["packages"].as_u64(), inv["cpu"]["cores"].as_u64(), inv["cpu"]["online"].as_u64()), (Some(4), Some(8), Some(16)));
+    assert_eq!(
+        (inv["cpu"]["packages"].as_u64(), inv["cpu"]["cores"].as_u64(), inv["cpu"]["online"].as_u64()),
+        (Some(4), Some(8), Some(16))
+    );
     assert!(inv["collected_at"].as_str().unwrap().ends_with('Z'));
     // The snapshot's inventory does not leak the live machine: no hostname in this snapshot.
     assert!(inv["os"]["hostname"].is_null());
@@ -103,7 +122,9 @@ fn inventory_save_from_snapshots_keeps_hosts_apart() {
 #[track_caller]
 fn assert_refused_untouched(db: &Path, expect: &str) {
     let before = std::fs::read(db).unwrap();
-    for args in [&["commission"][..], &["hosts"][..], &["inventory", "--save"][..], &["bench", "membw", "--array-mib", "1"][..]] {
+    for args in
+        [&["commission"][..], &["hosts"][..], &["inventory", "--save"][..], &["bench", "membw", "--array-mib", "1"][..]]
+    {
         let run = kiln(args, &[("KILN_DB", db)]);
         assert_eq!(run.code(), Some(2), "{}", run.describe());
         let err = run.stderr();
@@ -169,7 +190,15 @@ fn concurrent_first_opens_of_a_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("new.db");
     let children: Vec<std::process::Child> = (0..6)
-        .map(|_| std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(["hosts", "--json"]).env("KILN_DB", &db).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap())
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .args(["hosts", "--json"])
+                .env("KILN_DB", &db)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
         .collect();
     for c in children {
         let out = c.wait_with_output().unwrap();
@@ -183,10 +212,25 @@ fn concurrent_first_opens_of_a_database() {
 #[test]
 fn every_command_has_help() {
     let commands: &[&[&str]] = &[
-        &["inventory"], &["commission"], &["topo"], &["runs"], &["hosts"],
-        &["bench", "membw"], &["bench", "gemm"], &["bench", "train"], &["bench", "disk"], &["bench", "net"], &["bench", "suite"],
-        &["show", "inventory"], &["show", "run"],
-        &["provision", "plan"], &["provision", "apply"], &["provision", "verify"], &["provision", "status"], &["provision", "lint"], &["provision", "log"],
+        &["inventory"],
+        &["commission"],
+        &["topo"],
+        &["runs"],
+        &["hosts"],
+        &["bench", "membw"],
+        &["bench", "gemm"],
+        &["bench", "train"],
+        &["bench", "disk"],
+        &["bench", "net"],
+        &["bench", "suite"],
+        &["show", "inventory"],
+        &["show", "run"],
+        &["provision", "plan"],
+        &["provision", "apply"],
+        &["provision", "verify"],
+        &["provision", "status"],
+        &["provision", "lint"],
+        &["provision", "log"],
     ];
     for c in commands {
         let mut args = c.to_vec();
@@ -202,7 +246,8 @@ fn commission_runs_the_quick_suite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
     let out = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
-    let benchmarks: Vec<&str> = out["benchmarks"].as_array().unwrap().iter().map(|b| b["benchmark"].as_str().unwrap()).collect();
+    let benchmarks: Vec<&str> =
+        out["benchmarks"].as_array().unwrap().iter().map(|b| b["benchmark"].as_str().unwrap()).collect();
     assert_eq!(benchmarks, ["membw", "gemm", "train", "disk"]);
     let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
     assert_eq!(runs["runs"].as_array().unwrap().len(), 4);

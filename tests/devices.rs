@@ -32,14 +32,23 @@ fn pci_functions_agree_with_hwloc() {
         }
         let inv = inventory_json(&unpack(&dir.join(tarball)).join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()));
         let pci = by_address(&inv);
-        assert_eq!(pci.len() as u64, exp["raw_sysfs_facts"]["pci_devices"].as_u64().unwrap(), "{tarball}: every function");
+        assert_eq!(
+            pci.len() as u64,
+            exp["raw_sysfs_facts"]["pci_devices"].as_u64().unwrap(),
+            "{tarball}: every function"
+        );
         for entry in list {
             let addr = entry[0].as_str().unwrap();
             let desc = entry[1].as_str().unwrap();
             let dev = pci.get(addr).unwrap_or_else(|| panic!("{tarball}: {addr} missing"));
             if !desc.contains('[') {
                 // The console form: "vendor:device" and "class(name)".
-                let got = format!("{}:{} {}", dev["vendor_id"].as_str().unwrap(), dev["device_id"].as_str().unwrap(), dev["class"].as_str().unwrap());
+                let got = format!(
+                    "{}:{} {}",
+                    dev["vendor_id"].as_str().unwrap(),
+                    dev["device_id"].as_str().unwrap(),
+                    dev["class"].as_str().unwrap()
+                );
                 let class = &entry[2].as_str().unwrap()[..4];
                 assert_eq!(got, format!("{desc} {class}"), "{tarball}: {addr}");
                 checked += 1;
@@ -77,7 +86,8 @@ fn server_snapshot_nics_rdma_nvme_and_names() {
     assert_eq!(pci["0000:82:00.0"]["upstream"], serde_json::json!(["0000:80:02.2"]));
     assert_eq!(pci["0000:82:00.0"]["host_bridge"], "pci0000:80");
 
-    let nics: BTreeMap<&str, &Value> = inv["nics"].as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n)).collect();
+    let nics: BTreeMap<&str, &Value> =
+        inv["nics"].as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n)).collect();
     assert_eq!(nics.keys().copied().collect::<Vec<_>>(), ["eth0", "eth1", "ib0"], "physical interfaces only");
     assert_eq!(nics["eth0"]["pci_address"], "0000:02:00.0");
     assert_eq!(nics["eth1"]["pci_address"], "0000:02:00.3");
@@ -127,12 +137,19 @@ fn prometheus_infiniband_and_nvme() {
     let dir = tempfile::tempdir().unwrap();
     unpack_ttar(&fixtures().join("sysfs/prometheus-procfs/fixtures.ttar"), dir.path());
     let inv = inventory_json(&dir.path().join("fixtures"));
-    let rdma: BTreeMap<&str, &Value> = inv["rdma"].as_array().unwrap().iter().map(|r| (r["name"].as_str().unwrap(), r)).collect();
+    let rdma: BTreeMap<&str, &Value> =
+        inv["rdma"].as_array().unwrap().iter().map(|r| (r["name"].as_str().unwrap(), r)).collect();
     assert_eq!(rdma.keys().copied().collect::<Vec<_>>(), ["hfi1_0", "mlx4_0", "mlx5_0"]);
     let mlx4 = rdma["mlx4_0"];
-    assert_eq!((mlx4["hca_type"].as_str(), mlx4["firmware"].as_str(), mlx4["board_id"].as_str()), (Some("MT4099"), Some("2.31.5050"), Some("SM_1141000001000")));
+    assert_eq!(
+        (mlx4["hca_type"].as_str(), mlx4["firmware"].as_str(), mlx4["board_id"].as_str()),
+        (Some("MT4099"), Some("2.31.5050"), Some("SM_1141000001000"))
+    );
     let p1 = &mlx4["ports"][0];
-    assert_eq!((p1["state"].as_str(), p1["physical_state"].as_str(), p1["link_layer"].as_str()), (Some("ACTIVE"), Some("LinkUp"), Some("InfiniBand")));
+    assert_eq!(
+        (p1["state"].as_str(), p1["physical_state"].as_str(), p1["link_layer"].as_str()),
+        (Some("ACTIVE"), Some("LinkUp"), Some("InfiniBand"))
+    );
     assert_eq!((p1["rate"].as_str(), p1["rate_gbps"].as_f64()), (Some("40 Gb/sec (4X QDR)"), Some(40.0)));
     assert_eq!(rdma["hfi1_0"]["ports"][0]["rate_gbps"].as_f64(), Some(100.0));
 
@@ -143,7 +160,10 @@ fn prometheus_infiniband_and_nvme() {
     assert_eq!(n0["firmware"], "1B2QEXP7");
     assert_eq!(n0["state"], "live");
     let ns = &n0["namespaces"][0];
-    assert_eq!((ns["size_bytes"].as_u64(), ns["logical_block_bytes"].as_u64()), (Some(3_906_250_000 * 512), Some(4096)));
+    assert_eq!(
+        (ns["size_bytes"].as_u64(), ns["logical_block_bytes"].as_u64()),
+        (Some(3_906_250_000 * 512), Some(4096))
+    );
 }
 
 #[test]

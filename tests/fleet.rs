@@ -67,10 +67,21 @@ fn import_is_idempotent_and_a_bad_file_imports_nothing() {
     let stats = &first["imports"][0]["stats"];
     assert_eq!(stats["runs_new"], 1200);
     assert_eq!(stats["hosts_new"], 40);
-    assert_eq!((stats["metrics"].as_u64(), stats["samples"].as_u64(), stats["telemetry"].as_u64()), (Some(metrics as u64), Some(samples as u64), Some(telemetry as u64)));
+    assert_eq!(
+        (stats["metrics"].as_u64(), stats["samples"].as_u64(), stats["telemetry"].as_u64()),
+        (Some(metrics as u64), Some(samples as u64), Some(telemetry as u64))
+    );
     let again = lab.kiln(&["import", file.to_str().unwrap(), "--json"]).success().json();
     let stats = &again["imports"][0]["stats"];
-    assert_eq!((stats["runs_new"].as_u64(), stats["runs_known"].as_u64(), stats["hosts_new"].as_u64(), stats["metrics"].as_u64()), (Some(0), Some(1200), Some(0), Some(0)));
+    assert_eq!(
+        (
+            stats["runs_new"].as_u64(),
+            stats["runs_known"].as_u64(),
+            stats["hosts_new"].as_u64(),
+            stats["metrics"].as_u64()
+        ),
+        (Some(0), Some(1200), Some(0), Some(0))
+    );
 
     // A round trip: export what was imported, import it elsewhere, export again: the same records.
     let exported = lab.kiln(&["export"]).success().stdout();
@@ -82,7 +93,11 @@ fn import_is_idempotent_and_a_bad_file_imports_nothing() {
         l.sort();
         l
     };
-    assert_eq!(sorted(&exported), sorted(&other.kiln(&["export"]).success().stdout()), "export → import → export changes nothing");
+    assert_eq!(
+        sorted(&exported),
+        sorted(&other.kiln(&["export"]).success().stdout()),
+        "export → import → export changes nothing"
+    );
 
     // Bad files, each refused with its line, and the database left as it was.
     let lines: Vec<&str> = text.lines().collect();
@@ -92,11 +107,30 @@ fn import_is_idempotent_and_a_bad_file_imports_nothing() {
     let replaced = broken_metric[bad_line - 1].replacen(r#""metrics":[["#, r#""metrics":[[7,"#, 1);
     broken_metric[bad_line - 1] = &replaced;
     let cases: Vec<(&str, String, String)> = vec![
-        ("truncated.jsonl", text[..cut].to_string(), format!(":{}: the last line is cut off (no newline): the file is truncated; nothing was imported", lines.len() - 1)),
-        ("no-end.jsonl", lines[..lines.len() - 1].join("\n") + "\n", ": no end record: the file is truncated; nothing was imported".into()),
-        ("bad-record.jsonl", broken_metric.join("\n") + "\n", format!(":{bad_line}: invalid type: integer `7`, expected a string at line 1 column")),
+        (
+            "truncated.jsonl",
+            text[..cut].to_string(),
+            format!(
+                ":{}: the last line is cut off (no newline): the file is truncated; nothing was imported",
+                lines.len() - 1
+            ),
+        ),
+        (
+            "no-end.jsonl",
+            lines[..lines.len() - 1].join("\n") + "\n",
+            ": no end record: the file is truncated; nothing was imported".into(),
+        ),
+        (
+            "bad-record.jsonl",
+            broken_metric.join("\n") + "\n",
+            format!(":{bad_line}: invalid type: integer `7`, expected a string at line 1 column"),
+        ),
         ("not-an-export.jsonl", "hello\n".into(), ":1: not a kiln export header".into()),
-        ("newer.jsonl", "{\"kiln_export\":99,\"exported_at\":\"x\"}\n{\"type\":\"end\",\"records\":0}\n".into(), ":1: export format 99 is newer than this kiln knows (1); upgrade kiln; nothing was imported".into()),
+        (
+            "newer.jsonl",
+            "{\"kiln_export\":99,\"exported_at\":\"x\"}\n{\"type\":\"end\",\"records\":0}\n".into(),
+            ":1: export format 99 is newer than this kiln knows (1); upgrade kiln; nothing was imported".into(),
+        ),
     ];
     let fresh = Lab::new();
     fresh.kiln(&["hosts"]).success(); // creates the empty database
@@ -131,7 +165,10 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
     let m0 = c0["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "metric_00").unwrap();
     assert!((m0["median"].as_f64().unwrap() / 50.0 - 1.0).abs() < 0.02, "{m0}");
     assert_eq!(m0["runs"], 10 * s.nights);
-    assert!(m0["p10"].as_f64().unwrap() <= m0["median"].as_f64().unwrap() && m0["median"].as_f64().unwrap() <= m0["p90"].as_f64().unwrap());
+    assert!(
+        m0["p10"].as_f64().unwrap() <= m0["median"].as_f64().unwrap()
+            && m0["median"].as_f64().unwrap() <= m0["p90"].as_f64().unwrap()
+    );
     let per_price = m0["per_price"].as_f64().unwrap();
     assert!((per_price - m0["median"].as_f64().unwrap() / 250_000.0).abs() < 1e-12);
     assert!(m0["per_watt"].as_f64().unwrap() > 0.0, "power telemetry gives perf per watt: {m0}");
@@ -142,7 +179,8 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
     }
     // Host 13's new software stack is kept apart: its configuration has two stacks' rows.
     let c1 = configs.iter().find(|c| c["config_fingerprint"] == config_fp(1)).unwrap();
-    let stacks: std::collections::BTreeSet<&str> = c1["metrics"].as_array().unwrap().iter().map(|m| m["software"].as_str().unwrap()).collect();
+    let stacks: std::collections::BTreeSet<&str> =
+        c1["metrics"].as_array().unwrap().iter().map(|m| m["software"].as_str().unwrap()).collect();
     assert_eq!(stacks.len(), 2, "{c1}");
     let text = lab.kiln(&["compare", "--by", "config"]).success().stdout();
     assert!(text.contains("2× EPYC 9654 · 8× H100 80GB HBM3 · 2 TiB") && text.contains("gpu-node-0007"), "{text}");
@@ -159,7 +197,8 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
         assert!(r["ci"][0].as_f64().unwrap() <= ratio && ratio <= r["ci"][1].as_f64().unwrap());
     }
     // Two configurations: configuration 2 is 20 % higher on everything (before its BIOS update).
-    let out = lab.kiln(&["compare", &format!("config:{}", &config_fp(0)[..14]), &config_fp(2), "--json"]).success().json();
+    let out =
+        lab.kiln(&["compare", &format!("config:{}", &config_fp(0)[..14]), &config_fp(2), "--json"]).success().json();
     for r in out["rows"].as_array().unwrap() {
         let want = if r["direction"] == "higher" { "better" } else { "worse" };
         assert_eq!(r["verdict"], want, "{r}");
@@ -189,10 +228,17 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
     let host13 = by_host(&regs, &hostname(13));
     assert_eq!(host13.len(), s.metrics, "{regs:?}");
     for r in &host13 {
-        assert!((r["change"]["ratio"].as_f64().unwrap() - if r["direction"] == "higher" { 0.9 } else { 1.0 / 0.9 }).abs() < 0.03, "{r}");
+        assert!(
+            (r["change"]["ratio"].as_f64().unwrap() - if r["direction"] == "higher" { 0.9 } else { 1.0 / 0.9 }).abs()
+                < 0.03,
+            "{r}"
+        );
         let changed = r["changed"].as_array().unwrap();
         assert!(changed.iter().any(|c| c.as_str().unwrap().starts_with("software stack 5f0a11ce0000")), "{r}");
-        assert!(changed.iter().any(|c| c.as_str().unwrap().contains(r#"stack.python./opt/venv.torch: "2.6.0" → "2.7.0""#)), "{r}");
+        assert!(
+            changed.iter().any(|c| c.as_str().unwrap().contains(r#"stack.python./opt/venv.torch: "2.6.0" → "2.7.0""#)),
+            "{r}"
+        );
         let started = r["started"].as_i64().unwrap();
         let night = (started - (s.end - (s.nights as i64 - 1) * 86_400)).div_euclid(86_400);
         assert_eq!(night as usize, s.nights - 10, "{r}");
@@ -200,10 +246,24 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
     let config2: Vec<&Value> = regs.iter().filter(|r| r["scope"] == "config").collect();
     assert_eq!(config2.len(), s.metrics, "one per metric of configuration 2: {config2:?}");
     assert!(config2.iter().all(|r| r["config_fingerprint"] == config_fp(2)));
-    let bios: Vec<&Value> = regs.iter().filter(|r| r["scope"] == "host" && r["config_fingerprint"] == config_fp(2)).collect();
+    let bios: Vec<&Value> =
+        regs.iter().filter(|r| r["scope"] == "host" && r["config_fingerprint"] == config_fp(2)).collect();
     assert_eq!(bios.len(), 10 * s.metrics, "every host of configuration 2, every metric");
-    assert!(bios.iter().all(|r| r["changed"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains(r#"system.bios.version: "1.2.0" → "1.3.0""#))), "{:?}", bios[0]);
-    assert_eq!(regs.len(), host13.len() + config2.len() + bios.len(), "no false alarms among the other {} series", 29 * s.metrics);
+    assert!(
+        bios.iter().all(|r| r["changed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains(r#"system.bios.version: "1.2.0" → "1.3.0""#))),
+        "{:?}",
+        bios[0]
+    );
+    assert_eq!(
+        regs.len(),
+        host13.len() + config2.len() + bios.len(),
+        "no false alarms among the other {} series",
+        29 * s.metrics
+    );
     let text = lab.kiln(&["regressions", "--since", "40d"]).stdout();
     assert!(text.contains(&format!("REGRESSION host {}", hostname(13))) && text.contains("software stack"), "{text}");
     let quiet = lab.kiln(&["regressions", "--since", "40d", "--metric", "no_such_metric"]);
@@ -211,7 +271,9 @@ fn compare_outliers_and_regressions_find_what_was_planted() {
 }
 
 fn chromium() -> Option<&'static str> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"].into_iter().find(|p| Path::new(p).exists())
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
 }
 
 #[test]
@@ -220,36 +282,90 @@ fn reports_render_in_headless_chromium() {
     lab.imported();
     let html = lab.dir.path().join("host.html");
     let md = lab.dir.path().join("host.md");
-    lab.kiln(&["report", "--host", &hostname(13), "--since", "40d", "--html", html.to_str().unwrap(), "--markdown", md.to_str().unwrap()]).success();
+    lab.kiln(&[
+        "report",
+        "--host",
+        &hostname(13),
+        "--since",
+        "40d",
+        "--html",
+        html.to_str().unwrap(),
+        "--markdown",
+        md.to_str().unwrap(),
+    ])
+    .success();
     let page = std::fs::read_to_string(&html).unwrap();
-    for want in ["<h2>Results against the fleet</h2>", "<h2>History</h2>", "<h2>Telemetry of run", "class=\"change\"", "this host"] {
+    for want in [
+        "<h2>Results against the fleet</h2>",
+        "<h2>History</h2>",
+        "<h2>Telemetry of run",
+        "class=\"change\"",
+        "this host",
+    ] {
         assert!(page.contains(want), "the host report lacks {want:?}");
     }
-    assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("href="), "self-contained: no scripts, no external assets");
+    assert!(
+        !page.contains("<script") && !page.contains("src=") && !page.contains("href="),
+        "self-contained: no scripts, no external assets"
+    );
     let text = std::fs::read_to_string(&md).unwrap();
-    assert!(text.contains("## Results against the fleet") && text.contains("| metric | unit | better | value | percentile |"), "{text}");
-    assert!(text.contains("changed -10.0 %") || text.contains("changed -9."), "the software regression is named: {text}");
+    assert!(
+        text.contains("## Results against the fleet")
+            && text.contains("| metric | unit | better | value | percentile |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("changed -10.0 %") || text.contains("changed -9."),
+        "the software regression is named: {text}"
+    );
     assert!(text.chars().any(|c| ('▁'..='█').contains(&c)), "sparklines in the history table");
 
     let cfg_html = lab.dir.path().join("config.html");
-    lab.kiln(&["report", "--config", crate::fleet_gen::CONFIG_NAMES[2], "--since", "40d", "--html", cfg_html.to_str().unwrap()]).success();
+    lab.kiln(&[
+        "report",
+        "--config",
+        crate::fleet_gen::CONFIG_NAMES[2],
+        "--since",
+        "40d",
+        "--html",
+        cfg_html.to_str().unwrap(),
+    ])
+    .success();
     let cfg = std::fs::read_to_string(&cfg_html).unwrap();
-    assert!(cfg.contains("<h2>Nightly median</h2>") && cfg.contains("class=\"change\""), "the BIOS regression is marked");
+    assert!(
+        cfg.contains("<h2>Nightly median</h2>") && cfg.contains("class=\"change\""),
+        "the BIOS regression is marked"
+    );
     let runs = lab.kiln(&["runs", "--json", "--limit", "1"]).success().json();
     let run_id = runs["runs"][0]["id"].as_str().unwrap().to_string();
     let run_md = lab.dir.path().join("run.md");
     lab.kiln(&["report", "--run", &run_id, "--markdown", run_md.to_str().unwrap()]).success();
-    assert!(std::fs::read_to_string(&run_md).unwrap().contains("this run") || std::fs::read_to_string(&run_md).unwrap().contains("| value |"));
+    assert!(
+        std::fs::read_to_string(&run_md).unwrap().contains("this run")
+            || std::fs::read_to_string(&run_md).unwrap().contains("| value |")
+    );
     let none = lab.kiln(&["report", "--host", "nope", "--html", "/dev/null"]);
     assert_eq!(none.code(), Some(2));
     assert!(none.stderr().contains("no host matches \"nope\""), "{}", none.describe());
 
     // Headless Chromium: the page loads without console errors and the plots are in the DOM.
-    let browser = chromium().expect("headless Chromium is needed for this test (Debian package chromium; .ci/run installs it)");
+    let browser =
+        chromium().expect("headless Chromium is needed for this test (Debian package chromium; .ci/run installs it)");
     for (page, min_svgs) in [(&html, 10), (&cfg_html, 10)] {
         let profile = tempfile::tempdir().unwrap();
         let out = std::process::Command::new(browser)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--enable-logging=stderr",
+                "--v=0",
+            ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("--dump-dom")
             .arg(format!("file://{}", page.display()))

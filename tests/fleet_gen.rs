@@ -33,12 +33,24 @@ fn gauss(s: &mut u64) -> f64 {
 }
 
 fn uuid(kind: u8, a: u64, b: u64) -> String {
-    format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", (a >> 16) as u32 ^ u32::from(kind) << 24, a & 0xffff, (b >> 48) & 0xfff, (b >> 36) & 0xfff, b & 0xffff_ffff_ffff)
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        (a >> 16) as u32 ^ u32::from(kind) << 24,
+        a & 0xffff,
+        (b >> 48) & 0xfff,
+        (b >> 36) & 0xfff,
+        b & 0xffff_ffff_ffff
+    )
 }
 
 use kiln::timefmt::rfc3339;
 
-pub const CONFIG_NAMES: [&str; 4] = ["2× EPYC 9654 · 8× H100 80GB HBM3 · 2 TiB", "2× Xeon 8480+ · 8× H100 80GB HBM3 · 2 TiB", "2× EPYC 9654 · 8× H200 141GB · 2 TiB", "2× Xeon 8568Y+ · 8× H200 141GB · 2 TiB"];
+pub const CONFIG_NAMES: [&str; 4] = [
+    "2× EPYC 9654 · 8× H100 80GB HBM3 · 2 TiB",
+    "2× Xeon 8480+ · 8× H100 80GB HBM3 · 2 TiB",
+    "2× EPYC 9654 · 8× H200 141GB · 2 TiB",
+    "2× Xeon 8568Y+ · 8× H200 141GB · 2 TiB",
+];
 
 pub fn config_fp(c: usize) -> String {
     format!("{:016x}", 0xc0f1_6000_0000_0000u64 + c as u64 * 0x1111)
@@ -66,7 +78,10 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
     let _ = writeln!(out, r#"{{"kiln_export":1,"exported_at":"{}"}}"#, rfc3339(spec.end));
     let software = [(uuid(5, 1, 1), "5f0a11ce00000001", "2.6.0"), (uuid(5, 2, 2), "5f0a11ce00000002", "2.7.0")];
     for (id, fp, torch) in &software {
-        let _ = writeln!(out, r#"{{"type":"software","id":"{id}","fingerprint":"{fp}","document":{{"kiln":"0.1.0","stack":{{"python":{{"/opt/venv":{{"torch":"{torch}"}}}}}}}}}}"#);
+        let _ = writeln!(
+            out,
+            r#"{{"type":"software","id":"{id}","fingerprint":"{fp}","document":{{"kiln":"0.1.0","stack":{{"python":{{"/opt/venv":{{"torch":"{torch}"}}}}}}}}}}"#
+        );
         records += 1;
     }
     let levels: Vec<f64> = (0..spec.metrics).map(|m| 50.0 + 37.0 * m as f64).collect();
@@ -131,11 +146,23 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
             for m in 0..spec.metrics {
                 let good = if higher(m) { factor } else { 1.0 / factor };
                 let v = levels[m] * (1.0 + c as f64 * 0.1) * good * (1.0 + 0.01 * gauss(&mut s));
-                let _ = write!(out, r#"{}["{}",{v:.6},"u","{}"]"#, if m > 0 { "," } else { "" }, metric_name(m), if higher(m) { "higher" } else { "lower" });
+                let _ = write!(
+                    out,
+                    r#"{}["{}",{v:.6},"u","{}"]"#,
+                    if m > 0 { "," } else { "" },
+                    metric_name(m),
+                    if higher(m) { "higher" } else { "lower" }
+                );
                 n_metrics += 1;
                 if m < spec.sampled_metrics {
                     for i in 0..spec.samples_per_metric {
-                        let _ = write!(samples, r#"{}["{}",{i},{:.6}]"#, if samples.is_empty() { "" } else { "," }, metric_name(m), v * (1.0 + 0.005 * gauss(&mut s)));
+                        let _ = write!(
+                            samples,
+                            r#"{}["{}",{i},{:.6}]"#,
+                            if samples.is_empty() { "" } else { "," },
+                            metric_name(m),
+                            v * (1.0 + 0.005 * gauss(&mut s))
+                        );
                         n_samples += 1;
                     }
                 }
@@ -145,7 +172,13 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
             for g in 0..spec.gpus {
                 for p in 0..spec.telemetry_points {
                     let watts = if h == 7 { 520.0 } else { 650.0 };
-                    let _ = write!(out, r#"{}[{},"gpu{g}","power_watts",{:.1}]"#, if firstt { "" } else { "," }, p * 1000, watts + 20.0 * gauss(&mut s));
+                    let _ = write!(
+                        out,
+                        r#"{}[{},"gpu{g}","power_watts",{:.1}]"#,
+                        if firstt { "" } else { "," },
+                        p * 1000,
+                        watts + 20.0 * gauss(&mut s)
+                    );
                     firstt = false;
                     n_telemetry += 1;
                 }

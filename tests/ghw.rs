@@ -30,7 +30,11 @@ fn arm64_graviton2() {
     assert_eq!(cpu["ml_features"], serde_json::json!(["asimd", "asimdhp", "asimddp"]));
     assert!(cpu["family"].is_null(), "x86 fields stay empty on Arm");
     // No DMI on this instance: a problem entry, not a failure.
-    assert!(inv["problems"].as_array().unwrap().iter().any(|p| p["path"].as_str().unwrap().ends_with("sys/class/dmi/id")));
+    assert!(inv["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["path"].as_str().unwrap().ends_with("sys/class/dmi/id")));
 }
 
 #[test]
@@ -38,7 +42,10 @@ fn s390x_guest() {
     let inv = ghw("linux-s390x-snapshot");
     let cpu = &inv["cpu"];
     assert_eq!(cpu["architecture"], "s390x");
-    assert_eq!((cpu["cores"].as_u64(), cpu["online"].as_u64(), cpu["threads_per_core"].as_u64()), (Some(4), Some(8), Some(2)));
+    assert_eq!(
+        (cpu["cores"].as_u64(), cpu["online"].as_u64(), cpu["threads_per_core"].as_u64()),
+        (Some(4), Some(8), Some(2))
+    );
     assert!(cpu["vendor"].as_str().unwrap().contains("S390"));
 }
 
@@ -49,7 +56,8 @@ fn offline_cpus() {
     assert_eq!(cpu["online_cpus"], "0-1");
     assert_eq!(cpu["offline_cpus"], "2-3");
     assert_eq!(cpu["possible_cpus"], "0-3");
-    let offline: Vec<&Value> = cpu["logical_cpus"].as_array().unwrap().iter().filter(|c| c["online"] == false).collect();
+    let offline: Vec<&Value> =
+        cpu["logical_cpus"].as_array().unwrap().iter().filter(|c| c["online"] == false).collect();
     assert_eq!(offline.len(), 2);
     assert!(offline.iter().all(|c| c["package"].is_null()), "an offline CPU has no known place");
 }
@@ -71,10 +79,16 @@ fn two_socket_xeon_server() {
     // 2× Xeon L5640: 6 cores, 12 threads and 12 MiB L3 per socket; one NUMA node per socket.
     let inv = ghw("linux-amd64-8581cf3a529e5d8b97ea876eade2f60d");
     let cpu = &inv["cpu"];
-    assert_eq!((cpu["packages"].as_u64(), cpu["cores"].as_u64(), cpu["online"].as_u64()), (Some(2), Some(12), Some(24)));
+    assert_eq!(
+        (cpu["packages"].as_u64(), cpu["cores"].as_u64(), cpu["online"].as_u64()),
+        (Some(2), Some(12), Some(24))
+    );
     assert_eq!((cpu["cores_per_package"].as_u64(), cpu["threads_per_core"].as_u64()), (Some(6), Some(2)));
     let l3 = cpu["caches"].as_array().unwrap().iter().find(|c| c["level"] == 3).unwrap();
-    assert_eq!((l3["size_bytes"].as_u64(), l3["instances"].as_u64(), l3["cpus_per_instance"].as_u64()), (Some(12 << 20), Some(2), Some(12)));
+    assert_eq!(
+        (l3["size_bytes"].as_u64(), l3["instances"].as_u64(), l3["cpus_per_instance"].as_u64()),
+        (Some(12 << 20), Some(2), Some(12))
+    );
     assert_eq!(inv["numa"]["distances"], serde_json::json!([[10, 20], [20, 10]]));
     assert_eq!(inv["numa"]["nodes"][0]["cpus"], "0,2,4,6,8,10,12,14,16,18,20,22");
     assert_eq!(inv["fingerprints"]["config_name"], "2× Intel Xeon L5640 · 64 GiB");

@@ -44,7 +44,10 @@ fn parse_smi_q(text: &str) -> Smi {
     let mut smi = Smi { driver: String::new(), cuda: String::new(), gpus: Vec::new() };
     let mut stack: Vec<(usize, String)> = Vec::new();
     for line in body.lines() {
-        if let Some(bus) = line.strip_prefix("GPU ").filter(|_| !line.starts_with("GPU ") || !line.contains(':') || line.matches(':').count() == 2) {
+        if let Some(bus) = line
+            .strip_prefix("GPU ")
+            .filter(|_| !line.starts_with("GPU ") || !line.contains(':') || line.matches(':').count() == 2)
+        {
             if bus.len() >= 12 && bus.contains('.') {
                 smi.gpus.push(SmiGpu::default());
                 stack.clear();
@@ -263,7 +266,10 @@ fn assert_matches_capture(inv: &Value, smi: &Smi) {
         assert_eq!(gpu["board_part_number"].as_str(), g.get("Board Part Number"));
         let mib = g.num("FB Memory Usage/Total").unwrap() as u64;
         assert_eq!(gpu["memory_total_bytes"].as_u64(), Some(mib << 20));
-        assert_eq!(gpu["architecture"].as_str().unwrap(), g.get("Product Architecture").unwrap().split(' ').next().unwrap());
+        assert_eq!(
+            gpu["architecture"].as_str().unwrap(),
+            g.get("Product Architecture").unwrap().split(' ').next().unwrap()
+        );
         let link = |k: &str| g.num(&format!("PCI/GPU Link Info/{k}")).map(|v| v as u64);
         assert_eq!(gpu["pcie"]["current_gen"].as_u64(), link("PCIe Generation/Current"));
         assert_eq!(gpu["pcie"]["max_gen"].as_u64(), link("PCIe Generation/Max"));
@@ -309,7 +315,12 @@ fn hgx_h100_eight_gpus_and_nvswitch_fabric() {
     }
     assert!(inv["fingerprints"]["config_name"].as_str().unwrap().contains("8× H100 80GB HBM3"));
     let summary = machine.kiln(&["inventory"]).success().stdout();
-    assert!(summary.contains("GPU7 NVIDIA H100 80GB HBM3 0000:db:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 18/18 up, 989 TFLOP/s bf16 dense"), "{summary}");
+    assert!(
+        summary.contains(
+            "GPU7 NVIDIA H100 80GB HBM3 0000:db:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 18/18 up, 989 TFLOP/s bf16 dense"
+        ),
+        "{summary}"
+    );
 }
 
 /// The benchmark serves `tests/fake-nvml/machines/hgx-h100x8.txt`; it must be what the generator
@@ -317,13 +328,18 @@ fn hgx_h100_eight_gpus_and_nvswitch_fabric() {
 #[test]
 fn committed_machine_matches_the_capture() {
     let generated = fixture(&capture("H100SXMx8_smi_q.txt"), Wiring::NvSwitch18, |_, _| {});
-    let header = "# 8x H100 SXM HGX, generated from ../shared/fixtures/nvidia/nvidia-smi/H100SXMx8_smi_q.txt by tests/gpu.rs\n";
+    let header =
+        "# 8x H100 SXM HGX, generated from ../shared/fixtures/nvidia/nvidia-smi/H100SXMx8_smi_q.txt by tests/gpu.rs\n";
     let want = format!("{header}{generated}");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/machines/hgx-h100x8.txt");
     if std::env::var_os("KILN_UPDATE_FIXTURES").is_some() {
         std::fs::write(&path, &want).unwrap();
     }
-    assert!(std::fs::read_to_string(&path).unwrap_or_default() == want, "{} is stale: run with KILN_UPDATE_FIXTURES=1", path.display());
+    assert!(
+        std::fs::read_to_string(&path).unwrap_or_default() == want,
+        "{} is stale: run with KILN_UPDATE_FIXTURES=1",
+        path.display()
+    );
 }
 
 #[test]
@@ -348,14 +364,21 @@ fn pcie_cards_downtrain_at_idle() {
     let machine = FakeMachine::new(&fixture(&smi, Wiring::None, |_, _| {}));
     let inv = machine.inventory(None);
     assert_matches_capture(&inv, &smi);
-    let idle = inv["gpus"]["devices"].as_array().unwrap().iter().filter(|g| g["pcie"]["current_gen"].as_u64() < g["pcie"]["max_gen"].as_u64()).count();
+    let idle = inv["gpus"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["pcie"]["current_gen"].as_u64() < g["pcie"]["max_gen"].as_u64())
+        .count();
     assert!(idle > 0, "the capture has GPUs at a lower generation than their maximum, at idle");
     assert!(inv["gpus"]["devices"][0]["nvlinks"].as_array().unwrap().is_empty());
 }
 
 #[test]
 fn h100_in_mig_mode_with_topology_affinity() {
-    let text = std::fs::read_to_string(fixtures().join("nvidia/nvidia-smi/linux-x86_64__nvidia-h100-mig__590.48.01.txt")).unwrap();
+    let text =
+        std::fs::read_to_string(fixtures().join("nvidia/nvidia-smi/linux-x86_64__nvidia-h100-mig__590.48.01.txt"))
+            .unwrap();
     let smi = parse_smi_q(&text);
     assert_eq!(smi.gpus.len(), 1);
     // `nvidia-smi topo -m` in the same capture: GPU0, CPU affinity 0-19, NUMA affinity 0.
@@ -436,15 +459,27 @@ fn faults_nvlink_down_gen4_x8_ecc_and_pending_remap() {
     assert_eq!(active(&gpus[2]), 17);
     assert_eq!(inv["topology"]["matrix"][2][3], "NV17");
     assert_eq!(inv["topology"]["matrix"][0][1], "NV18");
-    assert_eq!((gpus[4]["pcie"]["current_gen"].as_u64(), gpus[4]["pcie"]["current_width"].as_u64()), (Some(4), Some(8)));
+    assert_eq!(
+        (gpus[4]["pcie"]["current_gen"].as_u64(), gpus[4]["pcie"]["current_width"].as_u64()),
+        (Some(4), Some(8))
+    );
     let ecc = &gpus[6]["ecc"];
     assert_eq!((ecc["volatile_corrected"].as_u64(), ecc["volatile_uncorrected"].as_u64()), (Some(12), Some(1)));
     assert_eq!((ecc["aggregate_corrected"].as_u64(), ecc["aggregate_uncorrected"].as_u64()), (Some(340), Some(2)));
     let rr = &gpus[6]["remapped_rows"];
-    assert_eq!((rr["correctable"].as_u64(), rr["uncorrectable"].as_u64(), rr["pending"].as_bool()), (Some(3), Some(1), Some(true)));
+    assert_eq!(
+        (rr["correctable"].as_u64(), rr["uncorrectable"].as_u64(), rr["pending"].as_bool()),
+        (Some(3), Some(1), Some(true))
+    );
     let summary = machine.kiln(&["inventory"]).success().stdout();
-    assert!(summary.contains("GPU2 NVIDIA H100 80GB HBM3 0000:3a:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 17/18 up"), "{summary}");
-    assert!(summary.contains("GPU4 NVIDIA H100 80GB HBM3 0000:9a:00.0 79.6 GiB, PCIe Gen4 x8 (max Gen5 x16)"), "{summary}");
+    assert!(
+        summary.contains("GPU2 NVIDIA H100 80GB HBM3 0000:3a:00.0 79.6 GiB, PCIe Gen5 x16, NVLink 17/18 up"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("GPU4 NVIDIA H100 80GB HBM3 0000:9a:00.0 79.6 GiB, PCIe Gen4 x8 (max Gen5 x16)"),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -452,7 +487,11 @@ fn no_library_on_a_cpu_only_snapshot_is_not_a_problem() {
     let root = crate::util::unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
     let inv = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json();
     assert!(inv["gpus"]["nvml_library"].is_null(), "a snapshot does not consult this machine's NVML");
-    let run = kiln(&["inventory", "--json", "--root", root.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"], &[]).success();
+    let run = kiln(
+        &["inventory", "--json", "--root", root.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+        &[],
+    )
+    .success();
     let inv = run.json();
     assert!(inv["gpus"]["nvml_error"].as_str().unwrap().contains("cannot load /nonexistent/libnvidia-ml.so.1"));
 }
@@ -551,13 +590,26 @@ fn topology_over_a_pcie_tree() {
     let inv = machine.inventory(Some(tree.root()));
     let topo = &inv["topology"];
     let labels: Vec<&str> = topo["devices"].as_array().unwrap().iter().map(|d| d["label"].as_str().unwrap()).collect();
-    assert_eq!(labels, ["GPU0", "GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "GPU6", "GPU7", "NIC0", "NIC1", "NIC2", "NIC3", "NIC4", "NIC5", "NIC6", "NIC7"]);
-    let nic_names: Vec<&str> = topo["devices"].as_array().unwrap()[8..].iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "GPU0", "GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "GPU6", "GPU7", "NIC0", "NIC1", "NIC2", "NIC3", "NIC4",
+            "NIC5", "NIC6", "NIC7"
+        ]
+    );
+    let nic_names: Vec<&str> =
+        topo["devices"].as_array().unwrap()[8..].iter().map(|d| d["name"].as_str().unwrap()).collect();
     assert_eq!(nic_names, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]);
     let m = |i: usize, j: usize| topo["matrix"][i][j].as_str().unwrap().to_string();
     for g in 0..8 {
         for n in 0..8 {
-            let want = if g == n { "PIX" } else if (g < 4) == (n < 4) { "NODE" } else { "SYS" };
+            let want = if g == n {
+                "PIX"
+            } else if (g < 4) == (n < 4) {
+                "NODE"
+            } else {
+                "SYS"
+            };
             assert_eq!(m(g, 8 + n), want, "GPU{g} -> NIC{n}");
             assert_eq!(m(8 + n, g), want, "symmetric");
         }

@@ -80,7 +80,8 @@ fn restricted_view(inv: &Value, whole_machine: bool) -> View {
     let online = list(cpu["online_cpus"].as_str().unwrap());
     let allowed = cpu["allowed_cpus"].as_str().map(list).unwrap_or_else(|| online.clone());
     let usable: BTreeSet<u64> = online.intersection(&allowed).copied().collect();
-    let numa_nodes: Vec<u64> = inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
+    let numa_nodes: Vec<u64> =
+        inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
     let allowed_nodes = inv["numa"]["allowed_nodes"].as_str().map(list);
     let nodes = match &allowed_nodes {
         Some(a) => numa_nodes.iter().filter(|n| a.contains(n)).count(),
@@ -105,7 +106,8 @@ fn restricted_view(inv: &Value, whole_machine: bool) -> View {
     }
     for node in inv["numa"]["nodes"].as_array().unwrap() {
         if allowed_nodes.as_ref().is_some_and(|a| a.contains(&node["id"].as_u64().unwrap())) {
-            let node_packages: BTreeSet<_> = list(node["cpus"].as_str().unwrap()).into_iter().filter_map(package_of).collect();
+            let node_packages: BTreeSet<_> =
+                list(node["cpus"].as_str().unwrap()).into_iter().filter_map(package_of).collect();
             if node_packages.len() == 1 {
                 packages.extend(node_packages);
             }
@@ -132,7 +134,8 @@ fn hwloc_matrix(text: &str) -> Option<Vec<Vec<u64>>> {
         return None;
     }
     if let Some(start) = text.find('[') {
-        let values: Vec<u64> = text[start + 1..text.find(']')?].split_whitespace().map(|v| v.parse().unwrap()).collect();
+        let values: Vec<u64> =
+            text[start + 1..text.find(']')?].split_whitespace().map(|v| v.parse().unwrap()).collect();
         let n = (values.len() as f64).sqrt() as usize;
         return Some(values.chunks(n).map(<[u64]>::to_vec).collect());
     }
@@ -206,16 +209,15 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
 
     // NUMA distances, over the nodes this process may use.
     if let Some(want) = hw["numa_latency"].as_str().and_then(hwloc_matrix) {
-        let nodes: Vec<u64> = inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
+        let nodes: Vec<u64> =
+            inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
         let allowed = inv["numa"]["allowed_nodes"].as_str().map(list);
         let keep: Vec<usize> = (0..nodes.len())
             .filter(|&i| whole_machine || allowed.as_ref().is_none_or(|a| a.contains(&nodes[i])))
             .collect();
         let full = inv["numa"]["distances"].as_array().unwrap();
-        let got: Vec<Vec<u64>> = keep
-            .iter()
-            .map(|&i| keep.iter().map(|&j| full[i][j].as_u64().unwrap()).collect())
-            .collect();
+        let got: Vec<Vec<u64>> =
+            keep.iter().map(|&i| keep.iter().map(|&j| full[i][j].as_u64().unwrap()).collect()).collect();
         check("NUMA distances", format!("{want:?}"), format!("{got:?}"));
     }
 
@@ -247,7 +249,11 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
         check("raw online", format!("{:?}", list(online)), format!("{:?}", list(cpu["online_cpus"].as_str().unwrap())));
     }
     if let Some(offline) = raw.get("offline").and_then(Value::as_str) {
-        check("raw offline", format!("{:?}", list(offline)), format!("{:?}", list(cpu["offline_cpus"].as_str().unwrap())));
+        check(
+            "raw offline",
+            format!("{:?}", list(offline)),
+            format!("{:?}", list(cpu["offline_cpus"].as_str().unwrap())),
+        );
     }
     if let Some(possible) = raw.get("possible").and_then(Value::as_str) {
         check("raw possible", possible.to_string(), cpu["possible_cpus"].as_str().unwrap_or("").to_string());
@@ -257,12 +263,14 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     }
     if let Some(row) = raw.get("node0_distance").and_then(Value::as_str) {
         // The kernel's row is indexed by node id; kiln's matrix by its list of present nodes.
-        let ids: Vec<usize> = inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap() as usize).collect();
+        let ids: Vec<usize> =
+            inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap() as usize).collect();
         let raw_row: Vec<&str> = row.split_whitespace().collect();
-        let want: Vec<&str> = if raw_row.len() == ids.len() { raw_row } else { ids.iter().map(|&i| raw_row[i]).collect() };
-        let got = inv["numa"]["distances"].get(0).map(|r| {
-            r.as_array().unwrap().iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" ")
-        });
+        let want: Vec<&str> =
+            if raw_row.len() == ids.len() { raw_row } else { ids.iter().map(|&i| raw_row[i]).collect() };
+        let got = inv["numa"]["distances"]
+            .get(0)
+            .map(|r| r.as_array().unwrap().iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" "));
         check("raw node0_distance", want.join(" "), got.unwrap_or_default());
     }
     if let Some(kb) = raw.get("MemTotal_kB").and_then(Value::as_str) {
@@ -286,8 +294,13 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
                 _ => "unified",
             };
             let kib: u64 = size.trim_end_matches('K').parse().unwrap();
-            let found = caches.iter().any(|c| c["level"] == level && c["type"] == kind && c["size_bytes"] == kib * 1024);
-            check(&format!("raw cpu0 {name}"), format!("{kib} KiB"), if found { format!("{kib} KiB") } else { "absent".into() });
+            let found =
+                caches.iter().any(|c| c["level"] == level && c["type"] == kind && c["size_bytes"] == kib * 1024);
+            check(
+                &format!("raw cpu0 {name}"),
+                format!("{kib} KiB"),
+                if found { format!("{kib} KiB") } else { "absent".into() },
+            );
         }
     }
     if let Some(dmi) = raw.get("dmi").and_then(Value::as_object) {
@@ -301,7 +314,11 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
                 "bios_version" => ("bios", "version"),
                 _ => continue,
             };
-            check(&format!("raw dmi {key}"), want.as_str().unwrap().trim().to_string(), inv["system"][section][field].as_str().unwrap_or("").to_string());
+            check(
+                &format!("raw dmi {key}"),
+                want.as_str().unwrap().trim().to_string(),
+                inv["system"][section][field].as_str().unwrap_or("").to_string(),
+            );
         }
     }
     diffs

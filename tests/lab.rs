@@ -18,8 +18,13 @@ impl Lab {
         let lab = Lab { dir: tempfile::tempdir().unwrap() };
         let root = lab.root();
         std::fs::create_dir_all(root.join("etc")).unwrap();
-        std::fs::write(root.join("etc/os-release"), "ID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME=\"kiln test root\"\n").unwrap();
-        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nkilnsvc:x:4242:4243::/nonexistent:/bin/false\n").unwrap();
+        std::fs::write(root.join("etc/os-release"), "ID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME=\"kiln test root\"\n")
+            .unwrap();
+        std::fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nkilnsvc:x:4242:4243::/nonexistent:/bin/false\n",
+        )
+        .unwrap();
         std::fs::write(root.join("etc/group"), "root:x:0:\nkilnsvc:x:4243:\n").unwrap();
         std::fs::create_dir_all(lab.repo()).unwrap();
         lab
@@ -72,7 +77,12 @@ impl Lab {
             std::fs::write(p, content).unwrap();
         }
         let deb = self.repo().join(format!("{name}_{version}_all.deb"));
-        let out = Command::new("dpkg-deb").args(["--root-owner-group", "-b"]).arg(&staging).arg(&deb).output().expect("dpkg-deb (package dpkg) is needed");
+        let out = Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-b"])
+            .arg(&staging)
+            .arg(&deb)
+            .output()
+            .expect("dpkg-deb (package dpkg) is needed");
         assert!(out.status.success(), "dpkg-deb: {}", String::from_utf8_lossy(&out.stderr));
         self.publish();
     }
@@ -80,19 +90,27 @@ impl Lab {
     /// Writes the flat repository's `Packages` index, as dpkg-scanpackages would.
     pub fn publish(&self) {
         let mut index = String::new();
-        let mut debs: Vec<PathBuf> = std::fs::read_dir(self.repo()).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "deb")).collect();
+        let mut debs: Vec<PathBuf> = std::fs::read_dir(self.repo())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+            .collect();
         debs.sort();
         for deb in debs {
             let control = Command::new("dpkg-deb").arg("-f").arg(&deb).output().unwrap();
             let bytes = std::fs::read(&deb).unwrap();
             let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
             index += String::from_utf8_lossy(&control.stdout).trim_end();
-            index += &format!("\nFilename: ./{}\nSize: {}\nSHA256: {sha}\n\n", deb.file_name().unwrap().to_string_lossy(), bytes.len());
+            index += &format!(
+                "\nFilename: ./{}\nSize: {}\nSHA256: {sha}\n\n",
+                deb.file_name().unwrap().to_string_lossy(),
+                bytes.len()
+            );
         }
         std::fs::write(self.repo().join("Packages"), index).unwrap();
     }
 }
-
 
 impl Lab {
     fn gpg(&self) -> Command {
@@ -111,11 +129,20 @@ impl Lab {
     /// (armored) to `keys/<name>.asc` beside the specs.
     pub fn signing_key(&self, name: &str) -> String {
         let uid = format!("{name} <{name}@kiln.invalid>");
-        let out = self.gpg().args(["--passphrase", "", "--quick-generate-key", &uid, "ed25519", "sign", "never"]).output().expect("gpg is needed");
+        let out = self
+            .gpg()
+            .args(["--passphrase", "", "--quick-generate-key", &uid, "ed25519", "sign", "never"])
+            .output()
+            .expect("gpg is needed");
         assert!(out.status.success(), "gpg: {}", String::from_utf8_lossy(&out.stderr));
         let list = self.gpg().args(["--with-colons", "--list-keys", &uid]).output().unwrap();
         let text = String::from_utf8_lossy(&list.stdout);
-        let fpr = text.lines().find(|l| l.starts_with("fpr:")).and_then(|l| l.split(':').nth(9)).expect("a fingerprint").to_string();
+        let fpr = text
+            .lines()
+            .find(|l| l.starts_with("fpr:"))
+            .and_then(|l| l.split(':').nth(9))
+            .expect("a fingerprint")
+            .to_string();
         let keys = self.path().join("keys");
         std::fs::create_dir_all(&keys).unwrap();
         let armored = self.gpg().args(["--armor", "--export", &fpr]).output().unwrap();
@@ -130,7 +157,13 @@ impl Lab {
         let sha: String = Sha256::digest(&packages).iter().map(|b| format!("{b:02x}")).collect();
         let release = format!("Origin: kiln-tests\nLabel: kiln-tests\nSHA256:\n {sha} {} Packages\n", packages.len());
         std::fs::write(self.repo().join("Release"), release).unwrap();
-        let out = self.gpg().args(["--yes", "--local-user", fingerprint, "--clearsign", "-o"]).arg(self.repo().join("InRelease")).arg(self.repo().join("Release")).output().unwrap();
+        let out = self
+            .gpg()
+            .args(["--yes", "--local-user", fingerprint, "--clearsign", "-o"])
+            .arg(self.repo().join("InRelease"))
+            .arg(self.repo().join("Release"))
+            .output()
+            .unwrap();
         assert!(out.status.success(), "signing: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
@@ -158,8 +191,13 @@ with zipfile.ZipFile(path, "w") as z:
     z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
 print(hashlib.sha256(open(path, "rb").read()).hexdigest())
 "#;
-    let out = Command::new("python3").arg("-c").arg(script).args([name, version]).arg(dir).output().expect("python3 is needed");
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args([name, version])
+        .arg(dir)
+        .output()
+        .expect("python3 is needed");
     assert!(out.status.success(), "building a wheel: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
-

@@ -149,20 +149,40 @@ fn apt_install_idempotence_drift_verify_and_upgrade() {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(&conf).unwrap();
     assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o640, 4242, 4243));
-    assert_eq!(std::fs::read_to_string(root.join("etc/modprobe.d/kiln-lab-apt.conf")).unwrap(), "options nvidia_peermem peerdirect_support=1\n");
-    assert_eq!(std::fs::read_to_string(root.join("etc/sysctl.d/90-kiln-lab-apt.conf")).unwrap(), "vm.max_map_count = 1048576\n");
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/modprobe.d/kiln-lab-apt.conf")).unwrap(),
+        "options nvidia_peermem peerdirect_support=1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/sysctl.d/90-kiln-lab-apt.conf")).unwrap(),
+        "vm.max_map_count = 1048576\n"
+    );
     assert!(root.join("var/lib/kiln-lab-indexed").exists());
 
     // A second apply changes nothing, says so, and journals nothing.
     let again = lab.provision("apply", &spec, &[]).success();
-    assert!(again.stdout().contains("lab-apt 1 is applied to") && again.stdout().contains("nothing to change (11 items checked)"), "{}", again.describe());
+    assert!(
+        again.stdout().contains("lab-apt 1 is applied to")
+            && again.stdout().contains("nothing to change (11 items checked)"),
+        "{}",
+        again.describe()
+    );
     assert_eq!(lab.log().len(), 1);
     let verified = lab.provision("verify", &spec, &[]).success();
-    assert!(verified.stdout().contains("no drift") && verified.stdout().contains("check ok    : hello version (1.0)"), "{}", verified.describe());
+    assert!(
+        verified.stdout().contains("no drift") && verified.stdout().contains("check ok    : hello version (1.0)"),
+        "{}",
+        verified.describe()
+    );
 
     // Drift after manual changes: a file edited and chmod-ed, the hold released.
     std::fs::write(&conf, "threads = 64\n").unwrap();
-    let unhold = Command::new("dpkg").arg(format!("--root={}", root.display())).arg("--set-selections").stdin(std::process::Stdio::piped()).spawn().unwrap();
+    let unhold = Command::new("dpkg")
+        .arg(format!("--root={}", root.display()))
+        .arg("--set-selections")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     use std::io::Write;
     unhold.stdin.as_ref().unwrap().write_all(b"kiln-hello install\n").unwrap();
     assert!(unhold.wait_with_output().unwrap().status.success());
@@ -182,7 +202,10 @@ fn apt_install_idempotence_drift_verify_and_upgrade() {
     // Upgrading a pinned version: the plan says why, the hold does not stop kiln, verify agrees.
     let spec = apt_spec(&lab, "2.0", "2.0");
     let plan = lab.provision("plan", &spec, &["--json"]).success().json();
-    assert_eq!(step_keys(&plan), ["file:/etc/apt/preferences.d/kiln-lab-apt.pref", "apt:update", "apt:install", "apt:hold", "image:record"]);
+    assert_eq!(
+        step_keys(&plan),
+        ["file:/etc/apt/preferences.d/kiln-lab-apt.pref", "apt:update", "apt:install", "apt:hold", "image:record"]
+    );
     assert_eq!(plan["steps"][2]["why"], "kiln-hello is 1.0 (want 2.0)");
     assert_eq!(plan["steps"][3]["why"], "kiln-hello is installed by this plan, which releases its hold");
     lab.provision("apply", &spec, &[]).success();
@@ -217,7 +240,11 @@ fn signed_repository_with_a_pinned_key() {
     let other = lab.signing_key("other");
     lab.sign_repo(&pinned);
     // Both keys in one file: only the pinned one may reach apt.
-    let both = [std::fs::read(lab.path().join("keys/repo.asc")).unwrap(), std::fs::read(lab.path().join("keys/other.asc")).unwrap()].concat();
+    let both = [
+        std::fs::read(lab.path().join("keys/repo.asc")).unwrap(),
+        std::fs::read(lab.path().join("keys/other.asc")).unwrap(),
+    ]
+    .concat();
     std::fs::write(lab.path().join("keys/both.asc"), both).unwrap();
     let spec_with = |file: &str, fpr: &str| {
         lab.spec("lab-signed", &format!(
@@ -228,7 +255,11 @@ fn signed_repository_with_a_pinned_key() {
     let spec = spec_with("other.asc", &pinned);
     let refused = lab.provision("plan", &spec, &[]);
     assert_eq!(refused.code(), Some(2), "{}", refused.describe());
-    let want = format!("kiln: error: {}:9:48: key file {}/keys/other.asc holds {other}, not the pinned {pinned}", spec.display(), lab.path().display());
+    let want = format!(
+        "kiln: error: {}:9:48: key file {}/keys/other.asc holds {other}, not the pinned {pinned}",
+        spec.display(),
+        lab.path().display()
+    );
     assert_eq!(refused.stderr().trim_end(), want);
 
     let spec = spec_with("both.asc", &pinned);
@@ -236,10 +267,23 @@ fn signed_repository_with_a_pinned_key() {
     assert!(lab.installed().contains(&("kiln-hello".into(), "1.0".into(), "ii".into())), "{:?}", lab.installed());
     let sources = std::fs::read_to_string(lab.root().join("etc/apt/sources.list.d/kiln-signed.sources")).unwrap();
     assert!(sources.contains("Signed-By:\n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n"), "{sources}");
-    let inline: String = sources.lines().skip_while(|l| !l.starts_with("Signed-By:")).skip(1).map(|l| if l == " ." { "\n".to_string() } else { format!("{}\n", &l[1..]) }).collect();
+    let inline: String = sources
+        .lines()
+        .skip_while(|l| !l.starts_with("Signed-By:"))
+        .skip(1)
+        .map(|l| if l == " ." { "\n".to_string() } else { format!("{}\n", &l[1..]) })
+        .collect();
     std::fs::write(lab.path().join("inline.asc"), inline).unwrap();
-    let shown = Command::new("gpg").args(["--batch", "--show-keys", "--with-colons"]).arg(lab.path().join("inline.asc")).output().unwrap();
-    let fprs: Vec<String> = String::from_utf8_lossy(&shown.stdout).lines().filter(|l| l.starts_with("fpr:")).map(|l| l.split(':').nth(9).unwrap().to_string()).collect();
+    let shown = Command::new("gpg")
+        .args(["--batch", "--show-keys", "--with-colons"])
+        .arg(lab.path().join("inline.asc"))
+        .output()
+        .unwrap();
+    let fprs: Vec<String> = String::from_utf8_lossy(&shown.stdout)
+        .lines()
+        .filter(|l| l.starts_with("fpr:"))
+        .map(|l| l.split(':').nth(9).unwrap().to_string())
+        .collect();
     assert_eq!(fprs.first(), Some(&pinned), "the inline key is the pinned one");
     assert!(!fprs.contains(&other), "the second key must not reach apt: {fprs:?}");
     let again = lab.provision("plan", &spec, &[]).success();
@@ -248,10 +292,19 @@ fn signed_repository_with_a_pinned_key() {
     // An index signed by another key: apt refuses it, and kiln stops at that step with apt's words.
     lab.deb("kiln-hello", "2.0", None, &[("/usr/share/kiln-hello/version", "2.0\n")]);
     lab.sign_repo(&other);
-    let spec = lab.spec("lab-signed", &std::fs::read_to_string(&spec).unwrap().replace("kiln-hello = \"1.0\"", "kiln-hello = \"2.0\""));
+    let spec = lab.spec(
+        "lab-signed",
+        &std::fs::read_to_string(&spec).unwrap().replace("kiln-hello = \"1.0\"", "kiln-hello = \"2.0\""),
+    );
     let failed = lab.provision("apply", &spec, &[]);
     assert_eq!(failed.code(), Some(2), "{}", failed.describe());
-    assert!(failed.stderr().contains("step 2 of 4 failed") && failed.stderr().contains("step:      apt-get update") && failed.stderr().contains("NO_PUBKEY"), "{}", failed.describe());
+    assert!(
+        failed.stderr().contains("step 2 of 4 failed")
+            && failed.stderr().contains("step:      apt-get update")
+            && failed.stderr().contains("NO_PUBKEY"),
+        "{}",
+        failed.describe()
+    );
     assert!(lab.installed().contains(&("kiln-hello".into(), "1.0".into(), "ii".into())));
 }
 
@@ -288,7 +341,12 @@ fn python_venv_from_local_wheels_with_hashes() {
     let spec = lab.spec("lab-venv", &spec_text("2.0", &"0".repeat(64)));
     let failed = lab.provision("apply", &spec, &[]);
     assert_eq!(failed.code(), Some(2), "{}", failed.describe());
-    assert!(failed.stderr().contains("step 1 of 2 failed") && failed.stderr().contains("THESE PACKAGES DO NOT MATCH THE HASHES"), "{}", failed.describe());
+    assert!(
+        failed.stderr().contains("step 1 of 2 failed")
+            && failed.stderr().contains("THESE PACKAGES DO NOT MATCH THE HASHES"),
+        "{}",
+        failed.describe()
+    );
     import("1.0");
     let applies = lab.log();
     assert_eq!(applies[0]["status"], "failed");
@@ -298,8 +356,20 @@ fn python_venv_from_local_wheels_with_hashes() {
     assert!(resumed.stdout().contains("resuming"), "{}", resumed.describe());
     import("2.0");
     let journal = lab.journal(applies[0]["id"].as_str().unwrap());
-    let states: Vec<(&str, &str)> = journal["steps"].as_array().unwrap().iter().map(|s| (s["step_key"].as_str().unwrap(), s["status"].as_str().unwrap())).collect();
-    assert_eq!(states, [("pip:/opt/kiln/venvs/lab", "failed"), ("pip:/opt/kiln/venvs/lab", "succeeded"), ("image:record", "succeeded")]);
+    let states: Vec<(&str, &str)> = journal["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["step_key"].as_str().unwrap(), s["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("pip:/opt/kiln/venvs/lab", "failed"),
+            ("pip:/opt/kiln/venvs/lab", "succeeded"),
+            ("image:record", "succeeded")
+        ]
+    );
     lab.provision("verify", &spec, &[]).success();
 }
 
@@ -349,7 +419,12 @@ creates = "/var/after-done"
             if let Some(a) = lab.log().first() {
                 let id = a["id"].as_str().unwrap().to_string();
                 let j = lab.journal(&id);
-                if j["steps"].as_array().unwrap().iter().any(|s| s["step_key"] == "command:slow" && s["status"] == "started") {
+                if j["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s["step_key"] == "command:slow" && s["status"] == "started")
+                {
                     break id;
                 }
             }
@@ -365,10 +440,19 @@ creates = "/var/after-done"
     // A plain apply refuses to paper over the crash.
     let refused = lab.provision("apply", &spec, &[]);
     assert_eq!(refused.code(), Some(2), "{}", refused.describe());
-    assert!(refused.stderr().contains("did not finish: kiln was killed or interrupted") && refused.stderr().contains("--resume"), "{}", refused.describe());
+    assert!(
+        refused.stderr().contains("did not finish: kiln was killed or interrupted")
+            && refused.stderr().contains("--resume"),
+        "{}",
+        refused.describe()
+    );
 
     let resumed = lab.provision("apply", &spec, &["--resume"]).success();
-    assert!(resumed.stdout().contains("applied 3 steps") && resumed.stdout().contains("resuming"), "{}", resumed.describe());
+    assert!(
+        resumed.stdout().contains("applied 3 steps") && resumed.stdout().contains("resuming"),
+        "{}",
+        resumed.describe()
+    );
     assert!(lab.root().join("var/slow-done").exists() && lab.root().join("var/after-done").exists());
 
     let journal = lab.journal(&apply_id);
@@ -394,21 +478,32 @@ creates = "/var/after-done"
     assert_eq!(slow["exit_code"], 0);
     assert!(slow["duration_ms"].as_i64().unwrap() >= 1900, "{slow}");
     let text = kiln(&["provision", "log", "--apply", &apply_id[..8]], &[("KILN_DB", &lab.db())]).success().stdout();
-    assert!(text.contains("succeeded (started") && text.contains("resumed 1 time)") && text.contains("interrupted"), "{text}");
+    assert!(
+        text.contains("succeeded (started") && text.contains("resumed 1 time)") && text.contains("interrupted"),
+        "{text}"
+    );
     lab.provision("apply", &spec, &[]).success();
 }
 
 #[test]
 fn apply_needs_root_and_says_so_before_doing_anything() {
     let lab = Lab::new();
-    let spec = lab.spec("lab-root", "[image]\nname = \"lab-root\"\nversion = \"1\"\n\n[[file]]\npath = \"/etc/x\"\ncontent = \"x\"\n");
+    let spec = lab.spec(
+        "lab-root",
+        "[image]\nname = \"lab-root\"\nversion = \"1\"\n\n[[file]]\npath = \"/etc/x\"\ncontent = \"x\"\n",
+    );
     let bin = env!("CARGO_BIN_EXE_kiln");
     let root = lab.root();
     let args = ["provision", "apply", spec.to_str().unwrap(), "--root", root.to_str().unwrap()];
     let output = if is_root() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(lab.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]).args(args).env("KILN_DB", lab.db()).output().expect("setpriv (util-linux)")
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
+            .args(args)
+            .env("KILN_DB", lab.db())
+            .output()
+            .expect("setpriv (util-linux)")
     } else {
         Command::new(bin).args(args).env("KILN_DB", lab.db()).output().unwrap()
     };
@@ -453,9 +548,17 @@ fn bad_specs_point_at_file_line_and_column() {
     for (name, text, want) in cases {
         let spec = lab.spec(name, text);
         let run = kiln(&["provision", "plan", spec.to_str().unwrap(), "--root", lab.root().to_str().unwrap()], &[]);
-        let want = format!("kiln: error: {}:{}", spec.display(), want.replace("@DIR@", lab.path().to_str().unwrap()).replace("@SHA@", &conf_sha));
+        let want = format!(
+            "kiln: error: {}:{}",
+            spec.display(),
+            want.replace("@DIR@", lab.path().to_str().unwrap()).replace("@SHA@", &conf_sha)
+        );
         if run.code() != Some(2) || run.stderr().trim_end() != want {
-            failures.push(format!("{name}:\n  want {want}\n  got  {} (exit {:?})", run.stderr().trim_end(), run.code()));
+            failures.push(format!(
+                "{name}:\n  want {want}\n  got  {} (exit {:?})",
+                run.stderr().trim_end(),
+                run.code()
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -465,7 +568,11 @@ fn bad_specs_point_at_file_line_and_column() {
 fn shipped_images_lint_clean_and_plan_on_an_empty_root() {
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("images");
     let run = kiln(&["provision", "lint", "--images", images.to_str().unwrap()], &[]).success();
-    let n = std::fs::read_dir(&images).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "toml")).count();
+    let n = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "toml"))
+        .count();
     assert!(n >= 3, "cpu-base and two NVIDIA stacks ship");
     assert!(run.stdout().contains(&format!("{n} images linted, 0 findings")), "{}", run.describe());
     // An image being built: plan the Ubuntu NVIDIA stack into an empty Ubuntu root (no GPU needed
@@ -474,12 +581,27 @@ fn shipped_images_lint_clean_and_plan_on_an_empty_root() {
     std::fs::write(lab.root().join("etc/os-release"), "ID=ubuntu\nVERSION_ID=\"24.04\"\n").unwrap();
     std::fs::create_dir_all(lab.root().join("lib/modules/6.8.0-48-generic")).unwrap();
     if std::env::consts::ARCH == "x86_64" {
-        let plan = kiln(&["provision", "plan", images.join("nvidia-cuda12.8-ubuntu24.04.toml").to_str().unwrap(), "--root", lab.root().to_str().unwrap(), "--json"], &[]).success().json();
+        let plan = kiln(
+            &[
+                "provision",
+                "plan",
+                images.join("nvidia-cuda12.8-ubuntu24.04.toml").to_str().unwrap(),
+                "--root",
+                lab.root().to_str().unwrap(),
+                "--json",
+            ],
+            &[],
+        )
+        .success()
+        .json();
         let install = plan["steps"].as_array().unwrap().iter().find(|s| s["key"] == "apt:install").unwrap();
         let cmd = install["actions"][0]["argv"].as_array().unwrap();
         assert!(cmd.iter().any(|a| a == "linux-headers-6.8.0-48-generic"), "headers follow the root's kernel: {cmd:?}");
         assert!(cmd.iter().any(|a| a == "libnccl2=2.26.2-1+cuda12.8"), "{cmd:?}");
-        assert!(cmd.iter().any(|a| a == "nvidia-open-570"), "a glob pin installs the bare name under an apt pin: {cmd:?}");
+        assert!(
+            cmd.iter().any(|a| a == "nvidia-open-570"),
+            "a glob pin installs the bare name under an apt pin: {cmd:?}"
+        );
         let source = plan["steps"].as_array().unwrap().iter().find(|s| s["key"] == "apt-source:cuda").unwrap();
         assert_eq!(source["actions"][0]["kind"], "fetch_key");
         assert_eq!(source["actions"][0]["fingerprint"], "EB693B3035CD5710E231E123A4B469963BF863CC");

@@ -31,7 +31,8 @@ pub fn unpack(tarball: &Path) -> PathBuf {
     let out = Command::new("tar").arg("-xf").arg(tarball).arg("-C").arg(&staging).output().expect("running tar");
     // hwloc's tarballs hold a few device nodes and odd names that tar cannot recreate as a user;
     // what matters here (proc and sys text files) unpacks either way.
-    if !out.status.success() && !staging.join("proc").exists() && std::fs::read_dir(&staging).unwrap().next().is_none() {
+    if !out.status.success() && !staging.join("proc").exists() && std::fs::read_dir(&staging).unwrap().next().is_none()
+    {
         panic!("unpacking {} failed: {}", tarball.display(), String::from_utf8_lossy(&out.stderr));
     }
     if std::fs::rename(&staging, &dest).is_err() {

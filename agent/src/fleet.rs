@@ -95,7 +95,11 @@ pub fn by_group(fleet: &Fleet, filter: &Filter) -> BTreeMap<Group, (GroupInfo, V
             metric: key.metric.clone(),
         };
         let gi = *index.entry(group.clone()).or_insert_with(|| {
-            groups.push((group, GroupInfo { config_name: key.config_name.clone(), unit: key.unit.clone(), direction: key.direction }, Vec::new()));
+            groups.push((
+                group,
+                GroupInfo { config_name: key.config_name.clone(), unit: key.unit.clone(), direction: key.direction },
+                Vec::new(),
+            ));
             groups.len() - 1
         });
         of_key.insert(key.id, gi);
@@ -105,7 +109,14 @@ pub fn by_group(fleet: &Fleet, filter: &Filter) -> BTreeMap<Group, (GroupInfo, V
             let Some(&gi) = of_key.get(&s.key) else { continue };
             let list = &mut groups[gi].2;
             if list.last().is_none_or(|hv| hv.host != h) {
-                list.push(HostValues { host: h, values: vec![], powers: vec![], last_run: uuid::Uuid::nil(), last_t: i64::MIN, median: f64::NAN });
+                list.push(HostValues {
+                    host: h,
+                    values: vec![],
+                    powers: vec![],
+                    last_run: uuid::Uuid::nil(),
+                    last_t: i64::MIN,
+                    median: f64::NAN,
+                });
             }
             let hv = list.last_mut().unwrap();
             for &(run, value) in &s.points {
@@ -191,7 +202,10 @@ pub fn parse_prices(text: &str) -> Result<BTreeMap<String, f64>, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
     let mut out = BTreeMap::new();
     for (k, v) in table {
-        let price = v.as_float().or_else(|| v.as_integer().map(|i| i as f64)).ok_or_else(|| format!("price of {k:?} must be a number"))?;
+        let price = v
+            .as_float()
+            .or_else(|| v.as_integer().map(|i| i as f64))
+            .ok_or_else(|| format!("price of {k:?} must be a number"))?;
         out.insert(k, price);
     }
     Ok(out)
@@ -222,7 +236,12 @@ pub fn compare_configs(fleet: &Fleet, filter: &Filter, prices: &BTreeMap<String,
         let med = median(&sorted);
         let per_watt = (info.direction == Direction::Higher)
             .then(|| {
-                let v: Vec<f64> = hosts.iter().filter(|h| !h.powers.is_empty()).map(|h| h.median() / median(&h.powers)).filter(|x| x.is_finite()).collect();
+                let v: Vec<f64> = hosts
+                    .iter()
+                    .filter(|h| !h.powers.is_empty())
+                    .map(|h| h.median() / median(&h.powers))
+                    .filter(|x| x.is_finite())
+                    .collect();
                 (!v.is_empty()).then(|| median(&v))
             })
             .flatten();
@@ -272,23 +291,37 @@ pub fn resolve(fleet: &Fleet, text: &str) -> Result<(Subject, String), String> {
     if kind.is_none() || kind == Some("config") {
         let mut seen = std::collections::BTreeSet::new();
         for k in fleet.keys.values() {
-            if (k.config_fingerprint.starts_with(needle) || k.config_name == needle) && seen.insert(k.config_fingerprint.clone()) {
-                found.push((Subject::Config(k.config_fingerprint.clone()), format!("config {} ({})", k.config_name, k.config_fingerprint)));
+            if (k.config_fingerprint.starts_with(needle) || k.config_name == needle)
+                && seen.insert(k.config_fingerprint.clone())
+            {
+                found.push((
+                    Subject::Config(k.config_fingerprint.clone()),
+                    format!("config {} ({})", k.config_name, k.config_fingerprint),
+                ));
             }
         }
     }
     if kind.is_none() || kind == Some("host") {
         for (i, h) in fleet.hosts.iter().enumerate() {
             if h.id.starts_with(needle) || h.hostname.as_deref() == Some(needle) {
-                found.push((Subject::Host(i), format!("host {} ({})", h.hostname.as_deref().unwrap_or("-"), &h.id[..8.min(h.id.len())])));
+                found.push((
+                    Subject::Host(i),
+                    format!("host {} ({})", h.hostname.as_deref().unwrap_or("-"), &h.id[..8.min(h.id.len())]),
+                ));
             }
         }
     }
     if kind.is_none() || kind == Some("software") {
         let mut seen = std::collections::BTreeSet::new();
         for k in fleet.keys.values() {
-            if !k.software_fingerprint.is_empty() && k.software_fingerprint.starts_with(needle) && seen.insert(k.software_fingerprint.clone()) {
-                found.push((Subject::Software(k.software_fingerprint.clone()), format!("software {}", k.software_fingerprint)));
+            if !k.software_fingerprint.is_empty()
+                && k.software_fingerprint.starts_with(needle)
+                && seen.insert(k.software_fingerprint.clone())
+            {
+                found.push((
+                    Subject::Software(k.software_fingerprint.clone()),
+                    format!("software {}", k.software_fingerprint),
+                ));
             }
         }
     }
@@ -346,14 +379,21 @@ pub fn verdict(ci: (f64, f64), direction: Direction, noise: f64) -> &'static str
 }
 
 /// `kiln compare A B`: both subjects of one kind.
-pub fn compare_two(fleet: &Fleet, a: &Subject, b: &Subject, filter: &Filter, noise: f64) -> Result<Vec<CompareRow>, String> {
+pub fn compare_two(
+    fleet: &Fleet,
+    a: &Subject,
+    b: &Subject,
+    filter: &Filter,
+    noise: f64,
+) -> Result<Vec<CompareRow>, String> {
     let groups = by_group(fleet, filter);
     // The context held equal (config/software/host parts that are not the subject) → values per side.
     type Side = Vec<f64>;
     let mut pairs: BTreeMap<(String, String, String, String), (GroupInfo, Side, Side)> = BTreeMap::new();
     let short = |s: &str| s[..s.len().min(12)].to_string();
     for (g, (info, hosts)) in &groups {
-        let software_ctx = || if g.software.is_empty() { String::new() } else { format!("software {}", short(&g.software)) };
+        let software_ctx =
+            || if g.software.is_empty() { String::new() } else { format!("software {}", short(&g.software)) };
         // Which side a group's host medians belong to, when the subject is one of its fields.
         let split = |field: &String, a: &String, b: &String, ctx: String| {
             let vals: Side = hosts.iter().map(HostValues::median).collect();
@@ -370,10 +410,12 @@ pub fn compare_two(fleet: &Fleet, a: &Subject, b: &Subject, filter: &Filter, noi
                 Some(x) => x,
                 None => continue,
             },
-            (Subject::Software(sa), Subject::Software(sb)) => match split(&g.software, sa, sb, format!("config {}", info.config_name)) {
-                Some(x) => x,
-                None => continue,
-            },
+            (Subject::Software(sa), Subject::Software(sb)) => {
+                match split(&g.software, sa, sb, format!("config {}", info.config_name)) {
+                    Some(x) => x,
+                    None => continue,
+                }
+            }
             (Subject::Host(ha), Subject::Host(hb)) => {
                 let pick = |h: usize| hosts.iter().find(|v| v.host == h).map(|v| v.values.clone()).unwrap_or_default();
                 (software_ctx(), pick(*ha), pick(*hb))
@@ -450,7 +492,13 @@ pub fn outliers(fleet: &Fleet, filter: &Filter, threshold: f64, min_deviation: f
         // `mad` is scaled to σ (×1.4826); the modified z-score wants the raw MAD.
         let raw_mad = mad(&medians) / 1.4826;
         for (h, &x) in hosts.iter().zip(&medians) {
-            let z = if raw_mad > 0.0 { 0.6745 * (x - m) / raw_mad } else if x != m { f64::INFINITY.copysign(x - m) } else { 0.0 };
+            let z = if raw_mad > 0.0 {
+                0.6745 * (x - m) / raw_mad
+            } else if x != m {
+                f64::INFINITY.copysign(x - m)
+            } else {
+                0.0
+            };
             let deviation = x / m - 1.0;
             if z.abs() > threshold && deviation.abs() > min_deviation {
                 let worse = match info.direction {
@@ -458,7 +506,12 @@ pub fn outliers(fleet: &Fleet, filter: &Filter, threshold: f64, min_deviation: f
                     Direction::Lower => x > m,
                     Direction::None => true,
                 };
-                let mut peers: Vec<(f64, uuid::Uuid)> = hosts.iter().zip(&medians).filter(|(p, _)| p.host != h.host).map(|(p, v)| ((v - m).abs(), p.last_run)).collect();
+                let mut peers: Vec<(f64, uuid::Uuid)> = hosts
+                    .iter()
+                    .zip(&medians)
+                    .filter(|(p, _)| p.host != h.host)
+                    .map(|(p, v)| ((v - m).abs(), p.last_run))
+                    .collect();
                 peers.sort_by(|a, b| a.0.total_cmp(&b.0));
                 out.push(Outlier {
                     group: g.clone(),
@@ -522,7 +575,13 @@ pub fn detect(values: &[f64], noise: f64, seed: u64) -> Option<Change> {
         let (m1, v1, k1) = stats(0, k);
         let (m2, v2, k2) = stats(k, n);
         let se = (v1 / k1 + v2 / k2).sqrt();
-        let t = if se > 0.0 { (m2 - m1).abs() / se } else if m1 != m2 { f64::INFINITY } else { 0.0 };
+        let t = if se > 0.0 {
+            (m2 - m1).abs() / se
+        } else if m1 != m2 {
+            f64::INFINITY
+        } else {
+            0.0
+        };
         if t > best.0 {
             best = (t, k);
         }
@@ -594,16 +653,20 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
     let mut out = Vec::new();
     // Host series: merge a host's keys that differ only by software or configuration.
     type SeriesId = (String, String, String);
-    let mut config_nights: BTreeMap<(String, SeriesId), (String, String, Direction, BTreeMap<i64, Vec<f64>>)> = BTreeMap::new();
+    let mut config_nights: BTreeMap<(String, SeriesId), (String, String, Direction, BTreeMap<i64, Vec<f64>>)> =
+        BTreeMap::new();
     for (h, host) in fleet.hosts.iter().enumerate() {
-        let mut merged: BTreeMap<SeriesId, (String, String, Direction, String, Vec<(i64, uuid::Uuid, f64)>)> = BTreeMap::new();
+        let mut merged: BTreeMap<SeriesId, (String, String, Direction, String, Vec<(i64, uuid::Uuid, f64)>)> =
+            BTreeMap::new();
         for s in &host.data.series {
             let Some(key) = fleet.keys.get(&s.key) else { continue };
             if !filter.wants(key) || key.direction == Direction::None {
                 continue;
             }
             let id = (key.benchmark.clone(), key.bench_config.clone(), key.metric.clone());
-            let e = merged.entry(id.clone()).or_insert_with(|| (key.unit.clone(), key.config_fingerprint.clone(), key.direction, key.config_name.clone(), vec![]));
+            let e = merged.entry(id.clone()).or_insert_with(|| {
+                (key.unit.clone(), key.config_fingerprint.clone(), key.direction, key.config_name.clone(), vec![])
+            });
             let nights = &mut config_nights
                 .entry((key.config_fingerprint.clone(), id))
                 .or_insert_with(|| (key.config_name.clone(), key.unit.clone(), key.direction, BTreeMap::new()))
@@ -639,7 +702,10 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
                         last_good_run: Some(points[change.at - 1].1),
                         first_bad_run: Some(points[change.at].1),
                         points: values.len(),
-                        around: points[change.at.saturating_sub(3)..(change.at + 3).min(points.len())].iter().map(|p| (p.0, p.1)).collect(),
+                        around: points[change.at.saturating_sub(3)..(change.at + 3).min(points.len())]
+                            .iter()
+                            .map(|p| (p.0, p.1))
+                            .collect(),
                         around_at: change.at - change.at.saturating_sub(3),
                         change,
                         changed: vec![],
@@ -714,7 +780,12 @@ pub fn flatten(value: &serde_json::Value, prefix: &str, out: &mut BTreeMap<Strin
 }
 
 /// The differences between two documents, limited to keys that `keep` accepts.
-pub fn differences(before: &serde_json::Value, after: &serde_json::Value, keep: &dyn Fn(&str) -> bool, limit: usize) -> Vec<String> {
+pub fn differences(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    keep: &dyn Fn(&str) -> bool,
+    limit: usize,
+) -> Vec<String> {
     let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
     flatten(before, "", &mut a);
     flatten(after, "", &mut b);
@@ -726,7 +797,11 @@ pub fn differences(before: &serde_json::Value, after: &serde_json::Value, keep: 
         }
         let (x, y) = (a.get(k), b.get(k));
         if x != y {
-            out.push(format!("{k}: {} → {}", x.map_or("(absent)", String::as_str), y.map_or("(absent)", String::as_str)));
+            out.push(format!(
+                "{k}: {} → {}",
+                x.map_or("(absent)", String::as_str),
+                y.map_or("(absent)", String::as_str)
+            ));
         }
     }
     if out.len() > limit {
@@ -811,7 +886,11 @@ mod tests {
                 hard_false += 1;
             }
         }
-        eprintln!("5 % step, 2 % noise: detected {:.1} %; noise only: false alarms {:.2} %", 100.0 * rate(hard_detected), 100.0 * rate(hard_false));
+        eprintln!(
+            "5 % step, 2 % noise: detected {:.1} %; noise only: false alarms {:.2} %",
+            100.0 * rate(hard_detected),
+            100.0 * rate(hard_false)
+        );
         assert!(rate(hard_detected) >= 0.85, "detection rate at 2 % noise {}", rate(hard_detected));
         assert!(rate(hard_false) <= 0.02, "false-alarm rate at 2 % noise {}", rate(hard_false));
     }

@@ -44,7 +44,8 @@ pub fn short(s: &str) -> &str {
 pub fn render_configs(configs: &[ConfigSummary]) -> String {
     let mut out = String::new();
     if configs.is_empty() {
-        return "no results to compare yet: store runs with `kiln commission`, `kiln bench …` or `kiln import`\n".into();
+        return "no results to compare yet: store runs with `kiln commission`, `kiln bench …` or `kiln import`\n"
+            .into();
     }
     for c in configs {
         let _ = writeln!(
@@ -56,9 +57,23 @@ pub fn render_configs(configs: &[ConfigSummary]) -> String {
             if c.hosts == 1 { "" } else { "s" },
             c.price.map_or(String::new(), |p| format!(", price {}", num(p)))
         );
-        let _ = writeln!(out, "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}", "METRIC", "HOSTS", "RUNS", "P10", "MEDIAN", "P90", "BEST", "WORST", "PER WATT", "PER PRICE");
+        let _ = writeln!(
+            out,
+            "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}",
+            "METRIC", "HOSTS", "RUNS", "P10", "MEDIAN", "P90", "BEST", "WORST", "PER WATT", "PER PRICE"
+        );
         for m in &c.metrics {
-            let name = format!("{}{} {}:{}", arrow(m.direction), if m.software.is_empty() { String::new() } else { format!("[{}] ", &m.software[..m.software.len().min(6)]) }, m.benchmark, m.metric);
+            let name = format!(
+                "{}{} {}:{}",
+                arrow(m.direction),
+                if m.software.is_empty() {
+                    String::new()
+                } else {
+                    format!("[{}] ", &m.software[..m.software.len().min(6)])
+                },
+                m.benchmark,
+                m.metric
+            );
             let _ = writeln!(
                 out,
                 "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}   {}",
@@ -117,7 +132,8 @@ pub async fn outlier_telemetry(store: &mut Store, o: &Outlier) -> kiln_db::Resul
     let mut out = Vec::new();
     for (source, name, mean, _) in mine {
         let typical = peers.get(&(source.clone(), name.clone())).map(|v| kiln_bench::stats::median(v));
-        let differs = typical.is_some_and(|t| t != 0.0 && (mean / t - 1.0).abs() > 0.05) || (name.starts_with("throttled") && mean > 0.0);
+        let differs = typical.is_some_and(|t| t != 0.0 && (mean / t - 1.0).abs() > 0.05)
+            || (name.starts_with("throttled") && mean > 0.0);
         if differs {
             out.push(format!(
                 "{source} {name} {}{}",
@@ -196,15 +212,23 @@ impl Explainer {
 fn run_differences(a: Context, b: Context) -> Vec<String> {
     let (Some(a), Some(b)) = (a, b) else { return vec![] };
     let mut out = Vec::new();
-    let parse = |s: &Option<String>| s.as_deref().and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok()).unwrap_or(serde_json::Value::Null);
+    let parse = |s: &Option<String>| {
+        s.as_deref().and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok()).unwrap_or(serde_json::Value::Null)
+    };
     if a.0 != b.0 {
         let diffs = differences(&parse(&a.1), &parse(&b.1), &|_| true, 8);
-        out.push(format!("software stack {} → {}", a.0.as_deref().map_or("-", short), b.0.as_deref().map_or("-", short)));
+        out.push(format!(
+            "software stack {} → {}",
+            a.0.as_deref().map_or("-", short),
+            b.0.as_deref().map_or("-", short)
+        ));
         out.extend(diffs.into_iter().map(|d| format!("  {d}")));
     }
     let firmware = |k: &str| {
         let k = k.to_ascii_lowercase();
-        ["bios", "firmware", "vbios", "microcode", "kernel_release", "driver_version", "fingerprints.config"].iter().any(|w| k.contains(w))
+        ["bios", "firmware", "vbios", "microcode", "kernel_release", "driver_version", "fingerprints.config"]
+            .iter()
+            .any(|w| k.contains(w))
     };
     let diffs = differences(&parse(&a.2), &parse(&b.2), &firmware, 8);
     if !diffs.is_empty() {
@@ -229,7 +253,11 @@ pub async fn explain(store: &mut Store, cache: &mut Explainer, r: &mut Regressio
         let diffs = cache.between(store, &good.1.to_string(), &bad.1.to_string()).await?;
         if !diffs.is_empty() {
             if i != r.around_at {
-                r.changed.push(format!("(at the nearest change, {} run{} from the estimated change point)", i.abs_diff(r.around_at), if i.abs_diff(r.around_at) == 1 { "" } else { "s" }));
+                r.changed.push(format!(
+                    "(at the nearest change, {} run{} from the estimated change point)",
+                    i.abs_diff(r.around_at),
+                    if i.abs_diff(r.around_at) == 1 { "" } else { "s" }
+                ));
                 r.started = bad.0;
                 r.last_good_run = Some(good.1);
                 r.first_bad_run = Some(bad.1);

@@ -3,10 +3,10 @@
 
 pub mod fleet;
 pub mod fleet_view;
-pub mod report;
 pub mod inventory;
 pub mod provisioning;
 pub mod render;
+pub mod report;
 pub mod runs;
 pub mod telemetry;
 pub mod timefmt;

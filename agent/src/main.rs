@@ -479,7 +479,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Topo { source, json } => {
             let inv = take_inventory(&source)?;
             if json {
-                emit_json(&serde_json::json!({ "schema_version": inventory::SCHEMA_VERSION, "topology": inv.topology }))?;
+                emit_json(
+                    &serde_json::json!({ "schema_version": inventory::SCHEMA_VERSION, "topology": inv.topology }),
+                )?;
             } else {
                 emit(&kiln::inventory::topology::render(&inv.topology))?;
             }
@@ -520,7 +522,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 if !outcomes.is_empty() {
                     text.push_str("\nbenchmarks (quick suite)\n");
                     for (o, id) in outcomes.iter().zip(&run_ids) {
-                        text.push_str(&format!("  {:<8} {:<9} {}  [run {}]\n", o.benchmark, o.status, o.headline, &id[..8]));
+                        text.push_str(&format!(
+                            "  {:<8} {:<9} {}  [run {}]\n",
+                            o.benchmark,
+                            o.status,
+                            o.headline,
+                            &id[..8]
+                        ));
                     }
                 } else if !live {
                     text.push_str("\nbenchmarks skipped: they measure this machine, not the snapshot under --root\n");
@@ -552,7 +560,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             preflight_db(&cli.db, no_save)?;
             anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
             anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
-            anyhow::ensure!(!qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)), "--qd takes depths from 1 to 256");
+            anyhow::ensure!(
+                !qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)),
+                "--qd takes depths from 1 to 256"
+            );
             catch_interrupts();
             let inv = live_inventory()?;
             let config = kiln_bench::disk::Config { size_bytes: size_mib << 20, seconds, queue_depths: qd };
@@ -567,17 +578,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 kiln_bench::net::serve(listener, std::time::Duration::from_secs(idle)).context("serving")?;
                 return Ok(ExitCode::SUCCESS);
             }
-            let Some(server) = connect else { anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other") };
-            anyhow::ensure!(streams >= 1 && repetitions >= 1 && seconds > 0.0, "--streams, --repetitions and --seconds must be positive");
+            let Some(server) = connect else {
+                anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other")
+            };
+            anyhow::ensure!(
+                streams >= 1 && repetitions >= 1 && seconds > 0.0,
+                "--streams, --repetitions and --seconds must be positive"
+            );
             preflight_db(&cli.db, no_save)?;
-            let config = kiln_bench::net::Config { streams, seconds_per_repetition: seconds, repetitions, latency_messages: 2000 };
+            let config = kiln_bench::net::Config {
+                streams,
+                seconds_per_repetition: seconds,
+                repetitions,
+                latency_messages: 2000,
+            };
             let outcome = kiln::runs::net(&server, config)?;
             let inv = live_inventory()?;
             finish_bench(cli.db, &inv, outcome, no_save, json)
         }
-        Command::Bench { what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, no_save, json } } => {
+        Command::Bench {
+            what: Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, no_save, json },
+        } => {
             preflight_db(&cli.db, no_save)?;
-            anyhow::ensure!(dtype == "f32", "--dtype {dtype}: the CPU run trains in f32 (bf16 arrives with the CUDA build)");
+            anyhow::ensure!(
+                dtype == "f32",
+                "--dtype {dtype}: the CPU run trains in f32 (bf16 arrives with the CUDA build)"
+            );
             let mut config = kiln_bench::train::Config::preset(&size)
                 .with_context(|| format!("unknown size {size:?}: choose tiny, anchor, small, gpt2, 350m or 1b"))?;
             config.layers = layers.unwrap_or(config.layers);
@@ -605,7 +631,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Bench { what: Bench::Gemm { sizes, dtypes, repetitions, no_save, json } } => {
             preflight_db(&cli.db, no_save)?;
-            anyhow::ensure!(repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1), "--sizes and --repetitions must be positive");
+            anyhow::ensure!(
+                repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1),
+                "--sizes and --repetitions must be positive"
+            );
             let dtypes = dtypes
                 .iter()
                 .map(|d| match d.as_str() {
@@ -636,7 +665,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     .enumerate()
                     .map(|(i, o)| serde_json::json!({ "benchmark": o.benchmark, "status": o.status, "run_id": stored.get(i), "headline": o.headline, "report": o.report }))
                     .collect();
-                emit_json(&serde_json::json!({ "schema_version": 1, "suite": if quick { "quick" } else { "full" }, "runs": runs }))?;
+                emit_json(
+                    &serde_json::json!({ "schema_version": 1, "suite": if quick { "quick" } else { "full" }, "runs": runs }),
+                )?;
             } else {
                 let mut text = String::new();
                 for (i, o) in outcomes.iter().enumerate() {
@@ -658,7 +689,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else if runs.is_empty() {
                 emit(&format!("no runs in {} yet: run `kiln bench membw`", db.display()))?;
             } else {
-                let mut text = format!("{:<36}  {:<20}  {:<10}  {:<8}  {}\n", "RUN", "STARTED", "BENCHMARK", "STATUS", "HEADLINE");
+                let mut text =
+                    format!("{:<36}  {:<20}  {:<10}  {:<8}  {}\n", "RUN", "STARTED", "BENCHMARK", "STATUS", "HEADLINE");
                 for r in &runs {
                     let headline = r.metrics.iter().find(|m| m.name.ends_with("all.triad_gbps")).or(r.metrics.first());
                     text.push_str(&format!(
@@ -694,7 +726,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
                 for m in &r.metrics {
                     let n = run.samples.iter().filter(|s| s.0 == m.name).count();
-                    text.push_str(&format!("  {:<32} {:>10.3} {:<6} ({} samples, {:?} is better)\n", m.name, m.value, m.unit, n, m.direction));
+                    text.push_str(&format!(
+                        "  {:<32} {:>10.3} {:<6} ({} samples, {:?} is better)\n",
+                        m.name, m.value, m.unit, n, m.direction
+                    ));
                 }
                 let tel: Vec<(i64, String, String, f64)> = run.telemetry.clone();
                 for line in kiln::telemetry::summarize(&tel) {
@@ -712,7 +747,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else if hosts.is_empty() {
                 emit(&format!("no hosts in {} yet: run `kiln commission` or `kiln inventory --save`", db.display()))?;
             } else {
-                let mut text = format!("{:<36}  {:<16}  {:<20}  {:>4}  {}\n", "HOST", "CONFIG", "LAST SEEN", "INV", "NAME");
+                let mut text =
+                    format!("{:<36}  {:<16}  {:<20}  {:>4}  {}\n", "HOST", "CONFIG", "LAST SEEN", "INV", "NAME");
                 for h in &hosts {
                     text.push_str(&format!(
                         "{:<36}  {:<16}  {:<20}  {:>4}  {} ({})\n",
@@ -737,8 +773,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             match (by.as_deref(), subjects.as_slice()) {
                 (Some("config"), []) => {
                     let prices = match prices {
-                        Some(p) => kiln::fleet::parse_prices(&std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?)
-                            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                        Some(p) => kiln::fleet::parse_prices(
+                            &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
+                        )
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                         None => Default::default(),
                     };
                     let configs = kiln::fleet::compare_configs(&fleet, &filter, &prices);
@@ -752,7 +790,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, [a, b]) => {
                     let (sa, la) = kiln::fleet::resolve(&fleet, a).map_err(anyhow::Error::msg)?;
                     let (sb, lb) = kiln::fleet::resolve(&fleet, b).map_err(anyhow::Error::msg)?;
-                    let rows = kiln::fleet::compare_two(&fleet, &sa, &sb, &filter, noise).map_err(anyhow::Error::msg)?;
+                    let rows =
+                        kiln::fleet::compare_two(&fleet, &sa, &sb, &filter, noise).map_err(anyhow::Error::msg)?;
                     if json {
                         emit_json(&kiln::fleet::Comparison { a: la, b: lb, noise, rows })?;
                     } else {
@@ -777,8 +816,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Ok(out)
             })?;
             if json {
-                let list: Vec<serde_json::Value> = found.iter().map(|(o, t)| serde_json::json!({ "outlier": o, "telemetry": t })).collect();
-                emit_json(&serde_json::json!({ "schema_version": 1, "threshold": threshold, "min_deviation": min_deviation, "outliers": list }))?;
+                let list: Vec<serde_json::Value> =
+                    found.iter().map(|(o, t)| serde_json::json!({ "outlier": o, "telemetry": t })).collect();
+                emit_json(
+                    &serde_json::json!({ "schema_version": 1, "threshold": threshold, "min_deviation": min_deviation, "outliers": list }),
+                )?;
             } else {
                 emit(&kiln::fleet_view::render_outliers(&found, threshold, min_deviation))?;
             }
@@ -798,9 +840,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Ok(regs)
             })?;
             if json {
-                emit_json(&serde_json::json!({ "schema_version": 1, "since": since, "noise": noise, "regressions": regs }))?;
+                emit_json(
+                    &serde_json::json!({ "schema_version": 1, "since": since, "noise": noise, "regressions": regs }),
+                )?;
             } else {
-                emit(&kiln::fleet_view::render_regressions(&regs, (kiln::timefmt::now_unix() - start) as f64 / 86_400.0))?;
+                emit(&kiln::fleet_view::render_regressions(
+                    &regs,
+                    (kiln::timefmt::now_unix() - start) as f64 / 86_400.0,
+                ))?;
             }
             Ok(if regs.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
@@ -814,7 +861,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let tmp = path.with_extension("partial");
                     let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
                     let mut w = std::io::BufWriter::new(file);
-                    let stats = query(&db, async |store: &mut Store| store.export(since.as_deref(), &now, &mut w).await);
+                    let stats =
+                        query(&db, async |store: &mut Store| store.export(since.as_deref(), &now, &mut w).await);
                     let stats = match stats {
                         Ok(s) => s,
                         Err(e) => {
@@ -822,8 +870,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             return Err(e);
                         }
                     };
-                    w.into_inner().map_err(|e| e.into_error()).and_then(|f| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-                    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+                    w.into_inner()
+                        .map_err(|e| e.into_error())
+                        .and_then(|f| f.sync_all())
+                        .with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, path)
+                        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
                     stats
                 }
                 None => {
@@ -849,7 +901,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 } else {
                     std::fs::read(f).with_context(|| format!("reading {}", f.display()))?
                 };
-                let text = String::from_utf8(text).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {}); nothing was imported", f.display(), e.utf8_error().valid_up_to()))?;
+                let text = String::from_utf8(text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: not UTF-8 text (byte {}); nothing was imported",
+                        f.display(),
+                        e.utf8_error().valid_up_to()
+                    )
+                })?;
                 let started = std::time::Instant::now();
                 let name = f.display().to_string();
                 let stats = block_on(async {
@@ -888,10 +946,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let report = query(&db, async |store: &mut Store| kiln::report::build(store, &subject, start).await)?
                 .map_err(anyhow::Error::msg)?;
             if let Some(path) = &html {
-                std::fs::write(path, kiln::report::html(&report)).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(path, kiln::report::html(&report))
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             if let Some(path) = &markdown {
-                std::fs::write(path, kiln::report::markdown(&report)).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(path, kiln::report::markdown(&report))
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -976,9 +1036,13 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
         Provision::Lint { specs, target } => {
             let paths: Vec<PathBuf> = if specs.is_empty() {
                 let dirs = prov::image_dirs(target.images.as_deref());
-                let found: Vec<PathBuf> = dirs.iter().map(|d| prov::list_images(d)).find(|l| !l.is_empty()).unwrap_or_default();
+                let found: Vec<PathBuf> =
+                    dirs.iter().map(|d| prov::list_images(d)).find(|l| !l.is_empty()).unwrap_or_default();
                 if found.is_empty() {
-                    anyhow::bail!("no image specs found in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+                    anyhow::bail!(
+                        "no image specs found in {}",
+                        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+                    );
                 }
                 found
             } else {
@@ -995,7 +1059,13 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                 emit_json(&serde_json::json!({ "images": paths, "findings": findings }))?;
             } else {
                 let mut text: String = findings.iter().map(|f| format!("{f}\n")).collect();
-                text += &format!("{} image{} linted, {} finding{}", paths.len(), if paths.len() == 1 { "" } else { "s" }, findings.len(), if findings.len() == 1 { "" } else { "s" });
+                text += &format!(
+                    "{} image{} linted, {} finding{}",
+                    paths.len(),
+                    if paths.len() == 1 { "" } else { "s" },
+                    findings.len(),
+                    if findings.len() == 1 { "" } else { "s" }
+                );
                 emit(&text)?;
             }
             Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -1009,7 +1079,15 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                 } else {
                     let mut text = format!(
                         "apply {} of {} {} to {} — {} (started {}, finished {}, resumed {} time{})\n",
-                        a.id, a.image, a.image_version, a.root, a.status, a.started_at, a.finished_at.as_deref().unwrap_or("-"), a.resumes, if a.resumes == 1 { "" } else { "s" }
+                        a.id,
+                        a.image,
+                        a.image_version,
+                        a.root,
+                        a.status,
+                        a.started_at,
+                        a.finished_at.as_deref().unwrap_or("-"),
+                        a.resumes,
+                        if a.resumes == 1 { "" } else { "s" }
                     );
                     for s in &steps {
                         text += &format!(
@@ -1021,7 +1099,17 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                             s.summary
                         );
                         if s.status == "failed" {
-                            for line in s.output_tail.as_deref().unwrap_or("").lines().rev().take(10).collect::<Vec<_>>().into_iter().rev() {
+                            for line in s
+                                .output_tail
+                                .as_deref()
+                                .unwrap_or("")
+                                .lines()
+                                .rev()
+                                .take(10)
+                                .collect::<Vec<_>>()
+                                .into_iter()
+                                .rev()
+                            {
                                 text += &format!("       | {line}\n");
                             }
                         }
@@ -1035,9 +1123,17 @@ fn provision(db: Option<PathBuf>, what: Provision) -> Result<ExitCode> {
                 } else if applies.is_empty() {
                     emit(&format!("no applies journaled in {}", db.display()))?;
                 } else {
-                    let mut text = format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", "APPLY", "STARTED", "STATUS", "IMAGE", "ROOT");
+                    let mut text =
+                        format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", "APPLY", "STARTED", "STATUS", "IMAGE", "ROOT");
                     for a in &applies {
-                        text += &format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", &a.id[..8], a.started_at, a.status, format!("{} {}", a.image, a.image_version), a.root);
+                        text += &format!(
+                            "{:<8}  {:<24}  {:<11}  {:<24}  {}\n",
+                            &a.id[..8],
+                            a.started_at,
+                            a.status,
+                            format!("{} {}", a.image, a.image_version),
+                            a.root
+                        );
                     }
                     emit(&text)?;
                 }
@@ -1111,7 +1207,13 @@ fn live_inventory() -> Result<Inventory> {
 
 /// Prints a benchmark's outcome (text or JSON), stores it unless told not to, and maps a failed
 /// check to exit code 1.
-fn finish_bench(db: Option<PathBuf>, inv: &Inventory, outcome: kiln::runs::Outcome, no_save: bool, json: bool) -> Result<ExitCode> {
+fn finish_bench(
+    db: Option<PathBuf>,
+    inv: &Inventory,
+    outcome: kiln::runs::Outcome,
+    no_save: bool,
+    json: bool,
+) -> Result<ExitCode> {
     let run_id = if no_save {
         None
     } else {
@@ -1133,7 +1235,12 @@ fn finish_bench(db: Option<PathBuf>, inv: &Inventory, outcome: kiln::runs::Outco
 }
 
 /// The suite: quick for commissioning and CI-sized machines, full for nightly runs.
-fn run_suite(inv: &Inventory, quick: bool, budget: Option<u64>, disk_path: Option<PathBuf>) -> Result<Vec<kiln::runs::Outcome>> {
+fn run_suite(
+    inv: &Inventory,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+) -> Result<Vec<kiln::runs::Outcome>> {
     let started = std::time::Instant::now();
     let budget = std::time::Duration::from_secs(budget.unwrap_or(if quick { 110 } else { 1800 }));
     let mut outcomes = Vec::new();
@@ -1146,11 +1253,15 @@ fn run_suite(inv: &Inventory, quick: bool, budget: Option<u64>, disk_path: Optio
     };
     if !over("membw") {
         let elements = kiln::runs::default_membw_elements(inv);
-        outcomes.push(kiln::runs::membw(inv, kiln_bench::membw::Config { elements, warmup: 1, repetitions: if quick { 8 } else { 20 } }));
+        outcomes.push(kiln::runs::membw(
+            inv,
+            kiln_bench::membw::Config { elements, warmup: 1, repetitions: if quick { 8 } else { 20 } },
+        ));
     }
     if !over("gemm") {
         let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
-        let dtypes: &[candle_core::DType] = if quick { &[candle_core::DType::F32] } else { &[candle_core::DType::F32, candle_core::DType::BF16] };
+        let dtypes: &[candle_core::DType] =
+            if quick { &[candle_core::DType::F32] } else { &[candle_core::DType::F32, candle_core::DType::BF16] };
         outcomes.push(kiln::runs::gemm(inv, sizes, dtypes, if quick { 5 } else { 10 }));
     }
     if !over("train") {
@@ -1196,9 +1307,9 @@ fn query<T>(db: &Path, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) ->
     })?
 }
 
-
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     Ok(runtime.block_on(future))
 }
 

@@ -49,7 +49,11 @@ pub fn find_image(arg: &str, images: Option<&Path>) -> Result<PathBuf> {
             return Ok(p);
         }
     }
-    let known: Vec<String> = dirs.iter().flat_map(|d| list_images(d)).filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).collect();
+    let known: Vec<String> = dirs
+        .iter()
+        .flat_map(|d| list_images(d))
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
     let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     bail!(
         "no image named {arg:?} in {} (known: {}); give a path to a .toml file or --images DIR",
@@ -87,7 +91,10 @@ pub fn render_plan(plan: &Plan, verb: &str) -> String {
     let mut out = String::new();
     let target = if plan.root == Path::new("/") { "this machine".to_string() } else { plan.root.display().to_string() };
     if plan.steps.is_empty() {
-        out += &format!("{} {} is applied to {target}: nothing to change ({} items checked)\n", plan.image, plan.image_version, plan.satisfied);
+        out += &format!(
+            "{} {} is applied to {target}: nothing to change ({} items checked)\n",
+            plan.image, plan.image_version, plan.satisfied
+        );
     } else {
         out += &format!(
             "{} {} on {target}: {} step{} {verb} ({} items already as declared)\n",
@@ -122,12 +129,25 @@ impl Journal for DbJournal<'_> {
     fn started(&mut self, seq: usize, step: &Step) -> Result<i64, String> {
         let command: Vec<String> = step.actions.iter().map(|a| a.display()).collect();
         self.rt
-            .block_on(self.store.step_started(&self.apply_id, seq as i64, &step.key, &step.summary, &command.join("\n"), &self.image_hash))
+            .block_on(self.store.step_started(
+                &self.apply_id,
+                seq as i64,
+                &step.key,
+                &step.summary,
+                &command.join("\n"),
+                &self.image_hash,
+            ))
             .map_err(|e| format!("cannot journal step {seq} ({}): {e}", step.summary))
     }
     fn finished(&mut self, id: i64, r: &StepResult) -> Result<(), String> {
         self.rt
-            .block_on(self.store.step_finished(id, r.ok, r.exit_code.map(i64::from), r.duration.as_millis() as i64, &r.output_tail))
+            .block_on(self.store.step_finished(
+                id,
+                r.ok,
+                r.exit_code.map(i64::from),
+                r.duration.as_millis() as i64,
+                &r.output_tail,
+            ))
             .map_err(|e| format!("cannot journal the end of a step: {e}"))
     }
 }
@@ -137,12 +157,22 @@ pub struct RootLock(#[allow(dead_code)] std::fs::File);
 
 pub fn lock_root(target: &Target) -> Result<RootLock> {
     let path = target.path("/var/lib/kiln/provision.lock");
-    std::fs::create_dir_all(path.parent().unwrap()).with_context(|| format!("creating {}", path.parent().unwrap().display()))?;
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+    std::fs::create_dir_all(path.parent().unwrap())
+        .with_context(|| format!("creating {}", path.parent().unwrap().display()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!("another kiln is provisioning {} (it holds {}); wait for it to finish", target.root.display(), path.display());
+        bail!(
+            "another kiln is provisioning {} (it holds {}); wait for it to finish",
+            target.root.display(),
+            path.display()
+        );
     }
     Ok(RootLock(file))
 }
@@ -195,7 +225,8 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
         bail!("{}: the target root is not a directory", root.display());
     }
     let _lock = lock_root(&target)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let mut store = rt.block_on(Store::open(opts.db))?;
     let root_key = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()).display().to_string();
     let unfinished = rt.block_on(store.unfinished_apply(image.name(), &root_key))?;
@@ -241,7 +272,10 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
         report.interrupted_steps = dangling.iter().map(|s| s.summary.clone()).collect();
         if !opts.json {
             for s in &dangling {
-                progress(&format!("step {} ({}) was interrupted when kiln stopped; it runs again if still needed", s.seq, s.summary));
+                progress(&format!(
+                    "step {} ({}) was interrupted when kiln stopped; it runs again if still needed",
+                    s.seq, s.summary
+                ));
             }
         }
         (u.id.clone(), next as usize)
@@ -262,7 +296,8 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
     report.apply_id = Some(apply_id.clone());
     let terminal = std::io::stderr().is_terminal() && !opts.json;
     let verbose = opts.verbose && !opts.json;
-    let mut journal = DbJournal { rt: &rt, store: &mut store, apply_id: apply_id.clone(), image_hash: image.hash.clone() };
+    let mut journal =
+        DbJournal { rt: &rt, store: &mut store, apply_id: apply_id.clone(), image_hash: image.hash.clone() };
     let outcome = apply::apply(&plan, first_seq, &mut exec, &mut journal, interrupted, &mut |event| match event {
         Event::Starting { index, total, step } => {
             if terminal || verbose {
@@ -304,7 +339,11 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
 }
 
 fn root_arg(root: &Path) -> String {
-    if root == Path::new("/") { String::new() } else { format!(" --root {}", root.display()) }
+    if root == Path::new("/") {
+        String::new()
+    } else {
+        format!(" --root {}", root.display())
+    }
 }
 
 pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
@@ -320,9 +359,19 @@ pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
             if report.resumed { ", resuming the interrupted apply" } else { "" }
         ),
         "failed" => {
-            let mut s = format!("{}: step {} of {} failed; the steps before it are applied (journal {journal})\n", report.image, report.steps_done + 1, report.steps_planned);
+            let mut s = format!(
+                "{}: step {} of {} failed; the steps before it are applied (journal {journal})\n",
+                report.image,
+                report.steps_done + 1,
+                report.steps_planned
+            );
             if let Some(f) = &report.failed_step {
-                s += &format!("  step:      {}\n  command:   {}\n  exit code: {}\n  output (last lines):\n", f.summary, f.command, f.exit_code.map_or("killed by a signal".into(), |c| c.to_string()));
+                s += &format!(
+                    "  step:      {}\n  command:   {}\n  exit code: {}\n  output (last lines):\n",
+                    f.summary,
+                    f.command,
+                    f.exit_code.map_or("killed by a signal".into(), |c| c.to_string())
+                );
                 for line in f.output_tail.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev() {
                     s += &format!("    {line}\n");
                 }
@@ -373,7 +422,12 @@ pub fn verify(image: &Image, root: &Path) -> Result<Verification> {
     let mut exec = System;
     let (plan, facts, target) = make_plan(image, root, &mut exec)?;
     // `apt-get update` is a means, not a difference.
-    let drift = plan.steps.iter().filter(|s| s.key != "apt:update").map(|s| Drift { key: s.key.clone(), summary: s.summary.clone(), why: s.why.clone() }).collect();
+    let drift = plan
+        .steps
+        .iter()
+        .filter(|s| s.key != "apt:update")
+        .map(|s| Drift { key: s.key.clone(), summary: s.summary.clone(), why: s.why.clone() })
+        .collect();
     let mut checks = Vec::new();
     for c in &image.spec.checks {
         let check = c.get_ref();
@@ -420,9 +474,21 @@ fn tail(s: &str) -> String {
 pub fn render_verification(v: &Verification) -> String {
     let mut out = String::new();
     if v.clean() {
-        out += &format!("{}: no drift on {}; {} check{} passed\n", v.image, v.root.display(), v.checks.len(), if v.checks.len() == 1 { "" } else { "s" });
+        out += &format!(
+            "{}: no drift on {}; {} check{} passed\n",
+            v.image,
+            v.root.display(),
+            v.checks.len(),
+            if v.checks.len() == 1 { "" } else { "s" }
+        );
     } else {
-        out += &format!("{}: {} drift item{} on {}\n", v.image, v.drift.len(), if v.drift.len() == 1 { "" } else { "s" }, v.root.display());
+        out += &format!(
+            "{}: {} drift item{} on {}\n",
+            v.image,
+            v.drift.len(),
+            if v.drift.len() == 1 { "" } else { "s" },
+            v.root.display()
+        );
         for d in &v.drift {
             out += &format!("  drift: {} — {}\n", d.summary, d.why);
         }
@@ -438,7 +504,8 @@ pub fn render_verification(v: &Verification) -> String {
 
 pub fn render_software(s: &kiln_provision::software::Software) -> String {
     let mut out = String::new();
-    let row = |out: &mut String, k: &str, v: &Option<String>| *out += &format!("{k:<15} {}\n", v.as_deref().unwrap_or("-"));
+    let row =
+        |out: &mut String, k: &str, v: &Option<String>| *out += &format!("{k:<15} {}\n", v.as_deref().unwrap_or("-"));
     row(&mut out, "kernel", &s.kernel);
     row(&mut out, "nvidia driver", &s.nvidia_driver);
     row(&mut out, "fabric manager", &s.fabric_manager);
@@ -447,14 +514,25 @@ pub fn render_software(s: &kiln_provision::software::Software) -> String {
     row(&mut out, "cudnn", &s.cudnn);
     for (venv, fw) in &s.python {
         let list: Vec<String> = fw.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        out += &format!("{:<15} {}: {}\n", "python", venv, if list.is_empty() { "no frameworks".into() } else { list.join(", ") });
+        out += &format!(
+            "{:<15} {}: {}\n",
+            "python",
+            venv,
+            if list.is_empty() { "no frameworks".into() } else { list.join(", ") }
+        );
     }
     if s.images.is_empty() {
         out += &format!("{:<15} none applied by kiln\n", "images");
     }
     for i in &s.images {
-        out += &format!("{:<15} {} {} (hash {}, applied {})\n", "image", i.image, i.version, &i.hash[..i.hash.len().min(12)], i.applied_at);
+        out += &format!(
+            "{:<15} {} {} (hash {}, applied {})\n",
+            "image",
+            i.image,
+            i.version,
+            &i.hash[..i.hash.len().min(12)],
+            i.applied_at
+        );
     }
     out
 }
-

@@ -15,7 +15,12 @@ pub fn summary(inv: &Inventory) -> String {
     let mut out = String::new();
     let cpu = &inv.cpu;
     let host = inv.os.hostname.as_deref().unwrap_or("(no hostname)");
-    let _ = writeln!(out, "host      {host}   config {}   id {}", inv.fingerprints.config, inv.fingerprints.host.as_deref().unwrap_or("none"));
+    let _ = writeln!(
+        out,
+        "host      {host}   config {}   id {}",
+        inv.fingerprints.config,
+        inv.fingerprints.host.as_deref().unwrap_or("none")
+    );
     let _ = writeln!(out, "config    {}", inv.fingerprints.config_name);
     let p = &inv.system.product;
     if p.vendor.is_some() || p.name.is_some() {
@@ -27,14 +32,10 @@ pub fn summary(inv: &Inventory) -> String {
             inv.system.chassis.type_name.as_ref().map(|t| format!(" ({t})")).unwrap_or_default()
         );
         let b = &inv.system.bios;
-        let _ = writeln!(out, "bios      {} {} ({})", or_unknown(&b.vendor), or_unknown(&b.version), or_unknown(&b.date));
+        let _ =
+            writeln!(out, "bios      {} {} ({})", or_unknown(&b.vendor), or_unknown(&b.version), or_unknown(&b.date));
     }
-    let _ = writeln!(
-        out,
-        "cpu       {} [{}]",
-        or_unknown(&cpu.model_name),
-        cpu.architecture.as_str()
-    );
+    let _ = writeln!(out, "cpu       {} [{}]", or_unknown(&cpu.model_name), cpu.architecture.as_str());
     let smt = cpu.threads_per_core.map(|t| format!(" × {t} threads")).unwrap_or_default();
     let _ = writeln!(
         out,
@@ -103,14 +104,16 @@ pub fn summary(inv: &Inventory) -> String {
     }
     let _ = writeln!(out);
     for pool in m.hugepages.iter().filter(|p| p.total > 0) {
-        let _ = writeln!(out, "          hugepages {}: {} ({} free)", human_bytes(pool.size_bytes), pool.total, pool.free);
+        let _ =
+            writeln!(out, "          hugepages {}: {} ({} free)", human_bytes(pool.size_bytes), pool.total, pool.free);
     }
     if inv.numa.nodes.is_empty() {
         let _ = writeln!(out, "numa      no NUMA information");
     } else {
         let _ = writeln!(out, "numa      {} node(s)", inv.numa.nodes.len());
         for node in &inv.numa.nodes {
-            let cpus = if node.cpus.is_empty() { "no CPUs (memory only)".to_string() } else { format!("CPUs {}", node.cpus) };
+            let cpus =
+                if node.cpus.is_empty() { "no CPUs (memory only)".to_string() } else { format!("CPUs {}", node.cpus) };
             let _ = writeln!(
                 out,
                 "          node{} {cpus}, {}",
@@ -126,10 +129,15 @@ pub fn summary(inv: &Inventory) -> String {
     }
     devices(&mut out, inv);
     let os = &inv.os;
-    let distro = os.distribution.as_ref().and_then(|d| d.pretty_name.clone()).unwrap_or_else(|| "unknown distribution".into());
+    let distro =
+        os.distribution.as_ref().and_then(|d| d.pretty_name.clone()).unwrap_or_else(|| "unknown distribution".into());
     let _ = writeln!(out, "os        {distro}, kernel {}", or_unknown(&os.kernel_release));
     if os.virtualization.is_virtual {
-        let _ = writeln!(out, "          virtual machine: {}", os.virtualization.hypervisor.as_deref().unwrap_or("unknown hypervisor"));
+        let _ = writeln!(
+            out,
+            "          virtual machine: {}",
+            os.virtualization.hypervisor.as_deref().unwrap_or("unknown hypervisor")
+        );
     }
     if !inv.problems.is_empty() {
         let _ = writeln!(out, "problems  {} (see --json for all)", inv.problems.len());
@@ -157,7 +165,10 @@ fn link_text(l: &crate::inventory::pci::PciLink) -> String {
 /// GPUs, NVMe drives, NICs and RDMA devices, one line each.
 fn devices(out: &mut String, inv: &Inventory) {
     let pci_link = |addr: &Option<String>| {
-        addr.as_ref().and_then(|a| inv.pci.iter().find(|d| &d.address == a)).and_then(|d| d.link.as_ref()).map(link_text)
+        addr.as_ref()
+            .and_then(|a| inv.pci.iter().find(|d| &d.address == a))
+            .and_then(|d| d.link.as_ref())
+            .map(link_text)
     };
     let g = &inv.gpus;
     if !g.devices.is_empty() || !g.pci_gpus.is_empty() {
@@ -172,7 +183,11 @@ fn devices(out: &mut String, inv: &Inventory) {
         );
         for gpu in &g.devices {
             let active = gpu.nvlinks.iter().filter(|l| l.active).count();
-            let nvlink = if gpu.nvlinks.is_empty() { String::new() } else { format!(", NVLink {active}/{} up", gpu.nvlinks.len()) };
+            let nvlink = if gpu.nvlinks.is_empty() {
+                String::new()
+            } else {
+                format!(", NVLink {active}/{} up", gpu.nvlinks.len())
+            };
             let p = &gpu.pcie;
             let mut pcie = match (p.current_gen, p.current_width) {
                 (Some(gen), Some(w)) => format!(", PCIe Gen{gen} x{w}"),
@@ -233,17 +248,38 @@ fn devices(out: &mut String, inv: &Inventory) {
         let ports: Vec<String> = r
             .ports
             .iter()
-            .map(|p| format!("port {} {} {}", p.port, p.state.as_deref().unwrap_or("?"), p.rate.as_deref().unwrap_or("")))
+            .map(|p| {
+                format!("port {} {} {}", p.port, p.state.as_deref().unwrap_or("?"), p.rate.as_deref().unwrap_or(""))
+            })
             .collect();
-        let _ = writeln!(out, "rdma      {} {} fw {}: {}", r.name, r.hca_type.as_deref().unwrap_or("?"), r.firmware.as_deref().unwrap_or("?"), ports.join("; "));
+        let _ = writeln!(
+            out,
+            "rdma      {} {} fw {}: {}",
+            r.name,
+            r.hca_type.as_deref().unwrap_or("?"),
+            r.firmware.as_deref().unwrap_or("?"),
+            ports.join("; ")
+        );
     }
     let degraded: Vec<String> = inv
         .pci
         .iter()
         .filter(|d| d.link.as_ref().is_some_and(|l| l.degraded))
-        .map(|d| format!("{} {} at {}", d.address, d.device_name.as_deref().unwrap_or(&d.class), link_text(d.link.as_ref().unwrap())))
+        .map(|d| {
+            format!(
+                "{} {} at {}",
+                d.address,
+                d.device_name.as_deref().unwrap_or(&d.class),
+                link_text(d.link.as_ref().unwrap())
+            )
+        })
         .collect();
-    let _ = writeln!(out, "pci       {} functions{}", inv.pci.len(), if degraded.is_empty() { String::new() } else { format!(", {} links below their maximum", degraded.len()) });
+    let _ = writeln!(
+        out,
+        "pci       {} functions{}",
+        inv.pci.len(),
+        if degraded.is_empty() { String::new() } else { format!(", {} links below their maximum", degraded.len()) }
+    );
     for d in degraded.iter().take(8) {
         let _ = writeln!(out, "          {d}");
     }

@@ -54,7 +54,9 @@ fn host_label(fleet: &Fleet, h: usize) -> String {
 }
 
 fn find_host(fleet: &Fleet, needle: &str) -> Result<usize, String> {
-    let hits: Vec<usize> = (0..fleet.hosts.len()).filter(|&i| fleet.hosts[i].id.starts_with(needle) || fleet.hosts[i].hostname.as_deref() == Some(needle)).collect();
+    let hits: Vec<usize> = (0..fleet.hosts.len())
+        .filter(|&i| fleet.hosts[i].id.starts_with(needle) || fleet.hosts[i].hostname.as_deref() == Some(needle))
+        .collect();
     match hits.as_slice() {
         [one] => Ok(*one),
         [] => Err(format!("no host matches {needle:?}")),
@@ -62,7 +64,13 @@ fn find_host(fleet: &Fleet, needle: &str) -> Result<usize, String> {
     }
 }
 
-fn distribution_table_row(group_metric: &str, unit: &str, direction: Direction, values: &[f64], mine: Option<f64>) -> Vec<String> {
+fn distribution_table_row(
+    group_metric: &str,
+    unit: &str,
+    direction: Direction,
+    values: &[f64],
+    mine: Option<f64>,
+) -> Vec<String> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mut row = vec![
@@ -78,9 +86,18 @@ fn distribution_table_row(group_metric: &str, unit: &str, direction: Direction, 
         let below = sorted.iter().filter(|x| **x < v).count();
         row.push(num(v));
         // A percentile among fewer than three hosts says nothing.
-        row.push(if sorted.len() < 3 { "-".into() } else { format!("{:.0}", 100.0 * below as f64 / sorted.len() as f64) });
+        row.push(if sorted.len() < 3 {
+            "-".into()
+        } else {
+            format!("{:.0}", 100.0 * below as f64 / sorted.len() as f64)
+        });
     }
-    row.extend([num(percentile_sorted(&sorted, 0.10)), num(median(&sorted)), num(percentile_sorted(&sorted, 0.90)), sorted.len().to_string()]);
+    row.extend([
+        num(percentile_sorted(&sorted, 0.10)),
+        num(median(&sorted)),
+        num(percentile_sorted(&sorted, 0.90)),
+        sorted.len().to_string(),
+    ]);
     row
 }
 
@@ -103,7 +120,9 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                         Ok(d) => d,
                         Err(e) => return Ok(Err(e.to_string())),
                     };
-                    let Some(h) = fleet.hosts.iter().position(|x| x.id == detail.run.host_id) else { return Ok(Err("the run's host is not in the database".into())) };
+                    let Some(h) = fleet.hosts.iter().position(|x| x.id == detail.run.host_id) else {
+                        return Ok(Err("the run's host is not in the database".into()));
+                    };
                     (h, Some(detail))
                 }
             };
@@ -113,9 +132,18 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                 None => format!("Host {}", host_label(&fleet, h)),
             };
             let mut overview = Section { heading: "Overview".into(), ..Default::default() };
-            overview.text.push(format!("Host {} ({}), configuration {} ({}).", host_label(&fleet, h), host.id, host.config_name, short(&host.config_fingerprint)));
+            overview.text.push(format!(
+                "Host {} ({}), configuration {} ({}).",
+                host_label(&fleet, h),
+                host.id,
+                host.config_name,
+                short(&host.config_fingerprint)
+            ));
             if let Some(r) = &run {
-                overview.text.push(format!("Run {} of {}, started {}, status {}.", r.run.id, r.run.benchmark, r.run.started_at, r.run.status));
+                overview.text.push(format!(
+                    "Run {} of {}, started {}, status {}.",
+                    r.run.id, r.run.benchmark, r.run.started_at, r.run.status
+                ));
             } else {
                 overview.text.push(format!("{} runs stored for this host.", host.data.runs.len()));
             }
@@ -162,15 +190,22 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                     }
                 }
                 let value = match &run {
-                    Some(r) if r.run.benchmark == g.benchmark => match r.run.metrics.iter().find(|m| m.name == g.metric) {
-                        Some(m) => m.value,
-                        None => continue,
-                    },
+                    Some(r) if r.run.benchmark == g.benchmark => {
+                        match r.run.metrics.iter().find(|m| m.name == g.metric) {
+                            Some(m) => m.value,
+                            None => continue,
+                        }
+                    }
                     Some(_) => continue,
                     None => current,
                 };
                 let values: Vec<f64> = hosts.iter().map(HostValues::median).collect();
-                let name = format!("{}:{}{}", label_g.benchmark, label_g.metric, if label_g.software.is_empty() && !g.software.is_empty() { " (all stacks)" } else { "" });
+                let name = format!(
+                    "{}:{}{}",
+                    label_g.benchmark,
+                    label_g.metric,
+                    if label_g.software.is_empty() && !g.software.is_empty() { " (all stacks)" } else { "" }
+                );
                 rows.push(distribution_table_row(&name, &info.unit, info.direction, &values, Some(value)));
                 results.charts.push(Chart::Distribution {
                     title: format!("{name} — {} hosts", values.len()),
@@ -193,7 +228,12 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                     if pooled.len() > 3 { format!("{} metrics", pooled.len()) } else { pooled.join(", ") }
                 ));
             }
-            results.table = Some((["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"].map(String::from).to_vec(), rows));
+            results.table = Some((
+                ["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"]
+                    .map(String::from)
+                    .to_vec(),
+                rows,
+            ));
             sections.push(results);
             if run.is_none() {
                 // History, merged across software like `kiln regressions`, with the change marked.
@@ -201,7 +241,9 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                 let mut merged: BTreeMap<(String, String), (String, Vec<(i64, f64)>)> = BTreeMap::new();
                 for s in &host.data.series {
                     let Some(key) = fleet.keys.get(&s.key) else { continue };
-                    let e = merged.entry((key.benchmark.clone(), key.metric.clone())).or_insert_with(|| (key.unit.clone(), vec![]));
+                    let e = merged
+                        .entry((key.benchmark.clone(), key.metric.clone()))
+                        .or_insert_with(|| (key.unit.clone(), vec![]));
                     for &(r, v) in &s.points {
                         let t = host.data.runs[r as usize].t;
                         if t >= since {
@@ -214,9 +256,20 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                     let values: Vec<f64> = points.iter().map(|p| p.1).collect();
                     let change = detect(&values, fleet::NOISE, 7);
                     if let Some(c) = &change {
-                        history.text.push(format!("{benchmark}:{metric} changed {} on {} ({} → {} {unit}).", pct(c.ratio), crate::timefmt::rfc3339(points[c.at].0), num(c.before), num(c.after)));
+                        history.text.push(format!(
+                            "{benchmark}:{metric} changed {} on {} ({} → {} {unit}).",
+                            pct(c.ratio),
+                            crate::timefmt::rfc3339(points[c.at].0),
+                            num(c.before),
+                            num(c.after)
+                        ));
                     }
-                    history.charts.push(Chart::History { title: format!("{benchmark}:{metric}"), unit, points, change_at: change.map(|c| c.at) });
+                    history.charts.push(Chart::History {
+                        title: format!("{benchmark}:{metric}"),
+                        unit,
+                        points,
+                        change_at: change.map(|c| c.at),
+                    });
                 }
                 if history.text.is_empty() {
                     history.text.push("No step changes beyond the noise threshold.".into());
@@ -224,7 +277,8 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                 sections.push(history);
             }
             // Telemetry of the run (or the host's latest run).
-            let run_id = run.as_ref().map(|r| r.run.id.clone()).or_else(|| host.data.runs.last().map(|r| r.run_id.to_string()));
+            let run_id =
+                run.as_ref().map(|r| r.run.id.clone()).or_else(|| host.data.runs.last().map(|r| r.run_id.to_string()));
             if let Some(id) = run_id {
                 let detail = match &run {
                     Some(r) => Some(r.clone()),
@@ -236,33 +290,66 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
             }
         }
         Subject::Config(needle) => {
-            let matches: Vec<&kiln_db::SeriesKey> = fleet.keys.values().filter(|k| k.config_fingerprint.starts_with(needle.as_str()) || &k.config_name == needle).collect();
+            let matches: Vec<&kiln_db::SeriesKey> = fleet
+                .keys
+                .values()
+                .filter(|k| k.config_fingerprint.starts_with(needle.as_str()) || &k.config_name == needle)
+                .collect();
             let fps: std::collections::BTreeSet<&str> = matches.iter().map(|k| k.config_fingerprint.as_str()).collect();
             let fp = match fps.len() {
                 1 => fps.into_iter().next().unwrap().to_string(),
                 0 => return Ok(Err(format!("no configuration matches {needle:?}"))),
                 n => return Ok(Err(format!("{needle:?} matches {n} configurations; give more of the fingerprint"))),
             };
-            let name = matches.iter().find(|k| k.config_fingerprint == fp).map(|k| k.config_name.clone()).unwrap_or_default();
+            let name =
+                matches.iter().find(|k| k.config_fingerprint == fp).map(|k| k.config_name.clone()).unwrap_or_default();
             title = format!("Configuration {name}");
-            let hosts: std::collections::BTreeSet<usize> = groups.iter().filter(|(g, _)| g.config_fingerprint == fp).flat_map(|(_, (_, hs))| hs.iter().map(|h| h.host)).collect();
+            let hosts: std::collections::BTreeSet<usize> = groups
+                .iter()
+                .filter(|(g, _)| g.config_fingerprint == fp)
+                .flat_map(|(_, (_, hs))| hs.iter().map(|h| h.host))
+                .collect();
             let mut overview = Section { heading: "Overview".into(), ..Default::default() };
-            overview.text.push(format!("{name} ({fp}): {} hosts with results since {}.", hosts.len(), crate::timefmt::rfc3339(since)));
+            overview.text.push(format!(
+                "{name} ({fp}): {} hosts with results since {}.",
+                hosts.len(),
+                crate::timefmt::rfc3339(since)
+            ));
             sections.push(overview);
             let mut results = Section { heading: "Distribution over hosts".into(), ..Default::default() };
             let mut rows = Vec::new();
             let mut history = Section { heading: "Nightly median".into(), ..Default::default() };
             for (g, (info, hs)) in groups.iter().filter(|(g, _)| g.config_fingerprint == fp) {
                 let values: Vec<f64> = hs.iter().map(HostValues::median).collect();
-                let label = format!("{}:{}{}", g.benchmark, g.metric, if g.software.is_empty() { String::new() } else { format!(" [{}]", &g.software[..g.software.len().min(6)]) });
+                let label = format!(
+                    "{}:{}{}",
+                    g.benchmark,
+                    g.metric,
+                    if g.software.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{}]", &g.software[..g.software.len().min(6)])
+                    }
+                );
                 rows.push(distribution_table_row(&label, &info.unit, info.direction, &values, None));
-                results.charts.push(Chart::Distribution { title: format!("{label} — {} hosts", values.len()), unit: info.unit.clone(), direction: info.direction, values, mark: None });
+                results.charts.push(Chart::Distribution {
+                    title: format!("{label} — {} hosts", values.len()),
+                    unit: info.unit.clone(),
+                    direction: info.direction,
+                    values,
+                    mark: None,
+                });
                 let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
                 for hv in hs {
                     let host = &fleet.hosts[hv.host];
                     for s in &host.data.series {
                         let Some(k) = fleet.keys.get(&s.key) else { continue };
-                        if k.config_fingerprint != g.config_fingerprint || k.benchmark != g.benchmark || k.metric != g.metric || k.software_fingerprint != g.software || k.bench_config != g.bench_config {
+                        if k.config_fingerprint != g.config_fingerprint
+                            || k.benchmark != g.benchmark
+                            || k.metric != g.metric
+                            || k.software_fingerprint != g.software
+                            || k.bench_config != g.bench_config
+                        {
                             continue;
                         }
                         for &(r, v) in &s.points {
@@ -277,26 +364,55 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
                 let values: Vec<f64> = points.iter().map(|p| p.1).collect();
                 let change = detect(&values, fleet::NOISE, 7);
                 if let Some(c) = &change {
-                    history.text.push(format!("{label} changed {} on {} ({} → {} {}).", pct(c.ratio), crate::timefmt::rfc3339(points[c.at].0), num(c.before), num(c.after), info.unit));
+                    history.text.push(format!(
+                        "{label} changed {} on {} ({} → {} {}).",
+                        pct(c.ratio),
+                        crate::timefmt::rfc3339(points[c.at].0),
+                        num(c.before),
+                        num(c.after),
+                        info.unit
+                    ));
                 }
-                history.charts.push(Chart::History { title: label, unit: info.unit.clone(), points, change_at: change.map(|c| c.at) });
+                history.charts.push(Chart::History {
+                    title: label,
+                    unit: info.unit.clone(),
+                    points,
+                    change_at: change.map(|c| c.at),
+                });
             }
-            results.table = Some((["metric", "unit", "better", "p10", "median", "p90", "hosts"].map(String::from).to_vec(), rows));
+            results.table =
+                Some((["metric", "unit", "better", "p10", "median", "p90", "hosts"].map(String::from).to_vec(), rows));
             sections.push(results);
             if history.text.is_empty() {
                 history.text.push("No step changes beyond the noise threshold.".into());
             }
             sections.push(history);
-            let outs: Vec<fleet::Outlier> = fleet::outliers(&fleet, &filter, 3.5, fleet::MIN_DEVIATION).into_iter().filter(|o| o.group.config_fingerprint == fp).collect();
+            let outs: Vec<fleet::Outlier> = fleet::outliers(&fleet, &filter, 3.5, fleet::MIN_DEVIATION)
+                .into_iter()
+                .filter(|o| o.group.config_fingerprint == fp)
+                .collect();
             let mut s = Section { heading: "Outlier hosts".into(), ..Default::default() };
             if outs.is_empty() {
                 s.text.push("None: no host beyond |z| 3.5 and 5 % from the configuration's median.".into());
             } else {
                 let rows = outs
                     .iter()
-                    .map(|o| vec![o.host.label(), format!("{}:{}", o.group.benchmark, o.group.metric), num(o.host.value), num(o.group_median), pct(1.0 + o.deviation), format!("{:+.1}", o.z), if o.worse { "worse".into() } else { "better".into() }])
+                    .map(|o| {
+                        vec![
+                            o.host.label(),
+                            format!("{}:{}", o.group.benchmark, o.group.metric),
+                            num(o.host.value),
+                            num(o.group_median),
+                            pct(1.0 + o.deviation),
+                            format!("{:+.1}", o.z),
+                            if o.worse { "worse".into() } else { "better".into() },
+                        ]
+                    })
                     .collect();
-                s.table = Some((["host", "metric", "value", "median", "deviation", "z", ""].map(String::from).to_vec(), rows));
+                s.table = Some((
+                    ["host", "metric", "value", "median", "deviation", "z", ""].map(String::from).to_vec(),
+                    rows,
+                ));
             }
             sections.push(s);
         }
@@ -305,7 +421,10 @@ pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db:
 }
 
 fn telemetry_section(d: &kiln_db::RunDetail) -> Section {
-    let mut s = Section { heading: format!("Telemetry of run {} ({})", short(&d.run.id), d.run.started_at), ..Default::default() };
+    let mut s = Section {
+        heading: format!("Telemetry of run {} ({})", short(&d.run.id), d.run.started_at),
+        ..Default::default()
+    };
     let mut by_name: BTreeMap<String, BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
     for (t, source, name, value) in &d.telemetry {
         by_name.entry(name.clone()).or_default().entry(source.clone()).or_default().push((*t as f64 / 1000.0, *value));
@@ -318,9 +437,26 @@ fn telemetry_section(d: &kiln_db::RunDetail) -> Section {
         for (source, pts) in &sources {
             let vals: Vec<f64> = pts.iter().map(|p| p.1).collect();
             let (lo, hi) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
-            rows.push(vec![source.clone(), name.clone(), num(lo), num(vals.iter().sum::<f64>() / vals.len() as f64), num(hi), vals.len().to_string()]);
+            rows.push(vec![
+                source.clone(),
+                name.clone(),
+                num(lo),
+                num(vals.iter().sum::<f64>() / vals.len() as f64),
+                num(hi),
+                vals.len().to_string(),
+            ]);
         }
-        let unit = if name.ends_with("_mhz") { "MHz" } else if name.ends_with("_watts") { "W" } else if name.ends_with("_c") { "°C" } else if name.contains("pct") || name.starts_with("throttled") || name.contains("util") { "%" } else { "" };
+        let unit = if name.ends_with("_mhz") {
+            "MHz"
+        } else if name.ends_with("_watts") {
+            "W"
+        } else if name.ends_with("_c") {
+            "°C"
+        } else if name.contains("pct") || name.starts_with("throttled") || name.contains("util") {
+            "%"
+        } else {
+            ""
+        };
         s.charts.push(Chart::Lines { title: name, unit: unit.into(), series: sources.into_iter().collect() });
     }
     s.table = Some((["source", "channel", "min", "mean", "max", "samples"].map(String::from).to_vec(), rows));
@@ -345,7 +481,11 @@ fn scale(lo: f64, hi: f64, a: f64, b: f64) -> impl Fn(f64) -> f64 {
 
 fn padded(lo: f64, hi: f64) -> (f64, f64) {
     let span = hi - lo;
-    if span > 0.0 { (lo - span * 0.05, hi + span * 0.05) } else { (lo - lo.abs() * 0.05 - 1e-9, hi + hi.abs() * 0.05 + 1e-9) }
+    if span > 0.0 {
+        (lo - span * 0.05, hi + span * 0.05)
+    } else {
+        (lo - lo.abs() * 0.05 - 1e-9, hi + hi.abs() * 0.05 + 1e-9)
+    }
 }
 
 const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -366,8 +506,22 @@ pub fn svg(chart: &Chart) -> String {
             let (lo, hi) = padded(lo, hi);
             let x = scale(lo, hi, PAD_L, W - PAD_R);
             let q = |p: f64| percentile_sorted(&sorted, p);
-            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
-            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({}{})</text>"#, esc(title), esc(unit), match direction { Direction::Higher => ", higher is better", Direction::Lower => ", lower is better", Direction::None => "" });
+            let _ = write!(
+                o,
+                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
+                esc(title)
+            );
+            let _ = write!(
+                o,
+                r#"<text x="{PAD_L}" y="14" class="t">{} ({}{})</text>"#,
+                esc(title),
+                esc(unit),
+                match direction {
+                    Direction::Higher => ", higher is better",
+                    Direction::Lower => ", lower is better",
+                    Direction::None => "",
+                }
+            );
             // Strip: at most STRIP_MAX dots, evenly chosen, jittered deterministically.
             let step = (sorted.len() as f64 / STRIP_MAX as f64).max(1.0);
             let mut i = 0.0;
@@ -376,57 +530,138 @@ pub fn svg(chart: &Chart) -> String {
                 let v = sorted[i as usize];
                 k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let jitter = ((k >> 33) % 30) as f64;
-                let _ = write!(o, r##"<circle cx="{:.1}" cy="{:.1}" r="2" fill="#1f77b4" fill-opacity="0.45"/>"##, x(v), 32.0 + jitter);
+                let _ = write!(
+                    o,
+                    r##"<circle cx="{:.1}" cy="{:.1}" r="2" fill="#1f77b4" fill-opacity="0.45"/>"##,
+                    x(v),
+                    32.0 + jitter
+                );
                 i += step;
             }
             // Box: p25–p75, median, whiskers at p10 and p90.
             let (p10, p25, p50, p75, p90) = (q(0.10), q(0.25), median(&sorted), q(0.75), q(0.90));
             let _ = write!(o, r##"<line x1="{:.1}" x2="{:.1}" y1="88" y2="88" stroke="#333"/>"##, x(p10), x(p90));
-            let _ = write!(o, r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##, x(p25), (x(p75) - x(p25)).max(1.0));
-            let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##, x(p50));
+            let _ = write!(
+                o,
+                r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##,
+                x(p25),
+                (x(p75) - x(p25)).max(1.0)
+            );
+            let _ = write!(
+                o,
+                r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##,
+                x(p50)
+            );
             if let Some((label, v)) = mark {
                 let mx = x(*v);
-                let anchor = if mx < PAD_L + 60.0 { "start" } else if mx > W - PAD_R - 60.0 { "end" } else { "middle" };
-                let _ = write!(o, r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{mx:.1}" y="118" class="m" text-anchor="{anchor}">{} {}</text>"##, esc(label), num(*v));
+                let anchor = if mx < PAD_L + 60.0 {
+                    "start"
+                } else if mx > W - PAD_R - 60.0 {
+                    "end"
+                } else {
+                    "middle"
+                };
+                let _ = write!(
+                    o,
+                    r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{mx:.1}" y="118" class="m" text-anchor="{anchor}">{} {}</text>"##,
+                    esc(label),
+                    num(*v)
+                );
             }
-            let _ = write!(o, r#"<text x="{PAD_L}" y="132" class="a">{}</text><text x="{}" y="132" class="a" text-anchor="end">{}</text>"#, num(lo), W - PAD_R, num(hi));
+            let _ = write!(
+                o,
+                r#"<text x="{PAD_L}" y="132" class="a">{}</text><text x="{}" y="132" class="a" text-anchor="end">{}</text>"#,
+                num(lo),
+                W - PAD_R,
+                num(hi)
+            );
             o.push_str("</svg>");
         }
         Chart::History { title, unit, points, change_at } => {
             let h = 170.0;
-            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
+            let _ = write!(
+                o,
+                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
+                esc(title)
+            );
             let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({})</text>"#, esc(title), esc(unit));
             if points.is_empty() {
-                o.push_str(r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#);
+                o.push_str(
+                    r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#,
+                );
                 return o;
             }
             let (t0, t1) = (points[0].0 as f64, points[points.len() - 1].0 as f64);
-            let (vlo, vhi) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+            let (vlo, vhi) =
+                points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
             let (vlo, vhi) = padded(vlo, vhi);
             let x = scale(t0, if t1 > t0 { t1 } else { t0 + 1.0 }, PAD_L, W - PAD_R);
             let y = scale(vlo, vhi, 140.0, 24.0);
-            let _ = write!(o, r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##, W - PAD_R);
-            let _ = write!(o, r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#, PAD_L - 4.0, num(vhi), PAD_L - 4.0, num(vlo));
+            let _ = write!(
+                o,
+                r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##,
+                W - PAD_R
+            );
+            let _ = write!(
+                o,
+                r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#,
+                PAD_L - 4.0,
+                num(vhi),
+                PAD_L - 4.0,
+                num(vlo)
+            );
             let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(p.1))).collect();
-            let _ = write!(o, r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##, path.join(" "));
+            let _ = write!(
+                o,
+                r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
+                path.join(" ")
+            );
             for (i, p) in points.iter().enumerate() {
                 let bad = change_at.is_some_and(|c| i >= c);
-                let _ = write!(o, r##"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"##, x(p.0 as f64), y(p.1), if bad { "#d62728" } else { "#1f77b4" });
+                let _ = write!(
+                    o,
+                    r##"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"##,
+                    x(p.0 as f64),
+                    y(p.1),
+                    if bad { "#d62728" } else { "#1f77b4" }
+                );
             }
             if let Some(c) = change_at {
                 let cx = x(points[*c].0 as f64);
                 let (tx, anchor) = if cx > W - PAD_R - 120.0 { (cx - 4.0, "end") } else { (cx + 4.0, "start") };
-                let _ = write!(o, r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{tx:.1}" y="34" class="m" text-anchor="{anchor}">change {}</text>"##, crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or(""));
+                let _ = write!(
+                    o,
+                    r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{tx:.1}" y="34" class="m" text-anchor="{anchor}">change {}</text>"##,
+                    crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or("")
+                );
             }
-            let _ = write!(o, r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#, crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""), W - PAD_R, crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or(""));
+            let _ = write!(
+                o,
+                r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#,
+                crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""),
+                W - PAD_R,
+                crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or("")
+            );
             o.push_str("</svg>");
         }
         Chart::Lines { title, unit, series } => {
             let h = 170.0;
-            let _ = write!(o, r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#, esc(title));
-            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{}{}</text>"#, esc(title), if unit.is_empty() { String::new() } else { format!(" ({})", esc(unit)) });
+            let _ = write!(
+                o,
+                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
+                esc(title)
+            );
+            let _ = write!(
+                o,
+                r#"<text x="{PAD_L}" y="14" class="t">{}{}</text>"#,
+                esc(title),
+                if unit.is_empty() { String::new() } else { format!(" ({})", esc(unit)) }
+            );
             let all = series.iter().flat_map(|(_, p)| p.iter());
-            let (tlo, thi, vlo, vhi) = all.fold((f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY), |(a, b, c, d), p| (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1)));
+            let (tlo, thi, vlo, vhi) = all
+                .fold((f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY), |(a, b, c, d), p| {
+                    (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1))
+                });
             if !tlo.is_finite() {
                 o.push_str("</svg>");
                 return o;
@@ -434,15 +669,42 @@ pub fn svg(chart: &Chart) -> String {
             let (vlo, vhi) = padded(vlo, vhi);
             let x = scale(tlo, if thi > tlo { thi } else { tlo + 1.0 }, PAD_L, W - PAD_R);
             let y = scale(vlo, vhi, 140.0, 24.0);
-            let _ = write!(o, r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##, W - PAD_R);
-            let _ = write!(o, r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#, PAD_L - 4.0, num(vhi), PAD_L - 4.0, num(vlo));
+            let _ = write!(
+                o,
+                r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##,
+                W - PAD_R
+            );
+            let _ = write!(
+                o,
+                r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#,
+                PAD_L - 4.0,
+                num(vhi),
+                PAD_L - 4.0,
+                num(vlo)
+            );
             for (i, (label, pts)) in series.iter().enumerate() {
                 let colour = PALETTE[i % PALETTE.len()];
                 let path: Vec<String> = pts.iter().map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1))).collect();
-                let _ = write!(o, r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{}</title></polyline>"#, path.join(" "), esc(label));
-                let _ = write!(o, r#"<text x="{}" y="{}" class="a" fill="{colour}">{}</text>"#, W - PAD_R - 90.0, 30 + 12 * (i % 8), esc(label));
+                let _ = write!(
+                    o,
+                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{}</title></polyline>"#,
+                    path.join(" "),
+                    esc(label)
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{}" y="{}" class="a" fill="{colour}">{}</text>"#,
+                    W - PAD_R - 90.0,
+                    30 + 12 * (i % 8),
+                    esc(label)
+                );
             }
-            let _ = write!(o, r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#, W - PAD_R, thi);
+            let _ = write!(
+                o,
+                r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#,
+                W - PAD_R,
+                thi
+            );
             o.push_str("</svg>");
         }
     }
@@ -460,7 +722,13 @@ svg .t{font-size:12px;font-weight:600}svg .a{font-size:10px;fill:#555}svg .m{fon
 pub fn html(r: &Report) -> String {
     let mut o = String::new();
     let _ = write!(o, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{CSS}</style></head><body>", esc(&r.title));
-    let _ = write!(o, "<h1>{}</h1><p>kiln {} report, generated {}.</p>", esc(&r.title), env!("CARGO_PKG_VERSION"), esc(&r.generated_at));
+    let _ = write!(
+        o,
+        "<h1>{}</h1><p>kiln {} report, generated {}.</p>",
+        esc(&r.title),
+        env!("CARGO_PKG_VERSION"),
+        esc(&r.generated_at)
+    );
     for s in &r.sections {
         let _ = write!(o, "<h2>{}</h2>", esc(&s.heading));
         for t in &s.text {
@@ -500,7 +768,10 @@ pub fn html(r: &Report) -> String {
 pub fn sparkline(values: &[f64]) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     let (lo, hi) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
-    values.iter().map(|v| if hi > lo { BARS[(((v - lo) / (hi - lo)) * 7.0).round() as usize] } else { BARS[3] }).collect()
+    values
+        .iter()
+        .map(|v| if hi > lo { BARS[(((v - lo) / (hi - lo)) * 7.0).round() as usize] } else { BARS[3] })
+        .collect()
 }
 
 fn md_cell(s: &str) -> String {
@@ -532,9 +803,19 @@ pub fn markdown(r: &Report) -> String {
             for c in histories {
                 if let Chart::History { title, unit, points, change_at } = c {
                     let values: Vec<f64> = points.iter().map(|p| p.1).collect();
-                    let (first, last) = (values.first().copied().unwrap_or(f64::NAN), values.last().copied().unwrap_or(f64::NAN));
-                    let change = change_at.map_or("-".to_string(), |i| format!("from {}", crate::timefmt::rfc3339(points[i].0).get(..10).unwrap_or("")));
-                    let _ = writeln!(o, "| {} | {} {unit} | {} {unit} | {} | {change} |", md_cell(title), num(first), num(last), sparkline(&values));
+                    let (first, last) =
+                        (values.first().copied().unwrap_or(f64::NAN), values.last().copied().unwrap_or(f64::NAN));
+                    let change = change_at.map_or("-".to_string(), |i| {
+                        format!("from {}", crate::timefmt::rfc3339(points[i].0).get(..10).unwrap_or(""))
+                    });
+                    let _ = writeln!(
+                        o,
+                        "| {} | {} {unit} | {} {unit} | {} | {change} |",
+                        md_cell(title),
+                        num(first),
+                        num(last),
+                        sparkline(&values)
+                    );
                 }
             }
             o.push('\n');

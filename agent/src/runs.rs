@@ -119,7 +119,12 @@ pub fn allowed_cpus(inv: &Inventory) -> Vec<u32> {
 /// The stored metrics of a training run, with the step times as raw samples.
 pub fn train_metrics(r: &kiln_bench::train::Report) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
     let size = &r.config.size;
-    let m = |name: &str, value: f64, unit: &str, direction| Metric { name: format!("train.{size}.{name}"), value, unit: unit.into(), direction };
+    let m = |name: &str, value: f64, unit: &str, direction| Metric {
+        name: format!("train.{size}.{name}"),
+        value,
+        unit: unit.into(),
+        direction,
+    };
     let mut metrics = vec![
         m("tokens_per_s", r.tokens_per_s, "tokens/s", Direction::Higher),
         m("step_p50_s", r.step_s.median, "s", Direction::Lower),
@@ -213,7 +218,10 @@ pub fn render_membw(report: &MembwReport) -> String {
         }
     }
     if report.status == "unstable" {
-        out.push_str(&format!("unstable: a kernel's coefficient of variation is above {:.0} %; treat the medians with care\n", MAX_CV * 100.0));
+        out.push_str(&format!(
+            "unstable: a kernel's coefficient of variation is above {:.0} %; treat the medians with care\n",
+            MAX_CV * 100.0
+        ));
     }
     for line in &report.telemetry {
         out.push_str(&format!("telemetry {line}\n"));
@@ -282,11 +290,17 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
         for k in &s.kernels {
             let name = format!("membw.{}.{}_gbps", s.scope, k.kernel.name());
             unstable |= k.summary.cv > MAX_CV;
-            metrics.push(Metric { name: name.clone(), value: k.summary.median, unit: "GB/s".into(), direction: Direction::Higher });
+            metrics.push(Metric {
+                name: name.clone(),
+                value: k.summary.median,
+                unit: "GB/s".into(),
+                direction: Direction::Higher,
+            });
             samples.extend(k.samples_gbps.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
         }
     }
-    let report = MembwReport { config, scopes, status: status_of(unstable), telemetry: telemetry::summarize(&telemetry) };
+    let report =
+        MembwReport { config, scopes, status: status_of(unstable), telemetry: telemetry::summarize(&telemetry) };
     let all = report.scopes.iter().find(|s| s.scope == "all");
     let triad = all.and_then(|s| s.kernels.iter().find(|k| k.kernel == membw::Kernel::Triad));
     Outcome {
@@ -294,7 +308,9 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
         status: report.status.clone(),
         started_at,
         config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: triad.map_or(String::new(), |t| format!("STREAM triad {:.1} GB/s (CV {:.1} %)", t.summary.median, t.summary.cv * 100.0)),
+        headline: triad.map_or(String::new(), |t| {
+            format!("STREAM triad {:.1} GB/s (CV {:.1} %)", t.summary.median, t.summary.cv * 100.0)
+        }),
         text: render_membw(&report),
         report: serde_json::to_value(&report).unwrap_or_default(),
         metrics,
@@ -324,13 +340,22 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     }
     progress.finish();
     let telemetry = sampler.stop();
-    let mut metrics =
-        vec![Metric { name: "cpu.fma_peak_gflops".into(), value: peak.summary.median, unit: "GFLOP/s".into(), direction: Direction::Higher }];
+    let mut metrics = vec![Metric {
+        name: "cpu.fma_peak_gflops".into(),
+        value: peak.summary.median,
+        unit: "GFLOP/s".into(),
+        direction: Direction::Higher,
+    }];
     let mut samples: Vec<(String, i64, f64)> =
         peak.gflops.iter().enumerate().map(|(i, v)| ("cpu.fma_peak_gflops".to_string(), i as i64, *v)).collect();
     for r in &results {
         let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
-        metrics.push(Metric { name: name.clone(), value: r.summary.median, unit: "GFLOP/s".into(), direction: Direction::Higher });
+        metrics.push(Metric {
+            name: name.clone(),
+            value: r.summary.median,
+            unit: "GFLOP/s".into(),
+            direction: Direction::Higher,
+        });
         samples.extend(r.gflops.iter().enumerate().map(|(i, v)| (name.clone(), i as i64, *v)));
     }
     // The datasheet view: cores × clock × FLOPs per cycle. On a VM the reported clock is often the
@@ -389,7 +414,13 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         started_at,
         config: serde_json::json!({ "sizes": sizes, "dtypes": dtypes.iter().map(|d| format!("{d:?}").to_lowercase()).collect::<Vec<_>>(), "repetitions": repetitions }),
         headline: best.map_or(String::new(), |b| {
-            format!("GEMM f32 {}³ {:.1} GFLOP/s, {:.0} % of the {:.1} GFLOP/s FMA peak", b.n, b.summary.median, b.percent_of_peak.unwrap_or(0.0), peak.summary.median)
+            format!(
+                "GEMM f32 {}³ {:.1} GFLOP/s, {:.0} % of the {:.1} GFLOP/s FMA peak",
+                b.n,
+                b.summary.median,
+                b.percent_of_peak.unwrap_or(0.0),
+                peak.summary.median
+            )
         }),
         report: serde_json::json!({ "peak": peak, "theoretical_peak": theoretical, "results": results, "skipped": skipped }),
         text,
@@ -462,9 +493,24 @@ pub fn disk(
     let mut metrics = Vec::new();
     for t in &report.tests {
         let base = format!("disk.{}_{}k_qd{}", t.test, t.block_bytes / 1024, t.queue_depth);
-        metrics.push(Metric { name: format!("{base}.mb_per_s"), value: t.mb_per_s, unit: "MB/s".into(), direction: Direction::Higher });
-        metrics.push(Metric { name: format!("{base}.iops"), value: t.iops, unit: "IOPS".into(), direction: Direction::Higher });
-        metrics.push(Metric { name: format!("{base}.p99_us"), value: t.latency_us.p99, unit: "us".into(), direction: Direction::Lower });
+        metrics.push(Metric {
+            name: format!("{base}.mb_per_s"),
+            value: t.mb_per_s,
+            unit: "MB/s".into(),
+            direction: Direction::Higher,
+        });
+        metrics.push(Metric {
+            name: format!("{base}.iops"),
+            value: t.iops,
+            unit: "IOPS".into(),
+            direction: Direction::Higher,
+        });
+        metrics.push(Metric {
+            name: format!("{base}.p99_us"),
+            value: t.latency_us.p99,
+            unit: "us".into(),
+            direction: Direction::Lower,
+        });
     }
     let mut text = format!(
         "disk {} ({}), {} MiB, {} s per test\n{:<11} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
@@ -533,7 +579,8 @@ pub fn net(server: &str, config: kiln_bench::net::Config) -> anyhow::Result<Outc
     })?;
     let unstable = report.throughput.cv > MAX_CV;
     let t = &report.throughput;
-    let metric = |name: &str, value, unit: &str, direction| Metric { name: name.into(), value, unit: unit.into(), direction };
+    let metric =
+        |name: &str, value, unit: &str, direction| Metric { name: name.into(), value, unit: unit.into(), direction };
     Ok(Outcome {
         benchmark: "net",
         status: status_of(unstable),

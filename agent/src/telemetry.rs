@@ -70,8 +70,14 @@ fn sample_gpus(nvml: &nvml_wrapper::Nvml, t: i64, out: &mut Vec<Sample>) {
         push("utilization_percent", d.utilization_rates().ok().map(|u| f64::from(u.gpu)));
         if let Ok(r) = d.current_throttle_reasons() {
             let flag = |b: bool| Some(if b { 1.0 } else { 0.0 });
-            push("throttled_power", flag(r.intersects(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN)));
-            push("throttled_thermal", flag(r.intersects(ThrottleReasons::SW_THERMAL_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN)));
+            push(
+                "throttled_power",
+                flag(r.intersects(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN)),
+            );
+            push(
+                "throttled_thermal",
+                flag(r.intersects(ThrottleReasons::SW_THERMAL_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN)),
+            );
             push("throttled_hw_slowdown", flag(r.contains(ThrottleReasons::HW_SLOWDOWN)));
         }
     }
@@ -101,7 +107,12 @@ impl Sampler {
                 let now = cpu_jiffies();
                 if let (Some((b0, t0)), Some((b1, t1))) = (last, now) {
                     if t1 > t0 {
-                        out.push((t, "cpu".to_string(), "utilization_percent".to_string(), 100.0 * (b1 - b0) as f64 / (t1 - t0) as f64));
+                        out.push((
+                            t,
+                            "cpu".to_string(),
+                            "utilization_percent".to_string(),
+                            100.0 * (b1 - b0) as f64 / (t1 - t0) as f64,
+                        ));
                     }
                 }
                 last = now;
@@ -138,7 +149,10 @@ pub fn summarize(samples: &[Sample]) -> Vec<String> {
                 return Some(format!("{source} {name}: {share:.0} % of the run ({} samples)", v.len()));
             }
             let s = kiln_bench::stats::summarize(&v)?;
-            Some(format!("{source} {name}: median {:.1}, min {:.1}, max {:.1} ({} samples)", s.median, s.min, s.max, s.n))
+            Some(format!(
+                "{source} {name}: median {:.1}, min {:.1}, max {:.1} ({} samples)",
+                s.median, s.min, s.max, s.n
+            ))
         })
         .collect()
 }

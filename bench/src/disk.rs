@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::stats::{percentile_sorted, splitmix64};
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("{path}: {source}", path = .0.display(), source = .1)]
@@ -200,7 +199,10 @@ fn run_test(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("worker panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("worker panicked"))))
+            .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
     if stop.load(Ordering::Relaxed) {

@@ -20,7 +20,10 @@
 use std::cell::RefCell;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, InplaceOp2, Layout, Result, Shape, Storage, Tensor, Var};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, InplaceOp2, Layout, Result, Shape, Storage,
+    Tensor, Var,
+};
 use rayon::prelude::*;
 
 /// Elements per rayon task: enough work that a task costs more than handing it out.
@@ -207,7 +210,13 @@ impl CustomOp2 for AddBias {
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
-    fn bwd(&self, _x: &Tensor, bias: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let db = with_values(grad, self.name(), |g| Ok(column_sums(g, bias.elem_count())))?;
         Ok((Some(grad.clone()), Some(cpu_tensor(db, bias.shape())?)))
     }
@@ -316,11 +325,25 @@ impl CustomOp3 for LayerNorm {
         "kiln-layer-norm"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (x, w, b) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?, cpu_f32(s3, l3, self.name())?);
         let n = *l1.dims().last().unwrap_or(&0);
         if n == 0 || w.len() != n || b.len() != n {
-            bail!("{}: weight ({}) and bias ({}) must match the last dimension of {:?}", self.name(), w.len(), b.len(), l1.shape())
+            bail!(
+                "{}: weight ({}) and bias ({}) must match the last dimension of {:?}",
+                self.name(),
+                w.len(),
+                b.len(),
+                l1.shape()
+            )
         }
         multiversion! {
             fn norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
@@ -338,7 +361,14 @@ impl CustomOp3 for LayerNorm {
     }
 
     #[allow(clippy::type_complexity)]
-    fn bwd(&self, x: &Tensor, w: &Tensor, b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         multiversion! {
             // dx = rstd · (g - mean(g) - x̂ · mean(g · x̂)) with g = dy · w; dw += dy · x̂; db += dy.
             fn backward(x: &[f32], w: &[f32], dy: &[f32], eps: f32, dx: &mut [f32], dw: &mut [f32], db: &mut [f32]) {
@@ -528,10 +558,17 @@ struct Attention {
 impl Attention {
     /// (seq, d, head size) of a `(batch · seq, 3 · d)` QKV layout.
     fn dims(&self, layout: &Layout) -> Result<(usize, usize, usize)> {
-        let &[rows, cols] = layout.dims() else { bail!("kiln-attention: expects (batch·seq, 3·d) QKV, got {:?}", layout.shape()) };
+        let &[rows, cols] = layout.dims() else {
+            bail!("kiln-attention: expects (batch·seq, 3·d) QKV, got {:?}", layout.shape())
+        };
         let d = cols / 3;
         if rows == 0 || d == 0 || cols % 3 != 0 || rows % self.batch != 0 || d % self.heads != 0 {
-            bail!("kiln-attention: a QKV of shape {:?} does not split into batch {} and {} heads", layout.shape(), self.batch, self.heads)
+            bail!(
+                "kiln-attention: a QKV of shape {:?} does not split into batch {} and {} heads",
+                layout.shape(),
+                self.batch,
+                self.heads
+            )
         }
         Ok((rows / self.batch, d, d / self.heads))
     }
@@ -593,7 +630,8 @@ impl CustomOp1 for Attention {
                             let (ds, ds_t, p_t) = (mat(dp, 0, t, 1), mat(dp, 0, 1, t), mat(p, 0, 1, t));
                             gemm(t, hd, t, out.at(base, 3 * d), &ds, &k, 1.0); // dQ = dS K
                             gemm(t, hd, t, out.at(base + d, 3 * d), &ds_t, &q, 1.0); // dK = dSᵀ Q
-                            gemm(t, hd, t, out.at(base + 2 * d, 3 * d), &p_t, &dy_bh, 1.0); // dV = Pᵀ dY
+                            gemm(t, hd, t, out.at(base + 2 * d, 3 * d), &p_t, &dy_bh, 1.0);
+                            // dV = Pᵀ dY
                         }
                     },
                 );
@@ -621,7 +659,15 @@ impl CustomOp3 for Residual {
         "kiln-residual"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (x, y) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
         let bias = bias_of(l1, cpu_f32(s3, l3, self.name())?, self.name())?;
         if l1.shape() != l2.shape() {
@@ -645,7 +691,14 @@ impl CustomOp3 for Residual {
     }
 
     #[allow(clippy::type_complexity)]
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, bias: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _y: &Tensor,
+        bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let db = with_values(grad, self.name(), |g| Ok(column_sums(g, bias.elem_count())))?;
         Ok((Some(grad.clone()), Some(grad.clone()), Some(cpu_tensor(db, bias.shape())?)))
     }
@@ -712,7 +765,13 @@ impl CustomOp2 for CrossEntropy {
         Ok((CpuStorage::F32(vec![(total / n as f64) as f32]), Shape::from(())))
     }
 
-    fn bwd(&self, logits: &Tensor, tgt: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        tgt: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         multiversion! {
             // d loss / d logits = (softmax - onehot(target)) · grad / n.
             fn backward(x: &[f32], tgt: &[u32], vocab: usize, scale: f32, dx: &mut [f32]) {
@@ -781,7 +840,9 @@ impl InplaceOp2 for AdamStep<'_> {
     fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<()> {
         let g = cpu_f32(s2, l2, self.name())?;
         let CpuStorage::F32(p) = s1 else { bail!("{}: parameters must be f32", self.name()) };
-        let Some((start, end)) = l1.contiguous_offsets() else { bail!("{}: parameters must be contiguous", self.name()) };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            bail!("{}: parameters must be contiguous", self.name())
+        };
         let p = &mut p[start..end];
         let (mut m, mut v) = (self.m.borrow_mut(), self.v.borrow_mut());
         if p.len() != g.len() || m.len() != p.len() {
@@ -815,7 +876,11 @@ impl AdamW {
     /// # Errors
     /// A gradient that is not f32 on the CPU or does not match its parameter.
     pub fn step(&mut self, grads: &candle_core::backprop::GradStore, max_norm: f64) -> Result<f64> {
-        let grads: Vec<Option<Tensor>> = self.vars.iter().map(|v| grads.get(v.as_tensor()).map(Tensor::contiguous).transpose()).collect::<Result<_>>()?;
+        let grads: Vec<Option<Tensor>> = self
+            .vars
+            .iter()
+            .map(|v| grads.get(v.as_tensor()).map(Tensor::contiguous).transpose())
+            .collect::<Result<_>>()?;
         let squares: Vec<f64> = grads
             .par_iter()
             .map(|g| match g {
@@ -828,22 +893,24 @@ impl AdamW {
         self.step += 1;
         let (lr, beta1, beta2, eps, decay) = (self.lr, self.beta1, self.beta2, self.eps, self.lr * self.weight_decay);
         let (scale_m, scale_v) = (1.0 / (1.0 - beta1.powi(self.step)), 1.0 / (1.0 - beta2.powi(self.step)));
-        self.vars.par_iter().zip(self.moments.par_iter_mut()).zip(grads.par_iter()).try_for_each(|((var, (m, v)), g)| {
-            let Some(g) = g else { return Ok(()) };
-            let op = AdamStep {
-                m: RefCell::new(m),
-                v: RefCell::new(v),
-                grad_scale: grad_scale as f32,
-                lr: lr as f32,
-                decay: decay as f32,
-                beta1: beta1 as f32,
-                beta2: beta2 as f32,
-                scale_m: scale_m as f32,
-                scale_v: scale_v as f32,
-                eps: eps as f32,
-            };
-            var.as_tensor().inplace_op2(g, &op)
-        })?;
+        self.vars.par_iter().zip(self.moments.par_iter_mut()).zip(grads.par_iter()).try_for_each(
+            |((var, (m, v)), g)| {
+                let Some(g) = g else { return Ok(()) };
+                let op = AdamStep {
+                    m: RefCell::new(m),
+                    v: RefCell::new(v),
+                    grad_scale: grad_scale as f32,
+                    lr: lr as f32,
+                    decay: decay as f32,
+                    beta1: beta1 as f32,
+                    beta2: beta2 as f32,
+                    scale_m: scale_m as f32,
+                    scale_v: scale_v as f32,
+                    eps: eps as f32,
+                };
+                var.as_tensor().inplace_op2(g, &op)
+            },
+        )?;
         Ok(norm)
     }
 }
@@ -873,12 +940,23 @@ mod tests {
         let base: Vec<f32> = (0..t * 3 * d).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
         let mut changed = base.clone();
         changed[(t - 1) * 3 * d..].iter_mut().for_each(|v| *v += 3.0);
-        let run = |v: Vec<f32>| attention(&Tensor::from_vec(v, (t, 3 * d), &Device::Cpu).unwrap(), 1, 2, 0.5).unwrap().to_vec2::<f32>().unwrap();
+        let run = |v: Vec<f32>| {
+            attention(&Tensor::from_vec(v, (t, 3 * d), &Device::Cpu).unwrap(), 1, 2, 0.5)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+        };
         let (a, b) = (run(base), run(changed));
         assert_eq!(a[..t - 1], b[..t - 1]);
         assert_ne!(a[t - 1], b[t - 1]);
         // The first position attends only to itself: its output is its own V.
-        let first = attention(&Tensor::from_vec((0..3 * d).map(|i| i as f32).collect::<Vec<_>>(), (1, 3 * d), &Device::Cpu).unwrap(), 1, 2, 1.0).unwrap();
+        let first = attention(
+            &Tensor::from_vec((0..3 * d).map(|i| i as f32).collect::<Vec<_>>(), (1, 3 * d), &Device::Cpu).unwrap(),
+            1,
+            2,
+            1.0,
+        )
+        .unwrap();
         assert_eq!(first.to_vec2::<f32>().unwrap()[0], (2 * d..3 * d).map(|i| i as f32).collect::<Vec<_>>());
     }
 
@@ -889,14 +967,24 @@ mod tests {
         assert!(err.contains("kiln-add-bias") && err.contains("does not repeat"), "{err}");
         let err = attention(&x, 3, 1, 1.0).unwrap_err().to_string();
         assert!(err.contains("does not split into batch 3"), "{err}");
-        let err = residual(&x, &x.narrow(0, 0, 2).unwrap(), &Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap()).unwrap_err().to_string();
+        let err = residual(&x, &x.narrow(0, 0, 2).unwrap(), &Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("differ"), "{err}");
         let tgt = Tensor::new(&[0u32, 1, 2, 9], &Device::Cpu).unwrap();
         let err = cross_entropy(&x, &tgt).unwrap_err().to_string();
         assert!(err.contains("target 9 is outside the vocabulary of 6"), "{err}");
-        let err = layer_norm(&x, &Tensor::ones(5, DType::F32, &Device::Cpu).unwrap(), &Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap()).unwrap_err().to_string();
+        let err = layer_norm(
+            &x,
+            &Tensor::ones(5, DType::F32, &Device::Cpu).unwrap(),
+            &Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("must match the last dimension"), "{err}");
-        let err = add_bias(&x.to_dtype(DType::F64).unwrap(), &Tensor::zeros(6, DType::F64, &Device::Cpu).unwrap()).unwrap_err().to_string();
+        let err = add_bias(&x.to_dtype(DType::F64).unwrap(), &Tensor::zeros(6, DType::F64, &Device::Cpu).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("f32"), "{err}");
     }
 }

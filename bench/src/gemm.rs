@@ -132,7 +132,12 @@ pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult
 ///
 /// # Errors
 /// When candle cannot multiply in that dtype on this device.
-pub fn measure(dtype: DType, n: usize, repetitions: usize, peak_gflops: Option<f64>) -> candle_core::Result<GemmResult> {
+pub fn measure(
+    dtype: DType,
+    n: usize,
+    repetitions: usize,
+    peak_gflops: Option<f64>,
+) -> candle_core::Result<GemmResult> {
     let device = Device::Cpu;
     let a = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;
     let b = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;

@@ -160,7 +160,8 @@ pub fn measure(scope: &Scope, config: &Config, mut progress: impl FnMut(usize, u
         .iter()
         .zip(times)
         .map(|(&kernel, secs)| {
-            let gbps: Vec<f64> = secs.iter().map(|s| (kernel.bytes_per_element() * elements) as f64 / s / 1e9).collect();
+            let gbps: Vec<f64> =
+                secs.iter().map(|s| (kernel.bytes_per_element() * elements) as f64 / s / 1e9).collect();
             KernelResult {
                 kernel,
                 best_gbps: gbps.iter().copied().fold(0.0, f64::max),

@@ -107,7 +107,10 @@ fn throughput_once(addr: &std::net::SocketAddr, streams: usize, seconds: f64) ->
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("stream panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("stream panicked"))))
+            .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
     let mut bytes = 0;

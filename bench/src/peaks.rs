@@ -66,7 +66,13 @@ mod tests {
 
 /// FP32 FLOPs per cycle per core from the microarchitecture: FMA units × vector lanes × 2.
 /// Returns the figure and the reason. `None` where the table cannot say.
-pub fn cpu_fp32_flops_per_cycle(vendor: &str, family: Option<u32>, model: Option<u32>, part: Option<&str>, features: &[String]) -> Option<(u32, &'static str)> {
+pub fn cpu_fp32_flops_per_cycle(
+    vendor: &str,
+    family: Option<u32>,
+    model: Option<u32>,
+    part: Option<&str>,
+    features: &[String],
+) -> Option<(u32, &'static str)> {
     let has = |f: &str| features.iter().any(|x| x == f);
     match vendor {
         // AMD Software Optimization Guides: Zen 1 has two 128-bit FMA pipes; Zen 2-4 two 256-bit
@@ -114,8 +120,16 @@ mod cpu_tests {
         assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x17), Some(0x31), None, &[]).unwrap().0, 32);
         assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x19), Some(0x11), None, &[]).unwrap().0, 32);
         assert_eq!(cpu_fp32_flops_per_cycle("AuthenticAMD", Some(0x1a), Some(0x02), None, &[]).unwrap().0, 64);
-        assert_eq!(cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(143), None, &f(&["avx2", "fma", "avx512f"])).unwrap().0, 64);
-        assert_eq!(cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(85), None, &f(&["avx2", "fma"])).unwrap().0, 32);
+        assert_eq!(
+            cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(143), None, &f(&["avx2", "fma", "avx512f"]))
+                .unwrap()
+                .0,
+            64
+        );
+        assert_eq!(
+            cpu_fp32_flops_per_cycle("GenuineIntel", Some(6), Some(85), None, &f(&["avx2", "fma"])).unwrap().0,
+            32
+        );
         assert_eq!(cpu_fp32_flops_per_cycle("ARM", None, None, Some("0xd4f"), &[]).unwrap().0, 32);
         assert_eq!(cpu_fp32_flops_per_cycle("ARM", None, None, Some("0xfff"), &[]), None);
     }

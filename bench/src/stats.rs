@@ -134,7 +134,10 @@ pub fn bootstrap_ratio_ci(a: &[f64], b: &[f64], resamples: usize, seed: u64, lev
 /// 99 %). `None` unless every value is positive. Exact rank statistics in O(n₁n₂ log n₁n₂): for
 /// nightly series far cheaper than resampling.
 pub fn shift_ratio_ci(before: &[f64], after: &[f64], z: f64) -> Option<(f64, f64, f64)> {
-    if before.is_empty() || after.is_empty() || before.iter().chain(after).any(|v| v.is_nan() || *v <= 0.0 || v.is_infinite()) {
+    if before.is_empty()
+        || after.is_empty()
+        || before.iter().chain(after).any(|v| v.is_nan() || *v <= 0.0 || v.is_infinite())
+    {
         return None;
     }
     let lb: Vec<f64> = before.iter().map(|v| v.ln()).collect();

@@ -308,8 +308,14 @@ impl Gpt {
         let mask: Vec<f32> = (0..c.seq).flat_map(|i| (0..c.seq).map(move |j| if j > i { -1e9 } else { 0.0 })).collect();
         Ok(Gpt {
             tok: embedding(c.vocab, c.d_model, vb.pp("tok"))?,
-            pos: vb.get_with_hints((c.seq, c.d_model), "pos.weight", candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 })?,
-            blocks: (0..c.layers).map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}")))).collect::<candle_core::Result<_>>()?,
+            pos: vb.get_with_hints(
+                (c.seq, c.d_model),
+                "pos.weight",
+                candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 },
+            )?,
+            blocks: (0..c.layers)
+                .map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}"))))
+                .collect::<candle_core::Result<_>>()?,
             ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
             head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"))?,
             mask: Tensor::from_vec(mask, (c.seq, c.seq), device)?,
@@ -391,7 +397,11 @@ pub fn learning_rate(c: &Config, step: usize) -> f64 {
 }
 
 /// Scales every gradient so that their global L2 norm is at most `max_norm`; returns the norm.
-pub fn clip_gradients(grads: &mut candle_core::backprop::GradStore, vars: &[Var], max_norm: f64) -> candle_core::Result<f64> {
+pub fn clip_gradients(
+    grads: &mut candle_core::backprop::GradStore,
+    vars: &[Var],
+    max_norm: f64,
+) -> candle_core::Result<f64> {
     let mut total = 0.0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
@@ -427,7 +437,14 @@ impl SeededParams {
 }
 
 impl candle_nn::var_builder::SimpleBackend for SeededParams {
-    fn get(&self, shape: candle_core::Shape, name: &str, init: candle_nn::Init, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+    fn get(
+        &self,
+        shape: candle_core::Shape,
+        name: &str,
+        init: candle_nn::Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
         let mut data = self.varmap.data().lock().expect("the parameter map's lock");
         if let Some(var) = data.get(name) {
             if var.shape() != &shape {
@@ -435,7 +452,8 @@ impl candle_nn::var_builder::SimpleBackend for SeededParams {
             }
             return Ok(var.as_tensor().clone());
         }
-        let mut state = self.seed ^ name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let mut state = self.seed
+            ^ name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         let mut uniform = || (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
         let n = shape.elem_count();
         let values: Vec<f32> = match init {
@@ -492,7 +510,12 @@ impl Optim {
         })
     }
 
-    fn step(&mut self, mut grads: candle_core::backprop::GradStore, lr: f64, max_norm: f64) -> candle_core::Result<f64> {
+    fn step(
+        &mut self,
+        mut grads: candle_core::backprop::GradStore,
+        lr: f64,
+        max_norm: f64,
+    ) -> candle_core::Result<f64> {
         match self {
             Optim::Fused(opt) => {
                 opt.lr = lr;
@@ -525,7 +548,11 @@ fn reuse_freed_memory() {
 ///
 /// # Errors
 /// A candle error, or a configuration that does not validate.
-pub fn run(config: &Config, peak_flops: Option<f64>, mut progress: impl FnMut(usize, usize, f64)) -> candle_core::Result<Report> {
+pub fn run(
+    config: &Config,
+    peak_flops: Option<f64>,
+    mut progress: impl FnMut(usize, usize, f64),
+) -> candle_core::Result<Report> {
     config.validate().map_err(candle_core::Error::Msg)?;
     let device = Device::Cpu;
     let varmap = VarMap::new();
@@ -638,7 +665,12 @@ mod tests {
         let c = micro();
         for kernels in [Kernels::Fused, Kernels::Composed] {
             let (_, grads) = loss_and_grads(&c, kernels);
-            assert_eq!(grads.len(), 5 + 12 * c.layers, "{kernels:?}: parameters {:?}", grads.iter().map(|g| &g.0).collect::<Vec<_>>());
+            assert_eq!(
+                grads.len(),
+                5 + 12 * c.layers,
+                "{kernels:?}: parameters {:?}",
+                grads.iter().map(|g| &g.0).collect::<Vec<_>>()
+            );
             for (name, g) in &grads {
                 let norm: f32 = g.iter().map(|v| v * v).sum();
                 assert!(norm > 0.0 && norm.is_finite(), "{kernels:?}: {name}: gradient norm {norm}");
@@ -654,7 +686,10 @@ mod tests {
         for c in [micro(), Config { d_model: 36, heads: 3, seq: 13, batch: 3, vocab: 50, ..micro() }] {
             let (fused_loss, fused) = loss_and_grads(&c, Kernels::Fused);
             let (composed_loss, composed) = loss_and_grads(&c, Kernels::Composed);
-            assert!((fused_loss - composed_loss).abs() < 1e-5 * composed_loss.abs(), "loss {fused_loss} vs {composed_loss}");
+            assert!(
+                (fused_loss - composed_loss).abs() < 1e-5 * composed_loss.abs(),
+                "loss {fused_loss} vs {composed_loss}"
+            );
             for ((name, f), (_, r)) in fused.iter().zip(&composed) {
                 let scale = r.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let worst = f.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
@@ -674,12 +709,16 @@ mod tests {
         let mut reference = AdamW::new(vec![b.clone()], params).unwrap();
         for step in 0..4 {
             // Loss Σ x⁴ · (step + 1): gradients well over the clipping norm of 1.
-            let loss = |v: &Var| (v.as_tensor().sqr().unwrap().sqr().unwrap().sum_all().unwrap() * (step + 1) as f64).unwrap();
+            let loss =
+                |v: &Var| (v.as_tensor().sqr().unwrap().sqr().unwrap().sum_all().unwrap() * (step + 1) as f64).unwrap();
             let norm_fused = fused.step(&loss(&a).backward().unwrap(), 1.0).unwrap();
             let mut grads = loss(&b).backward().unwrap();
             let norm_reference = clip_gradients(&mut grads, std::slice::from_ref(&b), 1.0).unwrap();
             reference.step(&grads).unwrap();
-            assert!((norm_fused - norm_reference).abs() < 1e-4 * norm_reference, "step {step}: norm {norm_fused} vs {norm_reference}");
+            assert!(
+                (norm_fused - norm_reference).abs() < 1e-4 * norm_reference,
+                "step {step}: norm {norm_fused} vs {norm_reference}"
+            );
             let (x, y) = (a.as_tensor().to_vec1::<f32>().unwrap(), b.as_tensor().to_vec1::<f32>().unwrap());
             for (x, y) in x.iter().zip(&y) {
                 assert!((x - y).abs() < 1e-5, "step {step}: {x} vs {y}");

@@ -197,7 +197,13 @@ fn period_of(t: i64) -> i64 {
 /// offsets other than UTC are applied.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
     let b = s.as_bytes();
-    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !(b[10] == b'T' || b[10] == b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
@@ -252,15 +258,23 @@ pub fn mean_power<'a>(telemetry: impl Iterator<Item = (&'a str, &'a str, f64)>) 
 
 /// Adds runs to the series blobs, creating series keys as needed. Runs that are not `ok` or
 /// `unstable` carry no results worth comparing and are left out.
-pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>]) -> std::result::Result<(), sqlx::Error> {
+pub(crate) async fn index_runs(
+    conn: &mut SqliteConnection,
+    runs: &[IndexRun<'_>],
+) -> std::result::Result<(), sqlx::Error> {
     if runs.is_empty() {
         return Ok(());
     }
-    let existing: Vec<(i64, String, String, String, String, String)> =
-        sqlx::query_as("SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys").fetch_all(&mut *conn).await?;
+    let existing: Vec<(i64, String, String, String, String, String)> = sqlx::query_as(
+        "SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     // Keys borrowed from the rows above and from the runs: no string copies per metric.
-    let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> =
-        existing.iter().map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id)).collect();
+    let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> = existing
+        .iter()
+        .map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id))
+        .collect();
     let mut by_host: BTreeMap<(&str, i64), Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
     for run in runs {
         let Some(t) = parse_rfc3339(run.started_at) else { continue };
@@ -294,14 +308,18 @@ pub(crate) async fn index_runs(conn: &mut SqliteConnection, runs: &[IndexRun<'_>
             };
             values.push((id, value));
         }
-        by_host.entry((run.host_id, period_of(t))).or_default().push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
+        by_host
+            .entry((run.host_id, period_of(t)))
+            .or_default()
+            .push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
     }
     for ((host, period), new) in by_host {
-        let existing: Option<Vec<u8>> = sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = ? AND period = ?")
-            .bind(host)
-            .bind(period)
-            .fetch_optional(&mut *conn)
-            .await?;
+        let existing: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = ? AND period = ?")
+                .bind(host)
+                .bind(period)
+                .fetch_optional(&mut *conn)
+                .await?;
         let mut series = existing.and_then(|b| HostSeries::decode(&b).ok()).unwrap_or_default();
         series.merge(new);
         sqlx::query("INSERT OR REPLACE INTO host_series (host_id, period, runs, points, data) VALUES (?, ?, ?, ?, ?)")
@@ -435,7 +453,11 @@ fn parse_record(line: &str) -> std::result::Result<Record<'_>, serde_json::Error
         "software" => Record::Software(serde_json::from_str(line)?),
         "run" => Record::Run(serde_json::from_str(line)?),
         "end" => Record::End(serde_json::from_str(line)?),
-        other => return Err(serde::de::Error::custom(format!("unknown record type {other:?} (host, inventory, software, run or end)"))),
+        other => {
+            return Err(serde::de::Error::custom(format!(
+                "unknown record type {other:?} (host, inventory, software, run or end)"
+            )))
+        }
     })
 }
 
@@ -525,12 +547,20 @@ impl Store {
                 if let Some(last) = hosts.last_mut() {
                     finish(last, &mut points);
                 }
-                hosts.push(FleetHost { id: id.clone(), hostname: r.get(1), config_fingerprint: r.get(2), config_name: r.get(3), data: HostSeries::default() });
+                hosts.push(FleetHost {
+                    id: id.clone(),
+                    hostname: r.get(1),
+                    config_fingerprint: r.get(2),
+                    config_name: r.get(3),
+                    data: HostSeries::default(),
+                });
             }
             let Some(blob) = r.get::<Option<Vec<u8>>, _>(4) else { continue };
             let part = HostSeries::decode(&blob).map_err(|e| DbError::Corrupt {
                 path: self.path.clone(),
-                cause: sqlx::Error::Protocol(format!("series of host {id}: {e}; `kiln` rebuilds them from the runs when the table is emptied")),
+                cause: sqlx::Error::Protocol(format!(
+                    "series of host {id}: {e}; `kiln` rebuilds them from the runs when the table is emptied"
+                )),
             })?;
             let host = hosts.last_mut().unwrap();
             let offset = host.data.runs.len() as u32;
@@ -546,7 +576,10 @@ impl Store {
     }
 
     /// What a run was measured on: (software fingerprint, software document, inventory document).
-    pub async fn run_context(&mut self, run_id: &str) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
+    pub async fn run_context(
+        &mut self,
+        run_id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
         let row = sqlx::query(
             "SELECT s.fingerprint, s.document, i.document FROM runs r LEFT JOIN software_stacks s ON s.id = r.software_id \
              LEFT JOIN inventories i ON i.id = r.inventory_id WHERE r.id = ?",
@@ -636,7 +669,15 @@ impl Store {
         let io = |e: std::io::Error| DbError::Open { path: "<output>".into(), source: e };
         let since = since.unwrap_or("");
         let mut stats = ExportStats::default();
-        json_line(out, &Header { kiln_export: EXPORT_VERSION, exported_at: exported_at.to_string(), since: (!since.is_empty()).then(|| since.to_string()) }).map_err(io)?;
+        json_line(
+            out,
+            &Header {
+                kiln_export: EXPORT_VERSION,
+                exported_at: exported_at.to_string(),
+                since: (!since.is_empty()).then(|| since.to_string()),
+            },
+        )
+        .map_err(io)?;
         let mut records = 0u64;
         // Hosts with a run in the window (or an inventory, when there is no window).
         let hosts = sqlx::query(
@@ -718,9 +759,16 @@ impl Store {
         let Some((_, first)) = lines.next() else {
             return Err(ImportError::File { file: file.into(), message: "empty file, not a kiln export".into() });
         };
-        let header: Header = serde_json::from_str(first.trim_end()).map_err(|e| malformed(1, format!("not a kiln export header ({e})")))?;
+        let header: Header = serde_json::from_str(first.trim_end())
+            .map_err(|e| malformed(1, format!("not a kiln export header ({e})")))?;
         if header.kiln_export > EXPORT_VERSION {
-            return Err(malformed(1, format!("export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln", header.kiln_export)));
+            return Err(malformed(
+                1,
+                format!(
+                    "export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln",
+                    header.kiln_export
+                ),
+            ));
         }
         // Lines are parsed on every core (the file is in memory), then checked in order.
         let lines: Vec<(usize, &str)> = lines.collect();
@@ -734,7 +782,10 @@ impl Store {
                         part.iter()
                             .map(|&(n, line)| {
                                 if !line.ends_with('\n') {
-                                    return (n, Err("the last line is cut off (no newline): the file is truncated".to_string()));
+                                    return (
+                                        n,
+                                        Err("the last line is cut off (no newline): the file is truncated".to_string()),
+                                    );
                                 }
                                 let body = line.trim_end();
                                 if body.is_empty() {
@@ -763,10 +814,16 @@ impl Store {
             }
         }
         let Some((at, count)) = end else {
-            return Err(ImportError::File { file: file.into(), message: "no end record: the file is truncated".into() });
+            return Err(ImportError::File {
+                file: file.into(),
+                message: "no end record: the file is truncated".into(),
+            });
         };
         if count != records.len() as u64 {
-            return Err(malformed(at, format!("the end record counts {count} records, the file holds {}", records.len())));
+            return Err(malformed(
+                at,
+                format!("the end record counts {count} records, the file holds {}", records.len()),
+            ));
         }
         self.import_records(records, &malformed).await
     }
@@ -785,8 +842,13 @@ impl Store {
         let mut host_ids: HashMap<String, String> = HashMap::new();
         let mut software_ids: HashMap<String, String> = HashMap::new();
         let mut host_configs: HashMap<String, (String, String)> = HashMap::new();
-        let existing_hosts: HashMap<String, String> =
-            sqlx::query("SELECT identity, id FROM hosts").fetch_all(&mut *tx).await.map_err(&err)?.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let existing_hosts: HashMap<String, String> = sqlx::query("SELECT identity, id FROM hosts")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(&err)?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
         let existing_software: HashMap<String, String> = sqlx::query("SELECT fingerprint, id FROM software_stacks")
             .fetch_all(&mut *tx)
             .await
@@ -797,7 +859,16 @@ impl Store {
         let mut inventory_configs: HashMap<String, (String, String)> = HashMap::new();
         for (n, rec) in &records {
             match rec {
-                Record::Host(HostRec { id, identity, hostname, config_fingerprint, config_name, first_seen, last_seen, .. }) => {
+                Record::Host(HostRec {
+                    id,
+                    identity,
+                    hostname,
+                    config_fingerprint,
+                    config_name,
+                    first_seen,
+                    last_seen,
+                    ..
+                }) => {
                     host_configs.insert(id.clone(), (config_fingerprint.clone(), config_name.clone()));
                     if let Some(known) = existing_hosts.get(identity) {
                         host_ids.insert(id.clone(), known.clone());
@@ -836,13 +907,15 @@ impl Store {
                     if let Some(known) = existing_software.get(fingerprint) {
                         software_ids.insert(id.clone(), known.clone());
                     } else {
-                        sqlx::query("INSERT OR IGNORE INTO software_stacks (id, fingerprint, document) VALUES (?, ?, ?)")
-                            .bind(id)
-                            .bind(fingerprint)
-                            .bind(document.get())
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(&err)?;
+                        sqlx::query(
+                            "INSERT OR IGNORE INTO software_stacks (id, fingerprint, document) VALUES (?, ?, ?)",
+                        )
+                        .bind(id)
+                        .bind(fingerprint)
+                        .bind(document.get())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(&err)?;
                         software_ids.insert(id.clone(), id.clone());
                         stats.software_new += 1;
                     }
@@ -865,7 +938,10 @@ impl Store {
                     ..
                 }) => {
                     let Some(host) = host_ids.get(host_id) else {
-                        return Err(malformed(*n, format!("inventory {id} names host {host_id}, which no earlier host record gives")));
+                        return Err(malformed(
+                            *n,
+                            format!("inventory {id} names host {host_id}, which no earlier host record gives"),
+                        ));
                     };
                     inventory_configs.insert(id.clone(), (config_fingerprint.clone(), config_name.clone()));
                     let done = sqlx::query(
@@ -896,7 +972,10 @@ impl Store {
             }
         }
         // Runs: which are new? (Batched lookups; a fresh database answers with nothing.)
-        let run_ids: Vec<&str> = records.iter().filter_map(|(_, r)| if let Record::Run(r) = r { Some(r.id.as_str()) } else { None }).collect();
+        let run_ids: Vec<&str> = records
+            .iter()
+            .filter_map(|(_, r)| if let Record::Run(r) = r { Some(r.id.as_str()) } else { None })
+            .collect();
         let mut known_runs: HashSet<String> = HashSet::new();
         for chunk in run_ids.chunks(MAX_BINDS) {
             let mut q = QueryBuilder::new("SELECT id FROM runs WHERE id IN (");
@@ -911,11 +990,18 @@ impl Store {
         }
         // Inventories a run may name: those in this file (inserted above) and those already here.
         let mut known_inventories: HashSet<String> = inventory_configs.keys().cloned().collect();
-        let outside: Vec<&str> = records
-            .iter()
-            .filter_map(|(_, r)| if let Record::Run(RunRec { inventory_id: Some(i), .. }) = r { Some(i.as_str()) } else { None })
-            .filter(|i| !known_inventories.contains(*i))
-            .collect();
+        let outside: Vec<&str> =
+            records
+                .iter()
+                .filter_map(|(_, r)| {
+                    if let Record::Run(RunRec { inventory_id: Some(i), .. }) = r {
+                        Some(i.as_str())
+                    } else {
+                        None
+                    }
+                })
+                .filter(|i| !known_inventories.contains(*i))
+                .collect();
         for chunk in outside.chunks(MAX_BINDS) {
             let mut q = QueryBuilder::new("SELECT id FROM inventories WHERE id IN (");
             let mut sep = q.separated(", ");
@@ -945,12 +1031,17 @@ impl Store {
                 return Err(malformed(*n, format!("run {id} names host {host_id}, which no host record gives")));
             };
             let software = match software_id {
-                Some(s) => Some(software_ids.get(s).cloned().ok_or_else(|| malformed(*n, format!("run {id} names software stack {s}, which no software record gives")))?),
+                Some(s) => Some(software_ids.get(s).cloned().ok_or_else(|| {
+                    malformed(*n, format!("run {id} names software stack {s}, which no software record gives"))
+                })?),
                 None => None,
             };
             if let Some(inv) = inventory_id {
                 if !known_inventories.contains(inv) {
-                    return Err(malformed(*n, format!("run {id} names inventory {inv}, which no inventory record gives")));
+                    return Err(malformed(
+                        *n,
+                        format!("run {id} names inventory {inv}, which no inventory record gives"),
+                    ));
                 }
             }
             if uuid::Uuid::parse_str(id).is_err() {
@@ -964,8 +1055,18 @@ impl Store {
         for chunk in fresh.chunks(MAX_BINDS / 9) {
             let mut q = QueryBuilder::new("INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status) ");
             q.push_values(chunk, |mut b, r| {
-                let Record::Run(RunRec { benchmark, config, started_at, finished_at, status, .. }) = r.rec else { unreachable!() };
-                b.push_bind(r.id).push_bind(&r.host).push_bind(r.inventory).push_bind(&r.software).push_bind(benchmark).push_bind(config).push_bind(started_at).push_bind(finished_at).push_bind(status);
+                let Record::Run(RunRec { benchmark, config, started_at, finished_at, status, .. }) = r.rec else {
+                    unreachable!()
+                };
+                b.push_bind(r.id)
+                    .push_bind(&r.host)
+                    .push_bind(r.inventory)
+                    .push_bind(&r.software)
+                    .push_bind(benchmark)
+                    .push_bind(config)
+                    .push_bind(started_at)
+                    .push_bind(finished_at)
+                    .push_bind(status);
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
@@ -980,7 +1081,8 @@ impl Store {
             v.telemetry.extend(rec.telemetry.iter().map(|(t, src, n, x)| (r.id, src.as_str(), n.as_str(), *t, *x)));
         }
         crate::values::write(&mut tx, &nums, &v).await.map_err(&err)?;
-        (stats.metrics, stats.samples, stats.telemetry) = (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
+        (stats.metrics, stats.samples, stats.telemetry) =
+            (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
         // The series of the new runs.
         let mut software_fps: HashMap<String, String> = HashMap::new();
         for r in sqlx::query("SELECT id, fingerprint FROM software_stacks").fetch_all(&mut *tx).await.map_err(&err)? {
@@ -990,11 +1092,19 @@ impl Store {
         let index: Vec<IndexRun> = fresh
             .iter()
             .filter_map(|r| {
-                let Record::Run(RunRec { host_id, benchmark, config, started_at, status, metrics, telemetry, .. }) = r.rec else { return None };
+                let Record::Run(RunRec { host_id, benchmark, config, started_at, status, metrics, telemetry, .. }) =
+                    r.rec
+                else {
+                    return None;
+                };
                 if !matches!(status.as_str(), "ok" | "unstable") {
                     return None;
                 }
-                let (cfp, cname) = r.inventory.and_then(|i| inventory_configs.get(i)).or_else(|| host_configs.get(host_id)).unwrap_or(&empty);
+                let (cfp, cname) = r
+                    .inventory
+                    .and_then(|i| inventory_configs.get(i))
+                    .or_else(|| host_configs.get(host_id))
+                    .unwrap_or(&empty);
                 Some(IndexRun {
                     host_id: &r.host,
                     run_id: r.id,
@@ -1003,7 +1113,11 @@ impl Store {
                     config_name: cname,
                     benchmark,
                     bench_config: config,
-                    software_fingerprint: r.software.as_ref().and_then(|s| software_fps.get(s)).map_or("", String::as_str),
+                    software_fingerprint: r
+                        .software
+                        .as_ref()
+                        .and_then(|s| software_fps.get(s))
+                        .map_or("", String::as_str),
                     metrics: metrics.iter().map(|(n, v, u, d)| (n.as_str(), *v, u.as_str(), d.as_str())).collect(),
                     power_watts: mean_power(telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
                 })
@@ -1029,7 +1143,10 @@ mod tests {
             (RunPoint { run_id: id(2), t: 200, power_watts: None }, vec![(1, 99.0)]), // already there
         ]);
         assert_eq!(s.runs.iter().map(|r| r.t).collect::<Vec<_>>(), [100, 200]);
-        assert_eq!(s.series, vec![Series { key: 1, points: vec![(0, 1.0), (1, 2.0)] }, Series { key: 2, points: vec![(1, 20.0)] }]);
+        assert_eq!(
+            s.series,
+            vec![Series { key: 1, points: vec![(0, 1.0), (1, 2.0)] }, Series { key: 2, points: vec![(1, 20.0)] }]
+        );
         let back = HostSeries::decode(&s.encode()).unwrap();
         assert_eq!(back, s);
         assert!(HostSeries::decode(&s.encode()[..20]).is_err());

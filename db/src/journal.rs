@@ -46,7 +46,8 @@ pub struct StepRow {
     pub output_tail: Option<String>,
 }
 
-const APPLY_COLUMNS: &str = "id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status";
+const APPLY_COLUMNS: &str =
+    "id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status";
 
 fn apply_row(r: &sqlx::sqlite::SqliteRow) -> ApplyRow {
     ApplyRow {
@@ -123,7 +124,15 @@ impl Store {
         Ok((dangling.iter().map(step_row).collect(), next))
     }
 
-    pub async fn step_started(&mut self, apply_id: &str, seq: i64, key: &str, summary: &str, command: &str, image_hash: &str) -> Result<i64> {
+    pub async fn step_started(
+        &mut self,
+        apply_id: &str,
+        seq: i64,
+        key: &str,
+        summary: &str,
+        command: &str,
+        image_hash: &str,
+    ) -> Result<i64> {
         let id = sqlx::query(&format!(
             "INSERT INTO provision_steps (apply_id, seq, step_key, summary, command, image_hash, started_at, status) \
              VALUES (?, ?, ?, ?, ?, ?, {NOW}, 'started') RETURNING id"
@@ -141,7 +150,14 @@ impl Store {
         Ok(id)
     }
 
-    pub async fn step_finished(&mut self, step_id: i64, ok: bool, exit_code: Option<i64>, duration_ms: i64, output_tail: &str) -> Result<()> {
+    pub async fn step_finished(
+        &mut self,
+        step_id: i64,
+        ok: bool,
+        exit_code: Option<i64>,
+        duration_ms: i64,
+        output_tail: &str,
+    ) -> Result<()> {
         sqlx::query(&format!(
             "UPDATE provision_steps SET status = ?, exit_code = ?, duration_ms = ?, output_tail = ?, finished_at = {NOW} WHERE id = ?"
         ))
@@ -182,11 +198,12 @@ impl Store {
     /// One apply by id or unique prefix, with its steps in order.
     pub async fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)> {
         let err = self.sql_err();
-        let rows = sqlx::query(&format!("SELECT {APPLY_COLUMNS} FROM provision_applies WHERE id LIKE ? ESCAPE '\\' LIMIT 2"))
-            .bind(like_prefix(id))
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(&err)?;
+        let rows =
+            sqlx::query(&format!("SELECT {APPLY_COLUMNS} FROM provision_applies WHERE id LIKE ? ESCAPE '\\' LIMIT 2"))
+                .bind(like_prefix(id))
+                .fetch_all(&mut self.conn)
+                .await
+                .map_err(&err)?;
         let apply = match rows.as_slice() {
             [one] => apply_row(one),
             [] => return Err(DbError::NotFound { what: "apply", id: id.to_string() }),

@@ -15,7 +15,10 @@ use sqlx::{ConnectOptions, Connection, Row};
 mod fleet;
 mod journal;
 mod values;
-pub use fleet::{mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series, SeriesKey, EXPORT_VERSION};
+pub use fleet::{
+    mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series,
+    SeriesKey, EXPORT_VERSION,
+};
 pub use journal::{ApplyRow, NewApply, StepRow};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -212,7 +215,14 @@ impl OpenLock {
         name.push(".lock");
         let file = match std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&name) {
             Ok(f) => f,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem) => return Ok(OpenLock { _file: None }),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                return Ok(OpenLock { _file: None })
+            }
             Err(source) => return Err(DbError::Open { path: PathBuf::from(name), source }),
         };
         use std::os::fd::AsRawFd;
@@ -292,14 +302,13 @@ impl Store {
             probe.close().await.map_err(sql_err)?;
             verdict?;
         }
-        let mut conn = base
-            .create_if_missing(!existing)
-            .journal_mode(SqliteJournalMode::Wal)
-            .connect()
-            .await
-            .map_err(sql_err)?;
+        let mut conn =
+            base.create_if_missing(!existing).journal_mode(SqliteJournalMode::Wal).connect().await.map_err(sql_err)?;
         let applied_before: i64 = if existing {
-            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations").fetch_one(&mut conn).await.unwrap_or(0)
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or(0)
         } else {
             0
         };
@@ -312,10 +321,11 @@ impl Store {
         let mut store = Store { path: path.to_owned(), conn };
         // Runs stored before the fleet series existed (schema 3), or series emptied to repair a
         // damaged blob: derive them from the runs.
-        let missing: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs) AND NOT EXISTS (SELECT 1 FROM host_series)")
-            .fetch_one(&mut store.conn)
-            .await
-            .map_err(|e| classify(path, e))?;
+        let missing: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs) AND NOT EXISTS (SELECT 1 FROM host_series)")
+                .fetch_one(&mut store.conn)
+                .await
+                .map_err(|e| classify(path, e))?;
         if (1..3).contains(&applied_before) || missing {
             store.rebuild_series().await?;
         }
@@ -433,11 +443,12 @@ impl Store {
         let mut tx = self.conn.begin().await.map_err(&err)?;
         let software_id = match &run.software {
             Some((fingerprint, document)) => {
-                let existing: Option<String> = sqlx::query_scalar("SELECT id FROM software_stacks WHERE fingerprint = ?")
-                    .bind(fingerprint)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(&err)?;
+                let existing: Option<String> =
+                    sqlx::query_scalar("SELECT id FROM software_stacks WHERE fingerprint = ?")
+                        .bind(fingerprint)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(&err)?;
                 match existing {
                     Some(id) => Some(id),
                     None => {
@@ -473,9 +484,17 @@ impl Store {
         .map_err(&err)?;
         let nums = values::run_numbers(&mut tx, &[id.as_str()]).await.map_err(&err)?;
         let v = values::Values {
-            metrics: run.metrics.iter().map(|m| (id.as_str(), m.name.as_str(), m.unit.as_str(), m.direction.as_str(), m.value)).collect(),
+            metrics: run
+                .metrics
+                .iter()
+                .map(|m| (id.as_str(), m.name.as_str(), m.unit.as_str(), m.direction.as_str(), m.value))
+                .collect(),
             samples: run.samples.iter().map(|(m, i, x)| (id.as_str(), m.as_str(), *i, *x)).collect(),
-            telemetry: run.telemetry.iter().map(|(t, src, n, x)| (id.as_str(), src.as_str(), n.as_str(), *t, *x)).collect(),
+            telemetry: run
+                .telemetry
+                .iter()
+                .map(|(t, src, n, x)| (id.as_str(), src.as_str(), n.as_str(), *t, *x))
+                .collect(),
         };
         values::write(&mut tx, &nums, &v).await.map_err(&err)?;
         let (config_fingerprint, config_name): (String, String) = sqlx::query_as(
@@ -497,7 +516,11 @@ impl Store {
                 benchmark: &run.benchmark,
                 bench_config: &run.config,
                 software_fingerprint: run.software.as_ref().map_or("", |(fp, _)| fp.as_str()),
-                metrics: run.metrics.iter().map(|m| (m.name.as_str(), m.value, m.unit.as_str(), m.direction.as_str())).collect(),
+                metrics: run
+                    .metrics
+                    .iter()
+                    .map(|m| (m.name.as_str(), m.value, m.unit.as_str(), m.direction.as_str()))
+                    .collect(),
                 power_watts: fleet::mean_power(run.telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
             };
             fleet::index_runs(&mut tx, &[index]).await.map_err(&err)?;
@@ -585,14 +608,15 @@ impl Store {
             .into_iter()
             .map(|s| (s.get(0), s.get(1), s.get(2)))
             .collect();
-        let telemetry = sqlx::query("SELECT t_ms, source, name, value FROM telemetry WHERE run_id = ? ORDER BY t_ms, source, name")
-            .bind(&run_id)
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(&err)?
-            .into_iter()
-            .map(|t| (t.get(0), t.get(1), t.get(2), t.get(3)))
-            .collect();
+        let telemetry =
+            sqlx::query("SELECT t_ms, source, name, value FROM telemetry WHERE run_id = ? ORDER BY t_ms, source, name")
+                .bind(&run_id)
+                .fetch_all(&mut self.conn)
+                .await
+                .map_err(&err)?
+                .into_iter()
+                .map(|t| (t.get(0), t.get(1), t.get(2), t.get(3)))
+                .collect();
         let metrics = self.metrics_of(&run_id).await?;
         Ok(RunDetail {
             software: r.get(8),
@@ -727,8 +751,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         {
-            let old = Migrator { migrations: std::borrow::Cow::Owned(MIGRATOR.migrations[..2].to_vec()), ..Migrator::DEFAULT };
-            let mut conn = SqliteConnectOptions::from_str("sqlite://").unwrap().filename(&path).create_if_missing(true).connect().await.unwrap();
+            let old = Migrator {
+                migrations: std::borrow::Cow::Owned(MIGRATOR.migrations[..2].to_vec()),
+                ..Migrator::DEFAULT
+            };
+            let mut conn = SqliteConnectOptions::from_str("sqlite://")
+                .unwrap()
+                .filename(&path)
+                .create_if_missing(true)
+                .connect()
+                .await
+                .unwrap();
             old.run(&mut conn).await.unwrap();
             for sql in [
                 "INSERT INTO hosts VALUES ('h1', 'ident', 'node1', 'cfg', 'Config', '2026-12-01T00:00:00Z', '2026-12-01T00:00:00Z')",
@@ -749,7 +782,13 @@ mod tests {
         let got: Vec<(String, f64)> = run.run.metrics.iter().map(|m| (m.name.clone(), m.value)).collect();
         assert_eq!(got, [("copy".to_string(), 40.0), ("triad".to_string(), 42.5)]);
         assert_eq!(run.samples, [("triad".to_string(), 0, 42.0), ("triad".to_string(), 1, 43.0)]);
-        assert_eq!(run.telemetry, [(0, "gpu0".to_string(), "power_watts".to_string(), 700.0), (500, "gpu0".to_string(), "power_watts".to_string(), 710.0)]);
+        assert_eq!(
+            run.telemetry,
+            [
+                (0, "gpu0".to_string(), "power_watts".to_string(), 700.0),
+                (500, "gpu0".to_string(), "power_watts".to_string(), 710.0)
+            ]
+        );
         let fleet = store.fleet(None).await.unwrap();
         assert_eq!(fleet.hosts[0].data.points(), 2, "series rebuilt from the migrated results");
         assert_eq!(fleet.hosts[0].data.runs[0].power_watts, Some(705.0), "mean GPU power from the migrated telemetry");
@@ -772,7 +811,12 @@ mod tests {
             started_at: "2026-12-02T10:00:00Z".into(),
             finished_at: "2026-12-02T10:00:05Z".into(),
             status: "ok".into(),
-            metrics: vec![Metric { name: "triad".into(), value: 42.0, unit: "GB/s".into(), direction: Direction::Higher }],
+            metrics: vec![Metric {
+                name: "triad".into(),
+                value: 42.0,
+                unit: "GB/s".into(),
+                direction: Direction::Higher,
+            }],
             samples,
             telemetry: vec![(0, "cpu".into(), "utilization_percent".into(), 99.0)],
         };
@@ -783,7 +827,8 @@ mod tests {
         assert_eq!(detail.run.metrics[0].value, 42.0);
         assert_eq!(detail.telemetry.len(), 1);
         assert_eq!(detail.software.as_deref(), Some("{\"kernel\":\"6.8\"}"));
-        let stacks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM software_stacks").fetch_one(&mut store.conn).await.unwrap();
+        let stacks: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM software_stacks").fetch_one(&mut store.conn).await.unwrap();
         assert_eq!(stacks, 1, "one software stack shared by both runs");
         let runs = store.runs(10).await.unwrap();
         assert_eq!(runs.len(), 2);
@@ -796,7 +841,15 @@ mod tests {
         assert_eq!(series.runs.len(), 2);
         assert_eq!(series.series.len(), 1);
         let key = &fleet.keys[&series.series[0].key];
-        assert_eq!((key.config_fingerprint.as_str(), key.benchmark.as_str(), key.software_fingerprint.as_str(), key.metric.as_str()), ("abcd", "membw", "sw1", "triad"));
+        assert_eq!(
+            (
+                key.config_fingerprint.as_str(),
+                key.benchmark.as_str(),
+                key.software_fingerprint.as_str(),
+                key.metric.as_str()
+            ),
+            ("abcd", "membw", "sw1", "triad")
+        );
         assert_eq!(series.series[0].points.iter().map(|p| p.1).collect::<Vec<_>>(), [42.0, 42.0]);
         sqlx::query("DELETE FROM host_series").execute(&mut store.conn).await.unwrap();
         store.rebuild_series().await.unwrap();
@@ -810,7 +863,11 @@ mod tests {
 
         // A run 100 days earlier lands in an older partition: a window that does not reach it
         // leaves it unloaded, the whole history has it first.
-        let old = NewRun { started_at: "2026-08-24T10:00:00Z".into(), finished_at: "2026-08-24T10:00:05Z".into(), ..run.clone() };
+        let old = NewRun {
+            started_at: "2026-08-24T10:00:00Z".into(),
+            finished_at: "2026-08-24T10:00:05Z".into(),
+            ..run.clone()
+        };
         store.save_run(&old).await.unwrap();
         let all = store.fleet(None).await.unwrap();
         assert_eq!(all.hosts[0].data.runs.len(), 3);
@@ -818,7 +875,8 @@ mod tests {
         assert_eq!(all.hosts[0].data.series[0].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2]);
         let recent = store.fleet(fleet::parse_rfc3339("2026-11-25T00:00:00Z")).await.unwrap();
         assert_eq!(recent.hosts[0].data, *series);
-        let partitions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM host_series").fetch_one(&mut store.conn).await.unwrap();
+        let partitions: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM host_series").fetch_one(&mut store.conn).await.unwrap();
         assert_eq!(partitions, 2);
     }
 
@@ -856,7 +914,8 @@ mod tests {
 
         let foreign = dir.path().join("foreign.db");
         {
-            let mut conn = SqliteConnectOptions::new().filename(&foreign).create_if_missing(true).connect().await.unwrap();
+            let mut conn =
+                SqliteConnectOptions::new().filename(&foreign).create_if_missing(true).connect().await.unwrap();
             sqlx::query("CREATE TABLE t (x)").execute(&mut conn).await.unwrap();
             conn.close().await.unwrap();
         }

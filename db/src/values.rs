@@ -22,7 +22,10 @@ pub(crate) struct Values<'a> {
 }
 
 /// Numbers new runs, in the order given (sorted ids give numbers in id order); run id → number.
-pub(crate) async fn run_numbers(conn: &mut SqliteConnection, run_ids: &[&str]) -> Result<HashMap<String, i64>, sqlx::Error> {
+pub(crate) async fn run_numbers(
+    conn: &mut SqliteConnection,
+    run_ids: &[&str],
+) -> Result<HashMap<String, i64>, sqlx::Error> {
     let mut nums = HashMap::with_capacity(run_ids.len());
     for chunk in run_ids.chunks(MAX_BINDS) {
         let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
@@ -48,7 +51,8 @@ async fn dictionary<'a, const N: usize>(
     for r in sqlx::query(&format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(&mut *conn).await? {
         known.insert(std::array::from_fn(|i| r.get(i + 1)), r.get(0));
     }
-    let insert = format!("INSERT INTO {table} ({}) VALUES ({}) RETURNING id", columns.join(", "), vec!["?"; N].join(", "));
+    let insert =
+        format!("INSERT INTO {table} ({}) VALUES ({}) RETURNING id", columns.join(", "), vec!["?"; N].join(", "));
     let mut out = HashMap::new();
     for key in keys {
         if out.contains_key(&key) {
@@ -71,8 +75,14 @@ async fn dictionary<'a, const N: usize>(
 }
 
 /// Writes the values of runs already numbered in `nums`.
-pub(crate) async fn write(conn: &mut SqliteConnection, nums: &HashMap<String, i64>, v: &Values<'_>) -> Result<(), sqlx::Error> {
-    let ids = dictionary(conn, "metric_names", ["name", "unit", "direction"], v.metrics.iter().map(|m| [m.1, m.2, m.3])).await?;
+pub(crate) async fn write(
+    conn: &mut SqliteConnection,
+    nums: &HashMap<String, i64>,
+    v: &Values<'_>,
+) -> Result<(), sqlx::Error> {
+    let ids =
+        dictionary(conn, "metric_names", ["name", "unit", "direction"], v.metrics.iter().map(|m| [m.1, m.2, m.3]))
+            .await?;
     let mut rows: Vec<(i64, i64, f64)> = v.metrics.iter().map(|m| (nums[m.0], ids[&[m.1, m.2, m.3]], m.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1));
     for chunk in rows.chunks(MAX_BINDS / 3) {
@@ -92,8 +102,10 @@ pub(crate) async fn write(conn: &mut SqliteConnection, nums: &HashMap<String, i6
         });
         q.build().execute(&mut *conn).await?;
     }
-    let ids = dictionary(conn, "telemetry_channels", ["source", "name"], v.telemetry.iter().map(|t| [t.1, t.2])).await?;
-    let mut rows: Vec<(i64, i64, i64, f64)> = v.telemetry.iter().map(|t| (nums[t.0], ids[&[t.1, t.2]], t.3, t.4)).collect();
+    let ids =
+        dictionary(conn, "telemetry_channels", ["source", "name"], v.telemetry.iter().map(|t| [t.1, t.2])).await?;
+    let mut rows: Vec<(i64, i64, i64, f64)> =
+        v.telemetry.iter().map(|t| (nums[t.0], ids[&[t.1, t.2]], t.3, t.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
     for chunk in rows.chunks(MAX_BINDS / 4) {
         let mut q = QueryBuilder::new("INSERT INTO telemetry_values (run, channel, t_ms, value) ");

@@ -74,7 +74,8 @@ pub fn apply(
             }
             tail.drain(..cut);
         }
-        let result = StepResult { ok: last.ok(), exit_code: last.exit_code, output_tail: tail, duration: start.elapsed() };
+        let result =
+            StepResult { ok: last.ok(), exit_code: last.exit_code, output_tail: tail, duration: start.elapsed() };
         journal.finished(id, &result)?;
         progress(Event::Finished { index, step, result: &result });
         if !result.ok {
@@ -148,7 +149,17 @@ unless = ["test", "-e", "${root}/done"]
         let never = AtomicBool::new(false);
         let out = apply(&p, 1, &mut rec, &mut journal, &never, &mut |_| {}).unwrap();
         assert!(matches!(out, Applied::Done { steps: 3 }));
-        assert_eq!(journal.events, ["start 1 file:/etc/rec.conf", "end 1 ok=true", "start 2 command:evil-looking", "end 2 ok=true", "start 3 image:record", "end 3 ok=true"]);
+        assert_eq!(
+            journal.events,
+            [
+                "start 1 file:/etc/rec.conf",
+                "end 1 ok=true",
+                "start 2 command:evil-looking",
+                "end 2 ok=true",
+                "start 3 image:record",
+                "end 3 ok=true"
+            ]
+        );
         // The command went out as an argument vector: no shell, the text passed through as one argument.
         let Action::Run(cmd) = &rec.actions[1] else { panic!("{:?}", rec.actions[1]) };
         assert_eq!(cmd.argv, ["echo", "$(reboot); rm -rf /", &format!("{}/x", target.root.display())]);

@@ -32,7 +32,8 @@ pub fn parse_status(text: &str) -> BTreeMap<String, Package> {
                 fields.insert(key.trim(), value.trim());
             }
         }
-        let (Some(name), Some(version), Some(status)) = (fields.get("Package"), fields.get("Version"), fields.get("Status"))
+        let (Some(name), Some(version), Some(status)) =
+            (fields.get("Package"), fields.get("Version"), fields.get("Status"))
         else {
             continue;
         };

@@ -61,19 +61,36 @@ pub fn shell_quote(s: &str) -> String {
 pub enum Action {
     Run(Cmd),
     /// Write `content` to `path` (temporary file + rename), creating parent directories.
-    Write { path: PathBuf, #[serde(skip)] content: Vec<u8>, mode: u32, owner: Option<(u32, u32)> },
+    Write {
+        path: PathBuf,
+        #[serde(skip)]
+        content: Vec<u8>,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    },
     /// Set the mode and owner of an existing file.
-    Attributes { path: PathBuf, mode: Option<u32>, owner: Option<(u32, u32)> },
+    Attributes {
+        path: PathBuf,
+        mode: Option<u32>,
+        owner: Option<(u32, u32)>,
+    },
     /// Download a signing key, refuse it unless it holds the key `fingerprint`, then write the apt
     /// source `sources`: `header` and the key (that key alone, armored) inline as its `Signed-By`.
-    FetchKey { url: String, fingerprint: String, sources: PathBuf, header: String },
+    FetchKey {
+        url: String,
+        fingerprint: String,
+        sources: PathBuf,
+        header: String,
+    },
 }
 
 impl Action {
     pub fn display(&self) -> String {
         match self {
             Action::Run(cmd) => cmd.display(),
-            Action::Write { path, content, mode, .. } => format!("write {} ({} bytes, mode {mode:04o})", path.display(), content.len()),
+            Action::Write { path, content, mode, .. } => {
+                format!("write {} ({} bytes, mode {mode:04o})", path.display(), content.len())
+            }
             Action::Attributes { path, mode, owner } => {
                 let mut s = format!("set attributes of {}", path.display());
                 if let Some(m) = mode {
@@ -152,7 +169,9 @@ impl Executor for System {
                 Ok(()) => Finished::done(),
                 Err(e) => Finished::failed(format!("cannot set the attributes of {}: {e}", path.display())),
             },
-            Action::FetchKey { url, fingerprint, sources, header } => fetch_key(url, fingerprint, sources, header, output),
+            Action::FetchKey { url, fingerprint, sources, header } => {
+                fetch_key(url, fingerprint, sources, header, output)
+            }
         }
     }
 }
@@ -265,7 +284,13 @@ impl GpgHome {
         Ok(GpgHome(home))
     }
     fn cmd(&self, args: &[&str]) -> Cmd {
-        let mut argv = vec!["gpg".to_string(), "--batch".into(), "--quiet".into(), "--homedir".into(), self.0.display().to_string()];
+        let mut argv = vec![
+            "gpg".to_string(),
+            "--batch".into(),
+            "--quiet".into(),
+            "--homedir".into(),
+            self.0.display().to_string(),
+        ];
         argv.extend(args.iter().map(|a| a.to_string()));
         Cmd::new(argv)
     }
@@ -280,7 +305,8 @@ impl Drop for GpgHome {
 /// The fingerprints of the primary keys in a key file (armored or binary), as `gpg --show-keys` lists them.
 pub fn key_fingerprints(exec: &mut dyn Executor, file: &Path) -> std::io::Result<Vec<String>> {
     let home = GpgHome::new()?;
-    let out = exec.probe(&home.cmd(&["--show-keys", "--with-colons", "--with-fingerprint", &file.display().to_string()]))?;
+    let out =
+        exec.probe(&home.cmd(&["--show-keys", "--with-colons", "--with-fingerprint", &file.display().to_string()]))?;
     Ok(parse_fingerprints(&out.stdout))
 }
 
@@ -334,10 +360,12 @@ fn fetch_key(url: &str, fingerprint: &str, sources: &Path, header: &str, output:
     }
     let mut sys = System;
     let result = match armored_key(&mut sys, &tmp, fingerprint) {
-        Ok(Some(key)) => match write_atomic(sources, format!("{header}{}", signed_by_field(&key)).as_bytes(), 0o644, None) {
-            Ok(()) => Finished::done(),
-            Err(e) => Finished::failed(format!("cannot write {}: {e}", sources.display())),
-        },
+        Ok(Some(key)) => {
+            match write_atomic(sources, format!("{header}{}", signed_by_field(&key)).as_bytes(), 0o644, None) {
+                Ok(()) => Finished::done(),
+                Err(e) => Finished::failed(format!("cannot write {}: {e}", sources.display())),
+            }
+        }
         Ok(None) => {
             let found = key_fingerprints(&mut sys, &tmp).unwrap_or_default();
             Finished::failed(format!(
@@ -386,7 +414,9 @@ mod tests {
     #[test]
     fn output_of_both_streams_and_exit_code() {
         let mut seen = Vec::new();
-        let f = System.perform(&Action::Run(Cmd::new(["sh", "-c", "echo out; echo err >&2; exit 3"])), &mut |b| seen.extend_from_slice(b));
+        let f = System.perform(&Action::Run(Cmd::new(["sh", "-c", "echo out; echo err >&2; exit 3"])), &mut |b| {
+            seen.extend_from_slice(b)
+        });
         assert_eq!(f.exit_code, Some(3));
         assert!(f.output_tail.contains("out") && f.output_tail.contains("err"), "{f:?}");
         assert_eq!(String::from_utf8_lossy(&seen), f.output_tail);

@@ -102,7 +102,10 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
     });
     let driver = drivers.first();
     if drivers.len() > 1 {
-        out.push(src.error(drivers[1].name, format!("a second driver package; {} is already the driver", drivers[0].name.get_ref())));
+        out.push(src.error(
+            drivers[1].name,
+            format!("a second driver package; {} is already the driver", drivers[0].name.get_ref()),
+        ));
     }
 
     // The driver: pinned, open, branch consistent with its version.
@@ -110,12 +113,18 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
     if let Some(d) = driver {
         let v = d.version.get_ref();
         if v == "*" {
-            out.push(src.error(d.version, format!("pin {} to a driver version (\"570.133.20-1\" or \"570.133.*\")", d.name.get_ref())));
+            out.push(src.error(
+                d.version,
+                format!("pin {} to a driver version (\"570.133.20-1\" or \"570.133.*\")", d.name.get_ref()),
+            ));
         } else {
             let up = upstream(v);
             if let Some(b) = d.branch {
                 if !up.starts_with(&format!("{b}.")) && up != b.to_string() {
-                    out.push(src.error(d.version, format!("version {v} is not of the {b} branch that {} names", d.name.get_ref())));
+                    out.push(src.error(
+                        d.version,
+                        format!("version {v} is not of the {b} branch that {} names", d.name.get_ref()),
+                    ));
                 }
             }
             driver_version = pinned_upstream(v);
@@ -124,9 +133,16 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
         if !open {
             out.push(src.error(d.name, format!("{} is the proprietary kernel module: use the open kernel modules ({}-open, nvidia-open or nvidia-kernel-open-dkms), which Hopper and Blackwell need", d.name.get_ref(), d.name.get_ref())));
         }
-    } else if image.spec.matches.as_ref().and_then(|m| m.gpu.as_ref()).is_some_and(|g| g.get_ref() == "nvidia") && nvidia_pkgs {
-        if let Some((first, _)) = pkgs.iter().find(|(n, _)| n.get_ref().starts_with("cuda-") || n.get_ref().starts_with("nvidia-")) {
-            out.push(src.error(first, "an NVIDIA stack without a driver package: add the driver (nvidia-open or nvidia-driver-<branch>-open)"));
+    } else if image.spec.matches.as_ref().and_then(|m| m.gpu.as_ref()).is_some_and(|g| g.get_ref() == "nvidia")
+        && nvidia_pkgs
+    {
+        if let Some((first, _)) =
+            pkgs.iter().find(|(n, _)| n.get_ref().starts_with("cuda-") || n.get_ref().starts_with("nvidia-"))
+        {
+            out.push(src.error(
+                first,
+                "an NVIDIA stack without a driver package: add the driver (nvidia-open or nvidia-driver-<branch>-open)",
+            ));
         }
     }
 
@@ -136,9 +152,14 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             out.push(src.error(name, "fabric manager without a driver: pin the driver it must equal"));
             continue;
         };
-        if let Some(b) = fabric.captures(name.get_ref()).and_then(|c| c.get(1)).and_then(|m| m.as_str().parse::<u32>().ok()) {
+        if let Some(b) =
+            fabric.captures(name.get_ref()).and_then(|c| c.get(1)).and_then(|m| m.as_str().parse::<u32>().ok())
+        {
             if d.branch.is_some_and(|db| db != b) {
-                out.push(src.error(name, format!("fabric manager branch {b} differs from the driver branch {}", d.branch.unwrap())));
+                out.push(src.error(
+                    name,
+                    format!("fabric manager branch {b} differs from the driver branch {}", d.branch.unwrap()),
+                ));
                 continue;
             }
         }
@@ -148,7 +169,10 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             _ => fv == dv,
         };
         if !same {
-            out.push(src.error(version, format!("fabric manager {fv} must equal the driver version ({} = {dv})", d.name.get_ref())));
+            out.push(src.error(
+                version,
+                format!("fabric manager {fv} must equal the driver version ({} = {dv})", d.name.get_ref()),
+            ));
         }
     }
 
@@ -162,7 +186,10 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             out.push(src.error(version, format!("pin {} to an exact version", name.get_ref())));
         }
         match cuda_min_driver(major, minor) {
-            None => out.push(src.error(name, format!("CUDA {major}.{minor} is not in kiln's table of minimum drivers (lint::CUDA_MIN_DRIVER)"))),
+            None => out.push(src.error(
+                name,
+                format!("CUDA {major}.{minor} is not in kiln's table of minimum drivers (lint::CUDA_MIN_DRIVER)"),
+            )),
             Some(min) => check_driver(&mut out, &src, driver, driver_version, min, &format!("CUDA {major}.{minor}")),
         }
     }
@@ -172,12 +199,20 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
     for (name, version) in pkgs.iter().filter(|(n, _)| nccl.is_match(n.get_ref())) {
         let v = version.get_ref();
         if !exact(v) {
-            out.push(src.error(version, format!("pin {} to an exact version, such as \"2.26.2-1+cuda12.8\"", name.get_ref())));
+            out.push(
+                src.error(
+                    version,
+                    format!("pin {} to an exact version, such as \"2.26.2-1+cuda12.8\"", name.get_ref()),
+                ),
+            );
             continue;
         }
         if let Some(prev) = nccl_version {
             if prev.get_ref() != v {
-                out.push(src.error(version, format!("{} {v} differs from the other NCCL package's {}", name.get_ref(), prev.get_ref())));
+                out.push(src.error(
+                    version,
+                    format!("{} {v} differs from the other NCCL package's {}", name.get_ref(), prev.get_ref()),
+                ));
             }
         }
         nccl_version = Some(version);
@@ -185,10 +220,21 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             (Some(c), Some((major, minor))) => {
                 let built: (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
                 if built != (major, minor) {
-                    out.push(src.error(version, format!("{} {v} is built for CUDA {}.{}, but the toolkit is CUDA {major}.{minor}", name.get_ref(), built.0, built.1)));
+                    out.push(src.error(
+                        version,
+                        format!(
+                            "{} {v} is built for CUDA {}.{}, but the toolkit is CUDA {major}.{minor}",
+                            name.get_ref(),
+                            built.0,
+                            built.1
+                        ),
+                    ));
                 }
             }
-            (None, _) => out.push(src.error(version, format!("{} {v} does not say which CUDA it is built for (\"+cudaX.Y\")", name.get_ref()))),
+            (None, _) => out.push(src.error(
+                version,
+                format!("{} {v} does not say which CUDA it is built for (\"+cudaX.Y\")", name.get_ref()),
+            )),
             _ => {}
         }
     }
@@ -199,7 +245,10 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
         let built: u32 = c[2].parse().unwrap_or(0);
         if let Some((major, _)) = cuda {
             if built != major {
-                out.push(src.error(name, format!("{} is built for CUDA {built}, but the toolkit is CUDA {major}", name.get_ref())));
+                out.push(src.error(
+                    name,
+                    format!("{} is built for CUDA {built}, but the toolkit is CUDA {major}", name.get_ref()),
+                ));
             }
         }
         if pinned_upstream(version.get_ref()).is_none() {
@@ -226,11 +275,23 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             let Some(c) = cu.captures(version) else { continue };
             let (major, minor): (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
             match cuda_min_driver(major, minor) {
-                Some(min) => check_driver(&mut out, &src, driver, driver_version, min, &format!("torch {version} (CUDA {major}.{minor})")),
-                None => out.push(src.error(req, format!("CUDA {major}.{minor} of torch {version} is not in kiln's table of minimum drivers"))),
+                Some(min) => check_driver(
+                    &mut out,
+                    &src,
+                    driver,
+                    driver_version,
+                    min,
+                    &format!("torch {version} (CUDA {major}.{minor})"),
+                ),
+                None => out.push(src.error(
+                    req,
+                    format!("CUDA {major}.{minor} of torch {version} is not in kiln's table of minimum drivers"),
+                )),
             }
             if driver.is_none() {
-                out.push(src.error(req, format!("torch {version} needs an NVIDIA driver, which this image does not pin")));
+                out.push(
+                    src.error(req, format!("torch {version} needs an NVIDIA driver, which this image does not pin")),
+                );
             }
         }
     }
@@ -239,7 +300,14 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
     out
 }
 
-fn check_driver(out: &mut Vec<SpecError>, src: &crate::spec::SourceText, driver: Option<&Driver>, driver_version: Option<&str>, min: &str, what: &str) {
+fn check_driver(
+    out: &mut Vec<SpecError>,
+    src: &crate::spec::SourceText,
+    driver: Option<&Driver>,
+    driver_version: Option<&str>,
+    min: &str,
+    what: &str,
+) {
     let Some(d) = driver else { return };
     let min_branch: u32 = min.split('.').next().and_then(|b| b.parse().ok()).unwrap_or(0);
     let too_old = match (driver_version, d.branch) {

@@ -76,7 +76,11 @@ impl Facts {
                 .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
                 .unwrap_or_default();
             kernels.sort();
-            if kernels.len() == 1 { kernels.pop() } else { running }
+            if kernels.len() == 1 {
+                kernels.pop()
+            } else {
+                running
+            }
         };
         Facts {
             os_id: field("ID"),
@@ -93,7 +97,8 @@ impl Facts {
     /// Why the image does not apply here, if it does not.
     pub fn mismatch(&self, image: &Image) -> Option<String> {
         let m = image.spec.matches.as_ref()?;
-        let here = format!("{} {}", self.os_id.as_deref().unwrap_or("unknown"), self.os_version.as_deref().unwrap_or(""));
+        let here =
+            format!("{} {}", self.os_id.as_deref().unwrap_or("unknown"), self.os_version.as_deref().unwrap_or(""));
         if !m.os.is_empty()
             && !m.os.iter().any(|o| {
                 let mut parts = o.get_ref().split_whitespace();
@@ -115,7 +120,9 @@ impl Facts {
         }
         match m.gpu.as_ref().map(|g| g.get_ref().as_str()) {
             Some("nvidia") if !self.nvidia_gpu => Some("it needs an NVIDIA GPU; none is on the PCI bus".to_string()),
-            Some("none") if self.nvidia_gpu => Some("it is for machines without an NVIDIA GPU; this one has one".to_string()),
+            Some("none") if self.nvidia_gpu => {
+                Some("it is for machines without an NVIDIA GPU; this one has one".to_string())
+            }
             _ => None,
         }
     }
@@ -250,7 +257,6 @@ fn lookup_id(target: &Target, file: &str, name: &str) -> Option<u32> {
     })
 }
 
-
 /// The options apt-get and dpkg need to work on another root.
 pub fn apt_root_options(target: &Target) -> Vec<String> {
     if target.live() {
@@ -297,7 +303,13 @@ struct Planner<'a> {
 }
 
 impl Planner<'_> {
-    fn step(&mut self, key: impl Into<String>, summary: impl Into<String>, why: impl Into<String>, actions: Vec<Action>) {
+    fn step(
+        &mut self,
+        key: impl Into<String>,
+        summary: impl Into<String>,
+        why: impl Into<String>,
+        actions: Vec<Action>,
+    ) {
         self.steps.push(Step { key: key.into(), summary: summary.into(), why: why.into(), actions });
     }
 
@@ -307,13 +319,17 @@ impl Planner<'_> {
         match std::fs::read(&path) {
             Ok(old) if old == content.as_bytes() => self.satisfied += 1,
             old => {
-                let why = if old.is_ok() { format!("{abs} differs from what the image declares") } else { format!("{abs} does not exist") };
-                self.step(format!("file:{abs}"), format!("write {abs} ({what})"), why, vec![Action::Write {
-                    path,
-                    content: content.into_bytes(),
-                    mode: 0o644,
-                    owner: None,
-                }]);
+                let why = if old.is_ok() {
+                    format!("{abs} differs from what the image declares")
+                } else {
+                    format!("{abs} does not exist")
+                };
+                self.step(
+                    format!("file:{abs}"),
+                    format!("write {abs} ({what})"),
+                    why,
+                    vec![Action::Write { path, content: content.into_bytes(), mode: 0o644, owner: None }],
+                );
             }
         }
     }
@@ -338,10 +354,25 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
     if !spec.apt.packages.is_empty() && !target.live() && !dpkg_db.exists() {
         // An empty root being built: give apt and dpkg the skeleton they expect.
         let mut actions = vec![Action::Write { path: dpkg_db.clone(), content: vec![], mode: 0o644, owner: None }];
-        for f in ["/var/lib/dpkg/available", "/var/lib/dpkg/info/.kiln", "/var/lib/dpkg/updates/.kiln", "/var/lib/apt/lists/partial/.kiln", "/var/cache/apt/archives/partial/.kiln", "/var/log/apt/.kiln", "/etc/apt/apt.conf.d/.kiln", "/etc/apt/preferences.d/.kiln", "/etc/apt/sources.list.d/.kiln"] {
+        for f in [
+            "/var/lib/dpkg/available",
+            "/var/lib/dpkg/info/.kiln",
+            "/var/lib/dpkg/updates/.kiln",
+            "/var/lib/apt/lists/partial/.kiln",
+            "/var/cache/apt/archives/partial/.kiln",
+            "/var/log/apt/.kiln",
+            "/etc/apt/apt.conf.d/.kiln",
+            "/etc/apt/preferences.d/.kiln",
+            "/etc/apt/sources.list.d/.kiln",
+        ] {
             actions.push(Action::Write { path: target.path(f), content: vec![], mode: 0o644, owner: None });
         }
-        p.step("apt:skeleton", format!("create the dpkg database and apt directories in {}", target.root.display()), "the target root has no dpkg database", actions);
+        p.step(
+            "apt:skeleton",
+            format!("create the dpkg database and apt directories in {}", target.root.display()),
+            "the target root has no dpkg database",
+            actions,
+        );
     }
     for r in &spec.apt.repositories {
         let repo = r.get_ref();
@@ -379,33 +410,46 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
             if !from.is_file() {
                 return Err(PlanError::Spec(src.error(file, format!("key file {} does not exist", from.display()))));
             }
-            let armored = armored_key(p.exec, &from, &fingerprint).map_err(|e| PlanError::State(format!("cannot run gpg to read {}: {e}", from.display())))?;
+            let armored = armored_key(p.exec, &from, &fingerprint)
+                .map_err(|e| PlanError::State(format!("cannot run gpg to read {}: {e}", from.display())))?;
             let Some(armored) = armored else {
                 let found = key_fingerprints(p.exec, &from).unwrap_or_default();
-                return Err(PlanError::Spec(src.error(&key.fingerprint, format!(
-                    "key file {} holds {}, not the pinned {fingerprint}",
-                    from.display(),
-                    if found.is_empty() { "no OpenPGP key".to_string() } else { found.join(", ") }
-                ))));
+                return Err(PlanError::Spec(src.error(
+                    &key.fingerprint,
+                    format!(
+                        "key file {} holds {}, not the pinned {fingerprint}",
+                        from.display(),
+                        if found.is_empty() { "no OpenPGP key".to_string() } else { found.join(", ") }
+                    ),
+                )));
             };
-            p.step(format!("apt-source:{rname}"), format!("write {abs} (apt source {rname}, key {fingerprint})"), why, vec![Action::Write {
-                path,
-                content: format!("{header}{}", signed_by_field(&armored)).into_bytes(),
-                mode: 0o644,
-                owner: None,
-            }]);
+            p.step(
+                format!("apt-source:{rname}"),
+                format!("write {abs} (apt source {rname}, key {fingerprint})"),
+                why,
+                vec![Action::Write {
+                    path,
+                    content: format!("{header}{}", signed_by_field(&armored)).into_bytes(),
+                    mode: 0o644,
+                    owner: None,
+                }],
+            );
         } else if let Some(url) = &key.url {
-            p.step(format!("apt-source:{rname}"), format!("fetch the key of {rname} and write {abs}"), why, vec![Action::FetchKey {
-                url: url.get_ref().clone(),
-                fingerprint,
-                sources: path,
-                header,
-            }]);
+            p.step(
+                format!("apt-source:{rname}"),
+                format!("fetch the key of {rname} and write {abs}"),
+                why,
+                vec![Action::FetchKey { url: url.get_ref().clone(), fingerprint, sources: path, header }],
+            );
         }
     }
 
-    let packages: Vec<(String, String)> =
-        spec.apt.packages.iter().map(|(k, v)| (k.get_ref().replace("${kernel_release}", &kernel), v.get_ref().clone())).collect();
+    let packages: Vec<(String, String)> = spec
+        .apt
+        .packages
+        .iter()
+        .map(|(k, v)| (k.get_ref().replace("${kernel_release}", &kernel), v.get_ref().clone()))
+        .collect();
     let pins: String = packages
         .iter()
         .filter(|(_, v)| v != "*")
@@ -441,12 +485,20 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         // quietly keeps the old index: the install would then see stale versions.
         argv.extend(["-q".into(), "update".into(), "--error-on=any".into()]);
         let why = if sources_changed { "apt sources changed" } else { "refresh the package lists before installing" };
-        p.step("apt:update", "apt-get update", why, vec![Action::Run(Cmd { argv, env: vec![], cwd: None, stdin: None })]);
+        p.step(
+            "apt:update",
+            "apt-get update",
+            why,
+            vec![Action::Run(Cmd { argv, env: vec![], cwd: None, stdin: None })],
+        );
     }
     if !install.is_empty() {
         let mut argv = vec!["apt-get".to_string()];
         argv.extend(apt_opts.iter().cloned());
-        argv.extend(["-q", "-y", "--no-install-recommends", "--allow-downgrades", "--allow-change-held-packages", "install"].map(String::from));
+        argv.extend(
+            ["-q", "-y", "--no-install-recommends", "--allow-downgrades", "--allow-change-held-packages", "install"]
+                .map(String::from),
+        );
         argv.extend(install.iter().cloned());
         let cmd = Cmd::new(argv).env("DEBIAN_FRONTEND", "noninteractive");
         p.step("apt:install", format!("install {}", install.join(" ")), reasons.join("; "), vec![Action::Run(cmd)]);
@@ -461,7 +513,11 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         } else {
             hold.push_str(&format!("{pkg} hold\n"));
             // apt-get releases the hold of a package it installs or changes.
-            hold_why.push(if reinstalled { format!("{pkg} is installed by this plan, which releases its hold") } else { format!("{pkg} is not held") });
+            hold_why.push(if reinstalled {
+                format!("{pkg} is installed by this plan, which releases its hold")
+            } else {
+                format!("{pkg} is not held")
+            });
         }
     }
     if !hold.is_empty() {
@@ -471,7 +527,12 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         }
         argv.push("--set-selections".into());
         let held: Vec<&str> = hold.lines().filter_map(|l| l.split_whitespace().next()).collect();
-        p.step("apt:hold", format!("hold {}", held.join(" ")), hold_why.join("; "), vec![Action::Run(Cmd::new(argv).stdin(hold.clone()))]);
+        p.step(
+            "apt:hold",
+            format!("hold {}", held.join(" ")),
+            hold_why.join("; "),
+            vec![Action::Run(Cmd::new(argv).stdin(hold.clone()))],
+        );
     }
 
     // --- files -----------------------------------------------------------------------------
@@ -481,26 +542,36 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         let path = target.path(abs);
         let content = match (&file.content, &file.source) {
             (Some(c), _) => c.clone().into_bytes(),
-            (None, Some(s)) => std::fs::read(image.resolve(s.get_ref()))
-                .map_err(|e| PlanError::Spec(src.error(s, format!("cannot read source {}: {e}", image.resolve(s.get_ref()).display()))))?,
+            (None, Some(s)) => std::fs::read(image.resolve(s.get_ref())).map_err(|e| {
+                PlanError::Spec(
+                    src.error(s, format!("cannot read source {}: {e}", image.resolve(s.get_ref()).display())),
+                )
+            })?,
             (None, None) => unreachable!("validated"),
         };
         let mode = file.mode.as_ref().and_then(|m| crate::spec::parse_mode(m.get_ref()));
         let uid = match &file.owner {
             Some(o) => Some(lookup_id(target, "/etc/passwd", o.get_ref()).ok_or_else(|| {
-                PlanError::Spec(src.error(o, format!("no user {:?} in {}", o.get_ref(), target.path("/etc/passwd").display())))
+                PlanError::Spec(
+                    src.error(o, format!("no user {:?} in {}", o.get_ref(), target.path("/etc/passwd").display())),
+                )
             })?),
             None => None,
         };
         let gid = match &file.group {
             Some(g) => Some(lookup_id(target, "/etc/group", g.get_ref()).ok_or_else(|| {
-                PlanError::Spec(src.error(g, format!("no group {:?} in {}", g.get_ref(), target.path("/etc/group").display())))
+                PlanError::Spec(
+                    src.error(g, format!("no group {:?} in {}", g.get_ref(), target.path("/etc/group").display())),
+                )
             })?),
             None => None,
         };
         let meta = std::fs::metadata(&path).ok();
         let owner = (uid.is_some() || gid.is_some()).then(|| {
-            (uid.unwrap_or_else(|| meta.as_ref().map_or(0, |m| m.uid())), gid.unwrap_or_else(|| meta.as_ref().map_or(0, |m| m.gid())))
+            (
+                uid.unwrap_or_else(|| meta.as_ref().map_or(0, |m| m.uid())),
+                gid.unwrap_or_else(|| meta.as_ref().map_or(0, |m| m.gid())),
+            )
         });
         let old = std::fs::read(&path).ok();
         match (&meta, old) {
@@ -516,21 +587,35 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                 if diffs.is_empty() {
                     p.satisfied += 1;
                 } else {
-                    p.step(format!("file:{abs}"), format!("set the attributes of {abs}"), diffs.join("; "), vec![Action::Attributes {
-                        path,
-                        mode: diffs.iter().any(|d| d.starts_with("mode")).then_some(mode).flatten(),
-                        owner: diffs.iter().any(|d| d.starts_with("owner")).then_some(owner).flatten(),
-                    }]);
+                    p.step(
+                        format!("file:{abs}"),
+                        format!("set the attributes of {abs}"),
+                        diffs.join("; "),
+                        vec![Action::Attributes {
+                            path,
+                            mode: diffs.iter().any(|d| d.starts_with("mode")).then_some(mode).flatten(),
+                            owner: diffs.iter().any(|d| d.starts_with("owner")).then_some(owner).flatten(),
+                        }],
+                    );
                 }
             }
             (m, old) => {
                 let why = match old {
-                    Some(old) => format!("content differs (sha256 {} on disk, {} declared)", &sha256_hex(&old)[..12], &sha256_hex(&content)[..12]),
+                    Some(old) => format!(
+                        "content differs (sha256 {} on disk, {} declared)",
+                        &sha256_hex(&old)[..12],
+                        &sha256_hex(&content)[..12]
+                    ),
                     None if m.is_some() => "it is not a readable file".to_string(),
                     None => "it does not exist".to_string(),
                 };
                 let mode = mode.unwrap_or_else(|| m.as_ref().map_or(0o644, |m| m.permissions().mode() & 0o7777));
-                p.step(format!("file:{abs}"), format!("write {abs}"), why, vec![Action::Write { path, content, mode, owner }]);
+                p.step(
+                    format!("file:{abs}"),
+                    format!("write {abs}"),
+                    why,
+                    vec![Action::Write { path, content, mode, owner }],
+                );
             }
         }
     }
@@ -564,10 +649,17 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                 if loaded.contains(&key) || Path::new("/sys/module").join(&key).is_dir() {
                     p.satisfied += 1;
                     if options_changed {
-                        p.notes.push(format!("module {m} is loaded: its new options take effect when it is reloaded or at the next boot"));
+                        p.notes.push(format!(
+                            "module {m} is loaded: its new options take effect when it is reloaded or at the next boot"
+                        ));
                     }
                 } else {
-                    p.step(format!("module:{m}"), format!("load module {m}"), format!("{m} is not loaded"), vec![Action::Run(Cmd::new(["modprobe", m]))]);
+                    p.step(
+                        format!("module:{m}"),
+                        format!("load module {m}"),
+                        format!("{m} is not loaded"),
+                        vec![Action::Run(Cmd::new(["modprobe", m]))],
+                    );
                 }
             }
         } else {
@@ -577,7 +669,8 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
 
     // --- sysctl ----------------------------------------------------------------------------
     if !spec.sysctl.is_empty() {
-        let lines: Vec<String> = spec.sysctl.iter().map(|(k, v)| format!("{} = {}", k.get_ref(), v.get_ref())).collect();
+        let lines: Vec<String> =
+            spec.sysctl.iter().map(|(k, v)| format!("{} = {}", k.get_ref(), v.get_ref())).collect();
         p.managed_file(&sysctl_path(&name), lines.join("\n") + "\n", "sysctl settings");
         if target.live() {
             let mut set = Vec::new();
@@ -589,21 +682,35 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                 match std::fs::read_to_string(&file) {
                     Ok(have) if have.split_whitespace().eq(want.split_whitespace()) => p.satisfied += 1,
                     Ok(have) => {
-                        why.push(format!("{key} is {}, want {want}", have.split_whitespace().collect::<Vec<_>>().join(" ")));
+                        why.push(format!(
+                            "{key} is {}, want {want}",
+                            have.split_whitespace().collect::<Vec<_>>().join(" ")
+                        ));
                         set.push(format!("{key}={want}"));
                     }
                     Err(e) => {
-                        return Err(PlanError::Spec(src.error(k, format!("cannot read {}: {e} (is {key} a sysctl of this kernel?)", file.display()))));
+                        return Err(PlanError::Spec(src.error(
+                            k,
+                            format!("cannot read {}: {e} (is {key} a sysctl of this kernel?)", file.display()),
+                        )));
                     }
                 }
             }
             if !set.is_empty() {
                 let mut argv = vec!["sysctl".to_string(), "-w".into()];
                 argv.extend(set.iter().cloned());
-                p.step("sysctl:apply", format!("set {}", set.join(" ")), why.join("; "), vec![Action::Run(Cmd::new(argv))]);
+                p.step(
+                    "sysctl:apply",
+                    format!("set {}", set.join(" ")),
+                    why.join("; "),
+                    vec![Action::Run(Cmd::new(argv))],
+                );
             }
         } else {
-            p.notes.push(format!("sysctl settings are persisted in {} only: they apply when it boots", target.root.display()));
+            p.notes.push(format!(
+                "sysctl settings are persisted in {} only: they apply when it boots",
+                target.root.display()
+            ));
         }
     }
 
@@ -614,12 +721,17 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
         let dir = target.path(abs);
         let have = venv_distributions(&dir);
         if have.is_none() {
-            p.step(format!("venv:{abs}"), format!("create the virtualenv {abs}"), "it does not exist", vec![Action::Run(Cmd::new([
-                venv.python.clone(),
-                "-m".into(),
-                "venv".into(),
-                dir.display().to_string(),
-            ]))]);
+            p.step(
+                format!("venv:{abs}"),
+                format!("create the virtualenv {abs}"),
+                "it does not exist",
+                vec![Action::Run(Cmd::new([
+                    venv.python.clone(),
+                    "-m".into(),
+                    "venv".into(),
+                    dir.display().to_string(),
+                ]))],
+            );
         }
         let have = have.unwrap_or_default();
         let mut missing = Vec::new();
@@ -653,7 +765,11 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                 "--no-input".into(),
             ];
             if let Some(w) = &venv.wheels {
-                argv.extend(["--no-index".into(), "--find-links".into(), image.resolve(w.get_ref()).display().to_string()]);
+                argv.extend([
+                    "--no-index".into(),
+                    "--find-links".into(),
+                    image.resolve(w.get_ref()).display().to_string(),
+                ]);
             } else if let Some(u) = &venv.index_url {
                 argv.extend(["--index-url".into(), u.clone()]);
             }
@@ -661,10 +777,18 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                 argv.push("--require-hashes".into());
             }
             argv.extend(["-r".into(), req_file.display().to_string()]);
-            p.step(format!("pip:{abs}"), format!("install {} into {abs}", venv.packages.iter().map(|p| p.get_ref().as_str()).collect::<Vec<_>>().join(" ")), missing.join("; "), vec![
-                Action::Write { path: req_file, content: requirements.into_bytes(), mode: 0o644, owner: None },
-                Action::Run(Cmd::new(argv)),
-            ]);
+            p.step(
+                format!("pip:{abs}"),
+                format!(
+                    "install {} into {abs}",
+                    venv.packages.iter().map(|p| p.get_ref().as_str()).collect::<Vec<_>>().join(" ")
+                ),
+                missing.join("; "),
+                vec![
+                    Action::Write { path: req_file, content: requirements.into_bytes(), mode: 0o644, owner: None },
+                    Action::Run(Cmd::new(argv)),
+                ],
+            );
         }
     }
 
@@ -702,7 +826,12 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                     let mut argv = vec!["systemctl".to_string()];
                     argv.extend(root_arg.iter().cloned());
                     argv.extend(["enable".into(), unit.clone()]);
-                    p.step(format!("service:{unit}:enable"), format!("enable {unit}"), format!("{unit} is {state}"), vec![Action::Run(Cmd::new(argv))]);
+                    p.step(
+                        format!("service:{unit}:enable"),
+                        format!("enable {unit}"),
+                        format!("{unit} is {state}"),
+                        vec![Action::Run(Cmd::new(argv))],
+                    );
                 }
             }
             if svc.started {
@@ -714,7 +843,12 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                     p.satisfied += 1;
                 } else {
                     let state = active.get(i).cloned().unwrap_or_else(|| "unknown".into());
-                    p.step(format!("service:{unit}:start"), format!("start {unit}"), format!("{unit} is {state}"), vec![Action::Run(Cmd::new(["systemctl", "start", unit]))]);
+                    p.step(
+                        format!("service:{unit}:start"),
+                        format!("start {unit}"),
+                        format!("{unit} is {state}"),
+                        vec![Action::Run(Cmd::new(["systemctl", "start", unit]))],
+                    );
                 }
             }
         }
@@ -737,7 +871,9 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
                     continue;
                 }
                 Ok(_) => {}
-                Err(e) => p.notes.push(format!("guard of command {:?} could not run ({e}): the command will run", cmd.name)),
+                Err(e) => {
+                    p.notes.push(format!("guard of command {:?} could not run ({e}): the command will run", cmd.name))
+                }
             }
         }
         let why = match (&cmd.creates, &cmd.unless) {
@@ -751,20 +887,30 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
 
     // --- the record of what was applied ----------------------------------------------------
     let marker_path = target.path(&format!("{MARKER_DIR}/{name}.json"));
-    let recorded: Option<serde_json::Value> = std::fs::read(&marker_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let recorded: Option<serde_json::Value> =
+        std::fs::read(&marker_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let recorded_hash = recorded.as_ref().and_then(|m| m.get("hash")).and_then(|h| h.as_str()).map(str::to_string);
     if recorded_hash.as_deref() == Some(image.hash.as_str()) {
         p.satisfied += 1;
     } else {
         let why = match recorded_hash {
-            Some(h) => format!("the image changed since it was applied (hash {} then, {} now)", &h[..h.len().min(12)], &image.hash[..12]),
+            Some(h) => format!(
+                "the image changed since it was applied (hash {} then, {} now)",
+                &h[..h.len().min(12)],
+                &image.hash[..12]
+            ),
             None => format!("{name} has not been applied here"),
         };
         let venvs: Vec<&String> = spec.venvs.iter().map(|v| v.get_ref().path.get_ref()).collect();
         let doc = serde_json::json!({
             "image": name, "version": spec.image.version, "hash": image.hash, "applied_at": facts.now, "venvs": venvs,
         });
-        let record = Action::Write { path: marker_path, content: (serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n").into_bytes(), mode: 0o644, owner: None };
+        let record = Action::Write {
+            path: marker_path,
+            content: (serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n").into_bytes(),
+            mode: 0o644,
+            owner: None,
+        };
         p.step("image:record", format!("record {name} {} as applied", spec.image.version), why, vec![record]);
     }
 
@@ -782,7 +928,9 @@ pub fn plan(image: &Image, target: &Target, facts: &Facts, exec: &mut dyn Execut
 /// A spec's command as it runs: on this host, in the target root, with `KILN_ROOT` naming it and
 /// `${root}` and `${kernel_release}` replaced in its arguments (as whole values, never re-parsed).
 pub fn command_in(target: &Target, facts: &Facts, argv: &[String]) -> Cmd {
-    Cmd::new(argv.iter().map(|a| expand(a, target, facts)).collect::<Vec<_>>()).env("KILN_ROOT", &target.root_str()).cwd(target.root.clone())
+    Cmd::new(argv.iter().map(|a| expand(a, target, facts)).collect::<Vec<_>>())
+        .env("KILN_ROOT", &target.root_str())
+        .cwd(target.root.clone())
 }
 
 /// Replaces kiln's variables: `${root}` (the target root, without a trailing slash, so that
@@ -794,7 +942,11 @@ pub fn expand(text: &str, target: &Target, facts: &Facts) -> String {
 }
 
 pub fn unit_name(name: &str) -> String {
-    if name.contains('.') { name.to_string() } else { format!("{name}.service") }
+    if name.contains('.') {
+        name.to_string()
+    } else {
+        format!("{name}.service")
+    }
 }
 
 #[cfg(test)]

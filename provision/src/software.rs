@@ -37,22 +37,35 @@ pub struct AppliedImage {
     pub venvs: Vec<String>,
 }
 
-const FRAMEWORKS: &[&str] = &["torch", "jax", "jaxlib", "tensorflow", "numpy", "triton", "transformers", "deepspeed", "flash-attn", "vllm"];
+const FRAMEWORKS: &[&str] =
+    &["torch", "jax", "jaxlib", "tensorflow", "numpy", "triton", "transformers", "deepspeed", "flash-attn", "vllm"];
 
 pub fn read(target: &Target) -> Result<Software, dpkg::DpkgError> {
     let pkgs = dpkg::installed(&target.root)?;
     let version_of = |pred: &dyn Fn(&str) -> bool| {
-        pkgs.values().filter(|p| pred(&p.name)).map(|p| p.version.clone()).max_by(|a, b| crate::lint::compare_dotted(crate::lint::upstream(a), crate::lint::upstream(b)))
+        pkgs.values()
+            .filter(|p| pred(&p.name))
+            .map(|p| p.version.clone())
+            .max_by(|a, b| crate::lint::compare_dotted(crate::lint::upstream(a), crate::lint::upstream(b)))
     };
     let kernel = if target.live() {
         std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string())
     } else {
         None
     };
-    let loaded_driver = if target.live() { std::fs::read_to_string("/sys/module/nvidia/version").ok().map(|s| s.trim().to_string()) } else { None };
+    let loaded_driver = if target.live() {
+        std::fs::read_to_string("/sys/module/nvidia/version").ok().map(|s| s.trim().to_string())
+    } else {
+        None
+    };
     let nvidia_driver = loaded_driver.or_else(|| {
-        version_of(&|n| n.starts_with("nvidia-driver") || n.starts_with("nvidia-open") || n == "cuda-drivers" || n.starts_with("nvidia-kernel-open"))
-            .map(|v| crate::lint::upstream(&v).to_string())
+        version_of(&|n| {
+            n.starts_with("nvidia-driver")
+                || n.starts_with("nvidia-open")
+                || n == "cuda-drivers"
+                || n.starts_with("nvidia-kernel-open")
+        })
+        .map(|v| crate::lint::upstream(&v).to_string())
     });
     let cuda = pkgs
         .values()
@@ -65,14 +78,18 @@ pub fn read(target: &Target) -> Result<Software, dpkg::DpkgError> {
     let mut python = BTreeMap::new();
     for venv in images.iter().flat_map(|i| i.venvs.iter()) {
         if let Some(dists) = venv_distributions(&target.path(venv)) {
-            let found: BTreeMap<String, String> = dists.into_iter().filter(|(n, _)| FRAMEWORKS.contains(&n.as_str())).collect();
+            let found: BTreeMap<String, String> =
+                dists.into_iter().filter(|(n, _)| FRAMEWORKS.contains(&n.as_str())).collect();
             python.insert(venv.clone(), found);
         }
     }
     Ok(Software {
         kernel,
         nvidia_driver,
-        fabric_manager: version_of(&|n| n.starts_with("nvidia-fabricmanager") || n.starts_with("cuda-drivers-fabricmanager")).map(|v| crate::lint::upstream(&v).to_string()),
+        fabric_manager: version_of(&|n| {
+            n.starts_with("nvidia-fabricmanager") || n.starts_with("cuda-drivers-fabricmanager")
+        })
+        .map(|v| crate::lint::upstream(&v).to_string()),
         cuda,
         nccl: pkgs.get("libnccl2").map(|p| p.version.clone()),
         cudnn: version_of(&|n| (n.starts_with("libcudnn") || n.starts_with("cudnn")) && n.contains("-cuda-")),

@@ -306,7 +306,12 @@ fn path_str(p: &Path) -> &str {
 pub fn load(path: &Path) -> Result<Image, SpecErrors> {
     let display = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| {
-        SpecErrors(vec![SpecError { file: display.clone(), line: 0, column: 0, message: format!("cannot read the spec: {e}") }])
+        SpecErrors(vec![SpecError {
+            file: display.clone(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the spec: {e}"),
+        }])
     })?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
@@ -357,7 +362,8 @@ pub fn parse(path: &Path, text: String) -> Result<Image, SpecErrors> {
 const NAME_CHARS: &str = "lowercase letters, digits, '.', '-' and '_'";
 
 fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_' | '+'))
+    !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_' | '+'))
 }
 
 /// Debian package names (with kiln's `${kernel_release}` variable).
@@ -394,7 +400,8 @@ pub fn split_requirement(req: &str) -> Option<(&str, &str)> {
     let (name, version) = req.split_once("==")?;
     let (name, version) = (name.trim(), version.trim());
     let name_ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    let version_ok = !version.is_empty() && version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '-' | '_'));
+    let version_ok = !version.is_empty()
+        && version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '-' | '_'));
     (name_ok && version_ok).then_some((name, version))
 }
 
@@ -413,12 +420,19 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
         }
         for a in &m.arch {
             if !matches!(a.get_ref().as_str(), "x86_64" | "aarch64" | "ppc64le" | "s390x" | "riscv64") {
-                err(src.error(a, format!("unknown architecture {:?} (use uname -m names: x86_64, aarch64)", a.get_ref())));
+                err(src
+                    .error(a, format!("unknown architecture {:?} (use uname -m names: x86_64, aarch64)", a.get_ref())));
             }
         }
         for o in &m.os {
             if o.get_ref().split_whitespace().count() > 2 || o.get_ref().trim().is_empty() {
-                err(src.error(o, format!("os {:?} must be \"<ID> <VERSION_ID>\" as in /etc/os-release, e.g. \"ubuntu 24.04\"", o.get_ref())));
+                err(src.error(
+                    o,
+                    format!(
+                        "os {:?} must be \"<ID> <VERSION_ID>\" as in /etc/os-release, e.g. \"ubuntu 24.04\"",
+                        o.get_ref()
+                    ),
+                ));
             }
         }
     }
@@ -437,13 +451,22 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             err(src.error(&repo.uri, format!("repository uri {uri:?} must start with https://, http:// or file:")));
         }
         match (&repo.key, repo.trusted.as_ref().map(|t| *t.get_ref())) {
-            (Some(_), Some(true)) => err(src.error(repo.trusted.as_ref().unwrap(), "a repository is either signed (key) or trusted, not both")),
+            (Some(_), Some(true)) => {
+                err(src
+                    .error(repo.trusted.as_ref().unwrap(), "a repository is either signed (key) or trusted, not both"))
+            }
             (None, Some(true)) if !local => err(src.error(
                 repo.trusted.as_ref().unwrap(),
                 "only a file: repository may be trusted without a key; pin the signing key with key.fingerprint",
             )),
             (None, Some(true)) => {}
-            (None, _) => err(src.error(r, format!("repository {:?} has no signing key: add key = {{ file = …, fingerprint = … }}", repo.name.get_ref()))),
+            (None, _) => err(src.error(
+                r,
+                format!(
+                    "repository {:?} has no signing key: add key = {{ file = …, fingerprint = … }}",
+                    repo.name.get_ref()
+                ),
+            )),
             (Some(k), _) => {
                 let key = k.get_ref();
                 let fp = key.fingerprint.get_ref().replace(' ', "");
@@ -453,7 +476,9 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
                 match (&key.file, &key.url) {
                     (None, None) => err(src.error(k, "the key needs a file or a url")),
                     (Some(f), Some(_)) => err(src.error(f, "give the key as a file or a url, not both")),
-                    (None, Some(u)) if !u.get_ref().starts_with("https://") => err(src.error(u, "a key url must be https://")),
+                    (None, Some(u)) if !u.get_ref().starts_with("https://") => {
+                        err(src.error(u, "a key url must be https://"))
+                    }
                     _ => {}
                 }
             }
@@ -464,7 +489,14 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             err(src.error(pkg, format!("{:?} is not a Debian package name", pkg.get_ref())));
         }
         if !is_version_pattern(version.get_ref()) {
-            err(src.error(version, format!("version {:?} of {} must be a Debian version, a glob such as \"570.*\", or \"*\"", version.get_ref(), pkg.get_ref())));
+            err(src.error(
+                version,
+                format!(
+                    "version {:?} of {} must be a Debian version, a glob such as \"570.*\", or \"*\"",
+                    version.get_ref(),
+                    pkg.get_ref()
+                ),
+            ));
         }
     }
     for h in &spec.apt.hold {
@@ -486,7 +518,12 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
                 err(src.error(p, format!("{:?} must pin an exact version: \"name==version\"", p.get_ref())));
             }
         }
-        let names: Vec<String> = venv.packages.iter().filter_map(|p| split_requirement(p.get_ref())).map(|(n, _)| normalize_dist(n)).collect();
+        let names: Vec<String> = venv
+            .packages
+            .iter()
+            .filter_map(|p| split_requirement(p.get_ref()))
+            .map(|(n, _)| normalize_dist(n))
+            .collect();
         for (name, hashes) in &venv.hashes {
             if !names.contains(&normalize_dist(name)) {
                 if let Some(h) = hashes.first() {
@@ -513,13 +550,19 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
     }
     for m in &spec.modules {
         let name = &m.get_ref().name;
-        if name.get_ref().is_empty() || !name.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        if name.get_ref().is_empty()
+            || !name.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
             err(src.error(name, format!("{:?} is not a kernel module name", name.get_ref())));
         }
     }
     for (key, value) in &spec.sysctl {
         let k = key.get_ref();
-        if k.is_empty() || k.starts_with('.') || k.contains("..") || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')) {
+        if k.is_empty()
+            || k.starts_with('.')
+            || k.contains("..")
+            || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+        {
             err(src.error(key, format!("{k:?} is not a sysctl name")));
         }
         if value.get_ref().to_string().contains('\n') {
@@ -553,7 +596,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
                     Ok(bytes) => {
                         let actual = sha256_hex(&bytes);
                         if !actual.eq_ignore_ascii_case(h.get_ref()) {
-                            err(src.error(h, format!("{} has sha256 {actual}, not the pinned {}", path.display(), h.get_ref())));
+                            err(src.error(
+                                h,
+                                format!("{} has sha256 {actual}, not the pinned {}", path.display(), h.get_ref()),
+                            ));
                         }
                     }
                 }
@@ -572,7 +618,13 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             err(src.error(&cmd.run, "run needs a program: [\"program\", \"arg\", …]"));
         }
         if cmd.creates.is_none() && cmd.unless.is_none() {
-            err(src.error(c, format!("command {:?} has no guard: give it `creates` or `unless`, so that applying twice is safe", cmd.name)));
+            err(src.error(
+                c,
+                format!(
+                    "command {:?} has no guard: give it `creates` or `unless`, so that applying twice is safe",
+                    cmd.name
+                ),
+            ));
         }
         if let Some(u) = &cmd.unless {
             if u.get_ref().is_empty() {

@@ -153,8 +153,21 @@ pub fn infer_architecture(info: &CpuInfo) -> Architecture {
 
 /// The instruction-set features that decide how fast training and inference kernels run.
 const ML_FEATURES_X86: &[&str] = &[
-    "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-    "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
 ];
 const ML_FEATURES_ARM: &[&str] = &["asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm", "sme", "sme2"];
 
@@ -346,8 +359,7 @@ fn read_cpu_set(src: &Source, list_rel: &str, mask_rel: &str) -> Option<Vec<u32>
 }
 
 fn cpu_ids_in_sysfs(src: &Source) -> Vec<u32> {
-    let mut ids: Vec<u32> =
-        src.list_dir(CPU_DIR).iter().filter_map(|n| n.strip_prefix("cpu")?.parse().ok()).collect();
+    let mut ids: Vec<u32> = src.list_dir(CPU_DIR).iter().filter_map(|n| n.strip_prefix("cpu")?.parse().ok()).collect();
     ids.sort_unstable();
     ids
 }
@@ -365,11 +377,8 @@ fn parse_size(text: &str) -> Option<u64> {
 
 pub fn collect(src: &Source) -> Cpu {
     let info = src.read("proc/cpuinfo").map(|t| parse_cpuinfo(&t)).unwrap_or_default();
-    let architecture = if src.is_live() {
-        Architecture::from_uname(std::env::consts::ARCH)
-    } else {
-        infer_architecture(&info)
-    };
+    let architecture =
+        if src.is_live() { Architecture::from_uname(std::env::consts::ARCH) } else { infer_architecture(&info) };
 
     // Which CPUs exist and which are online.
     let sysfs_ids = cpu_ids_in_sysfs(src);
@@ -403,7 +412,8 @@ pub fn collect(src: &Source) -> Cpu {
             let set = |list: &str, mask: &str| {
                 read_cpu_set(src, &format!("{base}/{list}"), &format!("{base}/{mask}")).map(|s| format_list(&s))
             };
-            let package_cpus = set("package_cpus_list", "package_cpus").or_else(|| set("core_siblings_list", "core_siblings"));
+            let package_cpus =
+                set("package_cpus_list", "package_cpus").or_else(|| set("core_siblings_list", "core_siblings"));
             LogicalCpu {
                 id,
                 online,
@@ -411,11 +421,21 @@ pub fn collect(src: &Source) -> Cpu {
                 die: num("die_id"),
                 cluster: num("cluster_id"),
                 core: num("core_id"),
-                core_cpus: set("core_cpus_list", "core_cpus").or_else(|| set("thread_siblings_list", "thread_siblings")),
+                core_cpus: set("core_cpus_list", "core_cpus")
+                    .or_else(|| set("thread_siblings_list", "thread_siblings")),
                 package_cpus,
             }
         } else {
-            LogicalCpu { id, online, package: None, die: None, cluster: None, core: None, core_cpus: None, package_cpus: None }
+            LogicalCpu {
+                id,
+                online,
+                package: None,
+                die: None,
+                cluster: None,
+                core: None,
+                core_cpus: None,
+                package_cpus: None,
+            }
         };
         let package_key = match (&raw.package_cpus, raw.package) {
             (Some(set), _) => Some(format!("set{set}")),
@@ -453,11 +473,7 @@ pub fn collect(src: &Source) -> Cpu {
     let caches = collect_caches(src, &online_ids);
     let frequency = collect_frequency(src, &online_ids, &info);
     let parts = arm_parts(&info);
-    let core_kinds = if parts.len() > 1 {
-        arm_core_kinds(src, &parts)
-    } else {
-        collect_core_kinds(src, &online_ids)
-    };
+    let core_kinds = if parts.len() > 1 { arm_core_kinds(src, &parts) } else { collect_core_kinds(src, &online_ids) };
     let allowed = allowed_cpus(src).filter(|a| *a != online_ids);
 
     let flags = info.get("flags").or_else(|| info.get("Features")).or_else(|| info.get("features")).unwrap_or("");
@@ -642,9 +658,8 @@ fn collect_core_kinds(src: &Source, online: &[u32]) -> Vec<CoreKind> {
             Some((name.to_string(), cpus))
         })
         .collect();
-    let max_mhz = |cpu: u32| {
-        src.attr_parse::<u64>(&format!("{CPU_DIR}/cpu{cpu}/cpufreq/cpuinfo_max_freq")).map(khz_to_mhz)
-    };
+    let max_mhz =
+        |cpu: u32| src.attr_parse::<u64>(&format!("{CPU_DIR}/cpu{cpu}/cpufreq/cpuinfo_max_freq")).map(khz_to_mhz);
     if from_pmu.len() > 1 {
         return from_pmu
             .into_iter()
@@ -778,7 +793,10 @@ mod tests {
         let info = parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd sve2 bf16 i8mm\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd4f\n");
         assert_eq!(infer_architecture(&info), Architecture::Aarch64);
         assert_eq!(arm_core_name(0x41, 0xd4f), Some(("ARM", "Neoverse-V2")));
-        assert_eq!(ml_features(Architecture::Aarch64, info.get("Features").unwrap()), ["asimd", "sve2", "bf16", "i8mm"]);
+        assert_eq!(
+            ml_features(Architecture::Aarch64, info.get("Features").unwrap()),
+            ["asimd", "sve2", "bf16", "i8mm"]
+        );
     }
 
     #[test]

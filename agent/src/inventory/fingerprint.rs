@@ -9,8 +9,8 @@ use super::gpu::Gpus;
 use super::memory::Memory;
 use super::net::Nic;
 use super::nvme::NvmeController;
-use super::pci::PciDevice;
 use super::os::Os;
+use super::pci::PciDevice;
 use super::smbios::is_placeholder;
 use super::system::System;
 
@@ -114,7 +114,8 @@ pub fn compute(
         gpu_names
     };
     let nvme_models = counted(nvme.iter().map(|n| n.model.as_deref().unwrap_or("unknown NVMe")));
-    let nic_models = counted(nics.iter().filter(|n| !n.virtual_device).map(|n| n.driver.as_deref().unwrap_or("unknown")));
+    let nic_models =
+        counted(nics.iter().filter(|n| !n.virtual_device).map(|n| n.driver.as_deref().unwrap_or("unknown")));
     let list = |items: &[(String, usize)]| items.iter().map(|(n, c)| format!("{c}x{n}")).collect::<Vec<_>>().join(",");
     let config_key = format!(
         "v{CONFIG_KEY_VERSION};arch={};cpu={cpu_name};packages={};cores={};memory_class={};gpus={};nvme={};nics={}",
@@ -146,7 +147,8 @@ pub fn compute(
         }
     }
     // GPU serials follow the box too (they are readable without root, unlike DMI serials).
-    let mut gpu_serials: Vec<&str> = gpus.devices.iter().filter_map(|g| g.serial.as_deref()).filter(|s| !is_placeholder(s)).collect();
+    let mut gpu_serials: Vec<&str> =
+        gpus.devices.iter().filter_map(|g| g.serial.as_deref()).filter(|s| !is_placeholder(s)).collect();
     gpu_serials.sort_unstable();
     if !gpu_serials.is_empty() {
         basis.push("gpu_serials".to_string());

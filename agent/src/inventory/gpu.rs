@@ -189,7 +189,8 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
     // On the live system, a PCI bus without any NVIDIA device needs no NVML (a CPU-only box).
     let explicit = library.is_some();
     let worth_asking = src.is_live() && (pci.is_empty() || pci.iter().any(|d| d.vendor() == 0x10de));
-    let Some(library) = library.map(OsStr::to_os_string).or_else(|| worth_asking.then(|| DEFAULT_LIBRARY.into())) else {
+    let Some(library) = library.map(OsStr::to_os_string).or_else(|| worth_asking.then(|| DEFAULT_LIBRARY.into()))
+    else {
         return gpus;
     };
     gpus.nvml_library = Some(library.to_string_lossy().into_owned());
@@ -216,8 +217,8 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
     };
     gpus.driver_version = opt(src, 0, "driver version", nvml.sys_driver_version());
     gpus.nvml_version = opt(src, 0, "NVML version", nvml.sys_nvml_version());
-    gpus.cuda_driver_version =
-        opt(src, 0, "CUDA driver version", nvml.sys_cuda_driver_version()).map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
+    gpus.cuda_driver_version = opt(src, 0, "CUDA driver version", nvml.sys_cuda_driver_version())
+        .map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
     let count = match nvml.device_count() {
         Ok(n) => n,
         Err(e) => {
@@ -247,7 +248,8 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
         );
     }
     if !pci_gpus.is_empty() {
-        gpus.missing_from_pci = seen.iter().filter(|a| !pci_gpus.iter().any(|p| p == *a)).map(|a| a.to_string()).collect();
+        gpus.missing_from_pci =
+            seen.iter().filter(|a| !pci_gpus.iter().any(|p| p == *a)).map(|a| a.to_string()).collect();
     }
     for gpu in &gpus.devices {
         for link in gpu.nvlinks.iter().filter(|l| l.remote_type == RemoteType::Nvswitch) {
@@ -286,23 +288,30 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
     let remapped_rows = unsafe {
         nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok().and_then(|f| {
             let (mut corr, mut unc, mut pending, mut failure) = (0, 0, 0, 0);
-            (f(device.handle(), &mut corr, &mut unc, &mut pending, &mut failure) == 0)
-                .then_some(RemappedRows { correctable: corr, uncorrectable: unc, pending: pending != 0, failure: failure != 0 })
+            (f(device.handle(), &mut corr, &mut unc, &mut pending, &mut failure) == 0).then_some(RemappedRows {
+                correctable: corr,
+                uncorrectable: unc,
+                pending: pending != 0,
+                failure: failure != 0,
+            })
         })
     };
     let retired = |cause| device.retired_pages(cause).ok().map(|p| p.len());
-    let retired_pages = match (retired(RetirementCause::MultipleSingleBitEccErrors), retired(RetirementCause::DoubleBitEccError)) {
-        (Some(single_bit), Some(double_bit)) => Some(RetiredPages { single_bit, double_bit }),
-        _ => None,
-    };
+    let retired_pages =
+        match (retired(RetirementCause::MultipleSingleBitEccErrors), retired(RetirementCause::DoubleBitEccError)) {
+            (Some(single_bit), Some(double_bit)) => Some(RetiredPages { single_bit, double_bit }),
+            _ => None,
+        };
     let constraints = get!("power limit constraints", device.power_management_limit_constraints());
     let watts = |mw: u32| mw / 1000;
-    let mig = get!("MIG mode", device.mig_mode()).map(|m| Mig { enabled: m.current == 1, pending_enabled: m.pending == 1 });
+    let mig =
+        get!("MIG mode", device.mig_mode()).map(|m| Mig { enabled: m.current == 1, pending_enabled: m.pending == 1 });
     let numa_node = device.numa_node_id().ok().or_else(|| {
         let addr = pci_address.as_deref()?;
         pci.iter().find(|d| d.address == addr)?.numa_node
     });
-    let cpu_affinity = get!("CPU affinity", device.cpu_affinity(16)).map(|w| affinity_list(&w)).filter(|l| !l.is_empty());
+    let cpu_affinity =
+        get!("CPU affinity", device.cpu_affinity(16)).map(|w| affinity_list(&w)).filter(|l| !l.is_empty());
 
     let mut nvlinks = Vec::new();
     // NVML_NVLINK_MAX_LINKS: 18 on Hopper and Blackwell.
@@ -319,7 +328,8 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
                 (f(device.handle(), link, &mut t) == 0).then_some(t)
             })
         };
-        let remote_bus_id = if active { l.remote_pci_info().ok().and_then(|p| normalize_bus_id(&p.bus_id)) } else { None };
+        let remote_bus_id =
+            if active { l.remote_pci_info().ok().and_then(|p| normalize_bus_id(&p.bus_id)) } else { None };
         let remote_device = remote_bus_id.as_ref().and_then(|a| pci.iter().find(|d| &d.address == a));
         let remote_type = match remote_type {
             Some(0) => RemoteType::Gpu,
@@ -358,7 +368,8 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
         pci_device_id: pci_info.as_ref().map(|p| format!("{:04x}", p.pci_device_id >> 16)),
         pci_address,
         memory_total_bytes: get!("memory", device.memory_info()).map(|m| m.total),
-        compute_capability: get!("compute capability", device.cuda_compute_capability()).map(|c| format!("{}.{}", c.major, c.minor)),
+        compute_capability: get!("compute capability", device.cuda_compute_capability())
+            .map(|c| format!("{}.{}", c.major, c.minor)),
         architecture: get!("architecture", device.architecture()).map(|a| format!("{a:?}")),
         ecc,
         remapped_rows,

@@ -53,8 +53,7 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
         let pci_address = target.as_deref().and_then(last_pci_address);
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
         let pci_attr = |f: &str| pci_address.as_ref().and_then(|a| src.attr(&format!("sys/bus/pci/devices/{a}/{f}")));
-        let (driver_version, firmware_version) =
-            if src.is_live() { ethtool_driver_info(&name) } else { (None, None) };
+        let (driver_version, firmware_version) = if src.is_live() { ethtool_driver_info(&name) } else { (None, None) };
         out.push(Nic {
             driver: src.link_name(&format!("{base}/device/driver")),
             driver_version,

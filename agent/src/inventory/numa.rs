@@ -101,7 +101,10 @@ fn check_overlap(src: &Source, nodes: &[NumaNode]) {
         src.problem(
             NODE_DIR,
             ProblemKind::Malformed,
-            format!("NUMA nodes {} claim the same CPUs: the firmware's NUMA tables (SRAT/SLIT) look wrong", format_list(&ids)),
+            format!(
+                "NUMA nodes {} claim the same CPUs: the firmware's NUMA tables (SRAT/SLIT) look wrong",
+                format_list(&ids)
+            ),
         );
     }
 }
@@ -112,7 +115,8 @@ mod tests {
 
     #[test]
     fn node_meminfo() {
-        let parsed = parse_meminfo("Node 0 MemTotal:       16384 kB\nNode 0 MemFree:  8 kB\nNode 0 HugePages_Total:     0\n");
+        let parsed =
+            parse_meminfo("Node 0 MemTotal:       16384 kB\nNode 0 MemFree:  8 kB\nNode 0 HugePages_Total:     0\n");
         assert_eq!(parsed[0], ("MemTotal".to_string(), 16384 * 1024));
         assert_eq!(parsed[2], ("HugePages_Total".to_string(), 0));
     }

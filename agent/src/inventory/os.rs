@@ -178,7 +178,8 @@ mod tests {
 
     #[test]
     fn os_release() {
-        let r = parse_os_release("# c\nID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME='Debian GNU/Linux 12 (bookworm)'\nbad\n");
+        let r =
+            parse_os_release("# c\nID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME='Debian GNU/Linux 12 (bookworm)'\nbad\n");
         assert_eq!(r["ID"], "debian");
         assert_eq!(r["VERSION_ID"], "12");
         assert_eq!(r["PRETTY_NAME"], "Debian GNU/Linux 12 (bookworm)");

@@ -93,7 +93,8 @@ impl PciDevice {
         self.vendor() == 0x10de && (self.class == "0300" || self.class == "0302")
     }
     pub fn is_nvswitch(&self) -> bool {
-        self.vendor() == 0x10de && (self.class == "0680" || self.device_name.as_deref().is_some_and(|n| n.contains("NVSwitch")))
+        self.vendor() == 0x10de
+            && (self.class == "0680" || self.device_name.as_deref().is_some_and(|n| n.contains("NVSwitch")))
     }
 }
 
@@ -162,7 +163,12 @@ pub fn is_pci_address(s: &str) -> bool {
 /// The nearest PCI function in a sysfs link target: its last PCI-address component
 /// (`../../devices/pci0000:00/0000:00:03.0/virtio2/net/eth0` -> `0000:00:03.0`).
 pub fn last_pci_address(target: &std::path::Path) -> Option<String> {
-    target.components().filter_map(|c| c.as_os_str().to_str()).filter(|c| is_pci_address(c)).next_back().map(str::to_string)
+    target
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .filter(|c| is_pci_address(c))
+        .next_back()
+        .map(str::to_string)
 }
 
 /// A sysfs `numa_node` value; -1 (no affinity) and garbage are `None`.
@@ -212,8 +218,10 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let device_id = device_attr.or_else(|| from_header(2, 2)).unwrap_or_default();
     // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
     let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
-    let sub_vendor = hex_attr(src, &format!("{base}/subsystem_vendor")).or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
-    let sub_device = hex_attr(src, &format!("{base}/subsystem_device")).or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
+    let sub_vendor =
+        hex_attr(src, &format!("{base}/subsystem_vendor")).or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
+    let sub_device =
+        hex_attr(src, &format!("{base}/subsystem_device")).or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
     let class_raw = hex_attr(src, &format!("{base}/class")).unwrap_or_default();
     let class_raw = format!("{class_raw:0>6}");
     let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());

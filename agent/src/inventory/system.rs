@@ -59,12 +59,42 @@ pub struct System {
 
 pub fn chassis_type_name(code: u8) -> Option<&'static str> {
     const NAMES: [&str; 36] = [
-        "Other", "Unknown", "Desktop", "Low Profile Desktop", "Pizza Box", "Mini Tower", "Tower", "Portable",
-        "Laptop", "Notebook", "Hand Held", "Docking Station", "All in One", "Sub Notebook", "Space-saving",
-        "Lunch Box", "Main Server Chassis", "Expansion Chassis", "SubChassis", "Bus Expansion Chassis",
-        "Peripheral Chassis", "RAID Chassis", "Rack Mount Chassis", "Sealed-case PC", "Multi-system chassis",
-        "Compact PCI", "Advanced TCA", "Blade", "Blade Enclosure", "Tablet", "Convertible", "Detachable",
-        "IoT Gateway", "Embedded PC", "Mini PC", "Stick PC",
+        "Other",
+        "Unknown",
+        "Desktop",
+        "Low Profile Desktop",
+        "Pizza Box",
+        "Mini Tower",
+        "Tower",
+        "Portable",
+        "Laptop",
+        "Notebook",
+        "Hand Held",
+        "Docking Station",
+        "All in One",
+        "Sub Notebook",
+        "Space-saving",
+        "Lunch Box",
+        "Main Server Chassis",
+        "Expansion Chassis",
+        "SubChassis",
+        "Bus Expansion Chassis",
+        "Peripheral Chassis",
+        "RAID Chassis",
+        "Rack Mount Chassis",
+        "Sealed-case PC",
+        "Multi-system chassis",
+        "Compact PCI",
+        "Advanced TCA",
+        "Blade",
+        "Blade Enclosure",
+        "Tablet",
+        "Convertible",
+        "Detachable",
+        "IoT Gateway",
+        "Embedded PC",
+        "Mini PC",
+        "Stick PC",
     ];
     NAMES.get(usize::from(code).checked_sub(1)?).copied()
 }
@@ -81,7 +111,9 @@ pub fn collect(src: &Source) -> System {
         let rel = format!("{DMI_ID}/{name}");
         match std::fs::read(src.path(&rel)) {
             // Attributes are one line; a snapshot may carry stale bytes after it.
-            Ok(_) => src.attr(&rel).and_then(|v| v.lines().next().map(|l| l.trim().to_string())).filter(|v| !v.is_empty()),
+            Ok(_) => {
+                src.attr(&rel).and_then(|v| v.lines().next().map(|l| l.trim().to_string())).filter(|v| !v.is_empty())
+            }
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                 root_only.push(name.to_string());
                 src.problem(&rel, ProblemKind::PermissionDenied, "readable by root only");

@@ -96,11 +96,21 @@ pub fn compute(pci: &[PciDevice], gpus: &Gpus, nics: &[Nic], rdma: &[RdmaDevice]
     }
 
     let switch_links = |i: usize| -> u32 {
-        gpus.devices.get(i).map_or(0, |g| g.nvlinks.iter().filter(|l| l.active && l.remote_type == RemoteType::Nvswitch).count() as u32)
+        gpus.devices.get(i).map_or(0, |g| {
+            g.nvlinks.iter().filter(|l| l.active && l.remote_type == RemoteType::Nvswitch).count() as u32
+        })
     };
     let direct_links = |i: usize, j: usize| -> u32 {
         let (Some(a), Some(b)) = (gpus.devices.get(i), gpus.devices.get(j)) else { return 0 };
-        a.nvlinks.iter().filter(|l| l.active && l.remote_type == RemoteType::Gpu && l.remote_bus_id == b.pci_address && b.pci_address.is_some()).count() as u32
+        a.nvlinks
+            .iter()
+            .filter(|l| {
+                l.active
+                    && l.remote_type == RemoteType::Gpu
+                    && l.remote_bus_id == b.pci_address
+                    && b.pci_address.is_some()
+            })
+            .count() as u32
     };
     let n = devices.len();
     let mut matrix = vec![vec![String::new(); n]; n];
