@@ -186,8 +186,7 @@ fn live_nics_resolve_to_their_pci_function() {
         let expected = target
             .components()
             .filter_map(|c| c.as_os_str().to_str())
-            .filter(|c| c.len() >= 12 && c.as_bytes()[4] == b':' && c.contains('.'))
-            .next_back()
+            .rfind(|c| c.len() >= 12 && c.as_bytes()[4] == b':' && c.contains('.'))
             .map(str::to_string);
         assert_eq!(nic["pci_address"].as_str().map(str::to_string), expected, "{name}");
         if let Some(addr) = &expected {

@@ -143,9 +143,9 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
                 rfc3339(t + 600)
             );
             let mut samples = String::new();
-            for m in 0..spec.metrics {
+            for (m, level) in levels.iter().enumerate().take(spec.metrics) {
                 let good = if higher(m) { factor } else { 1.0 / factor };
-                let v = levels[m] * (1.0 + c as f64 * 0.1) * good * (1.0 + 0.01 * gauss(&mut s));
+                let v = level * (1.0 + c as f64 * 0.1) * good * (1.0 + 0.01 * gauss(&mut s));
                 let _ = write!(
                     out,
                     r#"{}["{}",{v:.6},"u","{}"]"#,

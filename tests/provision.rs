@@ -10,19 +10,28 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::lab::{wheel, Lab};
-use crate::util::{kiln, Run};
+use crate::util::{self, kiln, Run};
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
-/// Applying needs root (dpkg chowns files); CI runs as root. Elsewhere these tests say so and stop.
-fn need_root(test: &str) -> bool {
-    if !is_root() {
-        eprintln!("{test}: SKIPPED — applying packages needs root (CI runs as root)");
-    }
-    is_root()
+/// Applying needs root (dpkg chowns files) and Debian's packaging tools, plus what `extra` names;
+/// CI runs as root with all of them. Elsewhere these tests say what they skipped and stop.
+fn need_root(test: &str, extra: &[Option<String>]) -> bool {
+    let mut missing = vec![
+        util::root("applying packages chowns files"),
+        util::program("dpkg-deb", "dpkg"),
+        util::program("apt-get", "apt"),
+    ];
+    missing.extend(extra.iter().cloned());
+    util::needs(test, &missing.into_iter().flatten().collect::<Vec<_>>())
+}
+
+/// python3 with its venv module, for the virtualenv tests.
+fn python_venv() -> Option<String> {
+    let ok = Command::new("python3").args(["-c", "import venv, ensurepip"]).output().is_ok_and(|o| o.status.success());
+    (!ok).then(|| "python3 with venv and ensurepip (Debian packages python3, python3-venv)".to_string())
 }
 
 /// The lab driven through the `kiln` binary, with the lab's database.
@@ -102,7 +111,7 @@ fn apt_spec(lab: &Lab, hello: &str, shows: &str) -> PathBuf {
 
 #[test]
 fn apt_install_idempotence_drift_verify_and_upgrade() {
-    if !need_root("apt_install_idempotence_drift_verify_and_upgrade") {
+    if !need_root("apt_install_idempotence_drift_verify_and_upgrade", &[]) {
         return;
     }
     let lab = Lab::new();
@@ -231,7 +240,7 @@ fn apt_install_idempotence_drift_verify_and_upgrade() {
 /// against it below another root; a key file holding a second key passes only the pinned one to apt.
 #[test]
 fn signed_repository_with_a_pinned_key() {
-    if !need_root("signed_repository_with_a_pinned_key") {
+    if !need_root("signed_repository_with_a_pinned_key", &[util::program("gpg", "gnupg")]) {
         return;
     }
     let lab = Lab::new();
@@ -310,7 +319,7 @@ fn signed_repository_with_a_pinned_key() {
 
 #[test]
 fn python_venv_from_local_wheels_with_hashes() {
-    if !need_root("python_venv_from_local_wheels_with_hashes") {
+    if !need_root("python_venv_from_local_wheels_with_hashes", &[python_venv()]) {
         return;
     }
     let lab = Lab::new();
@@ -375,7 +384,7 @@ fn python_venv_from_local_wheels_with_hashes() {
 
 #[test]
 fn killed_apply_resumes_and_the_journal_tells_the_story() {
-    if !need_root("killed_apply_resumes_and_the_journal_tells_the_story") {
+    if !need_root("killed_apply_resumes_and_the_journal_tells_the_story", &[]) {
         return;
     }
     let lab = Lab::new();
@@ -495,6 +504,12 @@ fn apply_needs_root_and_says_so_before_doing_anything() {
     let bin = env!("CARGO_BIN_EXE_kiln");
     let root = lab.root();
     let args = ["provision", "apply", spec.to_str().unwrap(), "--root", root.to_str().unwrap()];
+    if !util::needs(
+        "apply_needs_root_and_says_so_before_doing_anything",
+        &util::program("setpriv", "util-linux").filter(|_| is_root()).into_iter().collect::<Vec<_>>(),
+    ) {
+        return;
+    }
     let output = if is_root() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(lab.path(), std::fs::Permissions::from_mode(0o755)).unwrap();

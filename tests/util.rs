@@ -170,3 +170,32 @@ pub fn unpack_ttar(archive: &Path, dest: &Path) {
         }
     }
 }
+
+/// Whether a test may run: `missing` lists what it needs and this machine lacks (system programs,
+/// root). Where something is missing the test says what it skipped and why, and passes — unless
+/// `KILN_TEST_REQUIRE_ALL=1` (set by `.ci/run` after installing everything), where it fails.
+#[track_caller]
+pub fn needs(test: &str, missing: &[String]) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let what = missing.join(", ");
+    assert!(
+        std::env::var_os("KILN_TEST_REQUIRE_ALL").is_none_or(|v| v != "1"),
+        "{test}: needs {what} (KILN_TEST_REQUIRE_ALL=1 forbids skipping)"
+    );
+    eprintln!("{test}: SKIPPED — needs {what}");
+    false
+}
+
+/// `program` unless it is on the PATH: for [`needs`].
+pub fn program(program: &str, package: &str) -> Option<String> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()));
+    (!found).then(|| format!("{program} (Debian package {package})"))
+}
+
+/// "root" unless the tests run as root: for [`needs`].
+pub fn root(why: &str) -> Option<String> {
+    (!nix::unistd::geteuid().is_root()).then(|| format!("root ({why})"))
+}

@@ -197,15 +197,43 @@ pub struct ConfigSummary {
     pub metrics: Vec<MetricSummary>,
 }
 
+/// What a fleet question cannot be answered for, in words a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("{0:?} is not a duration such as 30d, 12h or 2w")]
+    Duration(String),
+    #[error("{0:?}: the unit must be s, m, h, d or w")]
+    DurationUnit(String),
+    #[error("prices: {0}")]
+    Prices(String),
+    #[error("{0:?} names no configuration, host or software stack in the database")]
+    NoSubject(String),
+    #[error(
+        "{text:?} is ambiguous ({count} matches: {examples}); give more characters or a prefix config:, host: or \
+         software:"
+    )]
+    Ambiguous { text: String, count: usize, examples: String },
+    #[error("compare two of a kind: two configurations, two hosts or two software stacks")]
+    Mixed,
+    #[error("no {what} matches {needle:?}")]
+    NoMatch { what: &'static str, needle: String },
+    #[error("{needle:?} matches {count} {what}s; give more of the {by}")]
+    Several { what: &'static str, needle: String, count: usize, by: &'static str },
+    #[error("the run's host is not in the database")]
+    RunWithoutHost,
+    #[error(transparent)]
+    Db(#[from] kiln_db::DbError),
+}
+
 /// Prices per configuration, from a TOML file: `"<config fingerprint, or its name>" = 250000`.
-pub fn parse_prices(text: &str) -> Result<BTreeMap<String, f64>, String> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+pub fn parse_prices(text: &str) -> Result<BTreeMap<String, f64>, FleetError> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| FleetError::Prices(e.to_string()))?;
     let mut out = BTreeMap::new();
     for (k, v) in table {
         let price = v
             .as_float()
             .or_else(|| v.as_integer().map(|i| i as f64))
-            .ok_or_else(|| format!("price of {k:?} must be a number"))?;
+            .ok_or_else(|| FleetError::Prices(format!("price of {k:?} must be a number")))?;
         out.insert(k, price);
     }
     Ok(out)
@@ -282,7 +310,7 @@ pub enum Subject {
 
 /// Resolves a name: a configuration (fingerprint prefix or exact name), a host (id prefix or host
 /// name) or a software stack (fingerprint prefix). `config:`, `host:`, `software:` force the kind.
-pub fn resolve(fleet: &Fleet, text: &str) -> Result<(Subject, String), String> {
+pub fn resolve(fleet: &Fleet, text: &str) -> Result<(Subject, String), FleetError> {
     let (kind, needle) = match text.split_once(':') {
         Some((k @ ("config" | "host" | "software"), rest)) => (Some(k), rest),
         _ => (None, text),
@@ -326,12 +354,23 @@ pub fn resolve(fleet: &Fleet, text: &str) -> Result<(Subject, String), String> {
         }
     }
     match found.len() {
-        0 => Err(format!("{text:?} names no configuration, host or software stack in the database")),
-        1 => Ok(found.pop().unwrap()),
-        n => Err(format!(
-            "{text:?} is ambiguous ({n} matches: {}); give more characters or a prefix config:, host: or software:",
-            found.iter().take(5).map(|f| f.1.clone()).collect::<Vec<_>>().join("; ")
-        )),
+        0 => Err(match kind {
+            Some(kind) => FleetError::NoMatch {
+                what: match kind {
+                    "config" => "configuration",
+                    "host" => "host",
+                    _ => "software stack",
+                },
+                needle: needle.to_string(),
+            },
+            None => FleetError::NoSubject(text.to_string()),
+        }),
+        1 => Ok(found.pop().expect("one")),
+        n => Err(FleetError::Ambiguous {
+            text: text.to_string(),
+            count: n,
+            examples: found.iter().take(5).map(|f| f.1.clone()).collect::<Vec<_>>().join("; "),
+        }),
     }
 }
 
@@ -385,7 +424,7 @@ pub fn compare_two(
     b: &Subject,
     filter: &Filter,
     noise: f64,
-) -> Result<Vec<CompareRow>, String> {
+) -> Result<Vec<CompareRow>, FleetError> {
     let groups = by_group(fleet, filter);
     // The context held equal (config/software/host parts that are not the subject) → values per side.
     type Side = Vec<f64>;
@@ -420,7 +459,7 @@ pub fn compare_two(
                 let pick = |h: usize| hosts.iter().find(|v| v.host == h).map(|v| v.values.clone()).unwrap_or_default();
                 (software_ctx(), pick(*ha), pick(*hb))
             }
-            _ => return Err("compare two of a kind: two configurations, two hosts or two software stacks".into()),
+            _ => return Err(FleetError::Mixed),
         };
         // For hosts and configs the configuration may differ between sides; the key drops it.
         let key = (g.benchmark.clone(), g.bench_config.clone(), g.metric.clone(), context);
@@ -653,8 +692,7 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
     let mut out = Vec::new();
     // Host series: merge a host's keys that differ only by software or configuration.
     type SeriesId = (String, String, String);
-    let mut config_nights: BTreeMap<(String, SeriesId), (String, String, Direction, BTreeMap<i64, Vec<f64>>)> =
-        BTreeMap::new();
+    let mut config_nights: BTreeMap<(String, SeriesId), (String, String, Direction, Vec<(i64, f64)>)> = BTreeMap::new();
     for (h, host) in fleet.hosts.iter().enumerate() {
         let mut merged: BTreeMap<SeriesId, (String, String, Direction, String, Vec<(i64, uuid::Uuid, f64)>)> =
             BTreeMap::new();
@@ -667,9 +705,9 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
             let e = merged.entry(id.clone()).or_insert_with(|| {
                 (key.unit.clone(), key.config_fingerprint.clone(), key.direction, key.config_name.clone(), vec![])
             });
-            let nights = &mut config_nights
+            let config_points = &mut config_nights
                 .entry((key.config_fingerprint.clone(), id))
-                .or_insert_with(|| (key.config_name.clone(), key.unit.clone(), key.direction, BTreeMap::new()))
+                .or_insert_with(|| (key.config_name.clone(), key.unit.clone(), key.direction, Vec::new()))
                 .3;
             for &(run, value) in &s.points {
                 let r = &host.data.runs[run as usize];
@@ -677,7 +715,7 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
                     continue;
                 }
                 e.4.push((r.t, r.run_id, value));
-                nights.entry(r.t.div_euclid(86_400)).or_default().push(value);
+                config_points.push((r.t, value));
             }
         }
         for ((benchmark, _, metric), (unit, config, direction, config_name, mut points)) in merged {
@@ -714,8 +752,8 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
             }
         }
     }
-    for ((config, (benchmark, _, metric)), (config_name, unit, direction, nights)) in config_nights {
-        let series: Vec<(i64, f64)> = nights.into_iter().map(|(day, v)| (day * 86_400, median(&v))).collect();
+    for ((config, (benchmark, _, metric)), (config_name, unit, direction, points)) in config_nights {
+        let series = nightly_medians(points);
         let values: Vec<f64> = series.iter().map(|p| p.1).collect();
         if let Some(change) = detect(&values, noise, 0x636f6e66) {
             if is_worse(direction, change.ratio) {
@@ -744,18 +782,27 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
     out
 }
 
+/// The median of each UTC day's values, at the day's start: a configuration's nightly series.
+pub fn nightly_medians(points: impl IntoIterator<Item = (i64, f64)>) -> Vec<(i64, f64)> {
+    let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for (t, v) in points {
+        nights.entry(t.div_euclid(86_400)).or_default().push(v);
+    }
+    nights.into_iter().map(|(day, v)| (day * 86_400, median(&v))).collect()
+}
+
 /// `30d`, `12h`, `2w`, `90m` → seconds.
-pub fn parse_duration(text: &str) -> Result<i64, String> {
+pub fn parse_duration(text: &str) -> Result<i64, FleetError> {
     let t = text.trim();
     let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: i64 = num.parse().map_err(|_| format!("{text:?} is not a duration such as 30d, 12h or 2w"))?;
+    let n: i64 = num.parse().map_err(|_| FleetError::Duration(text.to_string()))?;
     let mult = match unit {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" | "" => 86_400,
         "w" => 7 * 86_400,
-        _ => return Err(format!("{text:?}: the unit must be s, m, h, d or w")),
+        _ => return Err(FleetError::DurationUnit(text.to_string())),
     };
     Ok(n * mult)
 }
@@ -905,8 +952,8 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
-        assert_eq!(parse_duration("12h"), Ok(12 * 3600));
+        assert_eq!(parse_duration("30d").unwrap(), 30 * 86_400);
+        assert_eq!(parse_duration("12h").unwrap(), 12 * 3600);
         assert!(parse_duration("soon").is_err());
     }
 }

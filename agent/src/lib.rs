@@ -1,6 +1,8 @@
-//! kiln's agent as a library: the hardware inventory and its presentation. The binary (`main.rs`)
-//! adds the command line, the database and exit codes; benchmarks and tests use this crate directly.
+//! kiln's agent as a library: the hardware inventory, benchmark adapters, fleet analysis,
+//! provisioning and their presentation, and the command line (`cli`) that the binary (`main.rs`)
+//! runs; benchmarks and tests use this crate directly.
 
+pub mod cli;
 pub mod fleet;
 pub mod fleet_view;
 pub mod inventory;

@@ -1,16 +1,16 @@
 //! `kiln provision`: finding images, printing plans, applying them with the journal in the results
-//! database, verifying, linting, and the software fingerprint. The command line (`main.rs`) parses
-//! arguments and maps the outcomes below to exit codes.
+//! database, verifying, linting, and the software fingerprint. The command line (`cli::provision`)
+//! parses arguments, owns the runtime and the store, and maps the outcomes below to exit codes.
 
 use std::io::{IsTerminal, Write};
-
-use crate::render::progress;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{bail, Context, Result};
-use kiln_db::{NewApply, Store};
-use kiln_provision::apply::{self, Applied, Event, Journal, StepResult};
+use kiln_db::{ApplyStatus, NewApply, Store};
+
+use crate::render::progress;
+use kiln_provision::apply::{self, Applied, Event, Journal, JournalError, StepResult};
 use kiln_provision::exec::{Executor, System};
 use kiln_provision::plan::{self, Facts, Plan, Step, Target};
 use kiln_provision::spec::{self, Image};
@@ -126,7 +126,7 @@ struct DbJournal<'a> {
 }
 
 impl Journal for DbJournal<'_> {
-    fn started(&mut self, seq: usize, step: &Step) -> Result<i64, String> {
+    fn started(&mut self, seq: usize, step: &Step) -> Result<i64, JournalError> {
         let command: Vec<String> = step.actions.iter().map(|a| a.display()).collect();
         self.rt
             .block_on(self.store.step_started(
@@ -137,9 +137,9 @@ impl Journal for DbJournal<'_> {
                 &command.join("\n"),
                 &self.image_hash,
             ))
-            .map_err(|e| format!("cannot journal step {seq} ({}): {e}", step.summary))
+            .map_err(|e| JournalError { what: format!("step {seq} ({})", step.summary), cause: e.to_string() })
     }
-    fn finished(&mut self, id: i64, r: &StepResult) -> Result<(), String> {
+    fn finished(&mut self, id: i64, r: &StepResult) -> Result<(), JournalError> {
         self.rt
             .block_on(self.store.step_finished(
                 id,
@@ -148,12 +148,12 @@ impl Journal for DbJournal<'_> {
                 r.duration.as_millis() as i64,
                 &r.output_tail,
             ))
-            .map_err(|e| format!("cannot journal the end of a step: {e}"))
+            .map_err(|e| JournalError { what: "the end of a step".into(), cause: e.to_string() })
     }
 }
 
 /// An exclusive lock on provisioning a root, released when dropped (or when kiln dies).
-pub struct RootLock(#[allow(dead_code)] std::fs::File);
+pub struct RootLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
 pub fn lock_root(target: &Target) -> Result<RootLock> {
     let path = target.path("/var/lib/kiln/provision.lock");
@@ -165,25 +165,43 @@ pub fn lock_root(target: &Target) -> Result<RootLock> {
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let Ok(file) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) else {
         bail!(
             "another kiln is provisioning {} (it holds {}); wait for it to finish",
             target.root.display(),
             path.display()
         );
-    }
+    };
     Ok(RootLock(file))
 }
 
 pub struct ApplyOptions<'a> {
     /// The image as the user named it, for the commands we suggest.
     pub image_arg: &'a str,
-    pub db: &'a Path,
     pub resume: bool,
     pub json: bool,
     pub verbose: bool,
+}
+
+/// How an apply ended: as journaled, or unchanged (nothing to do, nothing journaled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApplyResult {
+    Unchanged,
+    Succeeded,
+    Failed,
+    Interrupted,
+}
+
+impl ApplyResult {
+    /// The journal's word for it (an unchanged apply is never journaled).
+    fn journaled(self) -> ApplyStatus {
+        match self {
+            ApplyResult::Unchanged | ApplyResult::Succeeded => ApplyStatus::Succeeded,
+            ApplyResult::Failed => ApplyStatus::Failed,
+            ApplyResult::Interrupted => ApplyStatus::Interrupted,
+        }
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -191,7 +209,7 @@ pub struct ApplyReport {
     pub apply_id: Option<String>,
     pub image: String,
     pub root: PathBuf,
-    pub status: String,
+    pub status: ApplyResult,
     pub steps_done: usize,
     pub steps_planned: usize,
     pub resumed: bool,
@@ -211,28 +229,40 @@ pub struct FailedStep {
     pub output_tail: String,
 }
 
-/// Applies an image for real: root required, journal in `db`, one step at a time.
-pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted: &AtomicBool) -> Result<ApplyReport> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+/// What must hold before an apply touches anything: root, a target directory, and the lock on it
+/// (held until the returned guard drops).
+///
+/// # Errors
+/// Not root, no such directory, another kiln provisioning the same root.
+pub fn prepare_apply(root: &Path) -> Result<RootLock> {
+    if !nix::unistd::geteuid().is_root() {
         bail!(
-            "kiln provision apply needs root: it installs packages and writes below {}. Run it with sudo, or add --dry-run to see what it would do",
+            "kiln provision apply needs root: it installs packages and writes below {}. Run it with sudo, or add \
+             --dry-run to see what it would do",
             root.display()
         );
     }
-    let target = Target::new(root);
     if !root.is_dir() {
         bail!("{}: the target root is not a directory", root.display());
     }
-    let _lock = lock_root(&target)?;
-    let rt =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-    let mut store = rt.block_on(Store::open(opts.db))?;
+    lock_root(&Target::new(root))
+}
+
+/// Applies an image for real, one step at a time, journaled in `store`; call [`prepare_apply`]
+/// first and hold its lock.
+pub fn apply_image(
+    image: &Image,
+    root: &Path,
+    opts: &ApplyOptions,
+    interrupted: &AtomicBool,
+    rt: &tokio::runtime::Runtime,
+    store: &mut Store,
+) -> Result<ApplyReport> {
     let root_key = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()).display().to_string();
     let unfinished = rt.block_on(store.unfinished_apply(image.name(), &root_key))?;
     // A 'running' apply whose kiln is gone (we hold the lock, so it is) crashed.
     if let Some(u) = &unfinished {
-        if !opts.resume && matches!(u.status.as_str(), "running" | "interrupted") {
+        if !opts.resume && matches!(u.status, ApplyStatus::Running | ApplyStatus::Interrupted) {
             bail!(
                 "the last apply of {} to {} (started {}, journal {}) did not finish: kiln was killed or interrupted. \
                  Run `kiln provision apply {}{} --resume` to continue it (steps already done are not repeated)",
@@ -251,7 +281,7 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
         apply_id: None,
         image: plan.image.clone(),
         root: root.to_path_buf(),
-        status: String::new(),
+        status: ApplyResult::Unchanged,
         steps_done: 0,
         steps_planned: plan.steps.len(),
         resumed: false,
@@ -261,44 +291,70 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
     };
     let resuming = opts.resume && unfinished.is_some();
     if plan.steps.is_empty() && !resuming {
-        report.status = "unchanged".into();
         report.unchanged_plan = Some(render_plan(&plan, "to apply"));
-        rt.block_on(store.close())?;
         return Ok(report);
     }
-    let (apply_id, first_seq) = if let (true, Some(u)) = (opts.resume, &unfinished) {
-        let (dangling, next) = rt.block_on(store.resume_apply(&u.id, &image.hash))?;
-        report.resumed = true;
-        report.interrupted_steps = dangling.iter().map(|s| s.summary.clone()).collect();
-        if !opts.json {
-            for s in &dangling {
-                progress(&format!(
-                    "step {} ({}) was interrupted when kiln stopped; it runs again if still needed",
-                    s.seq, s.summary
-                ));
+    let (apply_id, first_seq) = match unfinished.as_ref().filter(|_| opts.resume) {
+        Some(u) => {
+            let (dangling, next) = rt.block_on(store.resume_apply(&u.id, &image.hash))?;
+            report.resumed = true;
+            report.interrupted_steps = dangling.iter().map(|s| s.summary.clone()).collect();
+            if !opts.json {
+                for s in &dangling {
+                    progress(&format!(
+                        "step {} ({}) was interrupted when kiln stopped; it runs again if still needed",
+                        s.seq, s.summary
+                    ));
+                }
             }
+            (u.id.clone(), next as usize)
         }
-        (u.id.clone(), next as usize)
-    } else {
-        if opts.resume && !opts.json {
-            progress(&format!("nothing to resume for {}: starting a new apply", image.name()));
+        None => {
+            if opts.resume && !opts.json {
+                progress(&format!("nothing to resume for {}: starting a new apply", image.name()));
+            }
+            let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string());
+            let id = rt.block_on(store.begin_apply(&NewApply {
+                image: plan.image.clone(),
+                image_version: plan.image_version.clone(),
+                image_hash: plan.image_hash.clone(),
+                root: root_key.clone(),
+                hostname,
+            }))?;
+            (id, 1)
         }
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string());
-        let id = rt.block_on(store.begin_apply(&NewApply {
-            image: plan.image.clone(),
-            image_version: plan.image_version.clone(),
-            image_hash: plan.image_hash.clone(),
-            root: root_key.clone(),
-            hostname,
-        }))?;
-        (id, 1)
     };
     report.apply_id = Some(apply_id.clone());
+    let mut journal = DbJournal { rt, store, apply_id: apply_id.clone(), image_hash: image.hash.clone() };
+    let outcome = apply::apply(&plan, first_seq, &mut exec, &mut journal, interrupted, &mut step_events(opts));
+    let (status, done) = match &outcome {
+        Ok(Applied::Done { steps }) => (ApplyResult::Succeeded, *steps),
+        Ok(Applied::Failed { done, step, result }) => {
+            report.failed_step = Some(FailedStep {
+                summary: step.summary.clone(),
+                command: step.actions.iter().map(|a| a.display()).collect::<Vec<_>>().join("\n"),
+                exit_code: result.exit_code,
+                output_tail: result.output_tail.clone(),
+            });
+            (ApplyResult::Failed, *done)
+        }
+        Ok(Applied::Interrupted { done }) => (ApplyResult::Interrupted, *done),
+        Err(_) => (ApplyResult::Failed, 0),
+    };
+    let closed = rt.block_on(store.finish_apply(&apply_id, status.journaled()));
+    outcome.map_err(|e| anyhow::anyhow!("{e}; the apply stopped (journal {})", &apply_id[..8]))?;
+    closed?;
+    report.status = status;
+    report.steps_done = done;
+    Ok(report)
+}
+
+/// What people see while steps run: each step's name on a terminal (or with `-v`), and with `-v`
+/// its output as it comes.
+fn step_events(opts: &ApplyOptions) -> impl FnMut(Event) {
     let terminal = std::io::stderr().is_terminal() && !opts.json;
     let verbose = opts.verbose && !opts.json;
-    let mut journal =
-        DbJournal { rt: &rt, store: &mut store, apply_id: apply_id.clone(), image_hash: image.hash.clone() };
-    let outcome = apply::apply(&plan, first_seq, &mut exec, &mut journal, interrupted, &mut |event| match event {
+    move |event| match event {
         Event::Starting { index, total, step } => {
             if terminal || verbose {
                 eprintln!("kiln: [{}/{total}] {}", index + 1, step.summary);
@@ -314,28 +370,7 @@ pub fn apply_image(image: &Image, root: &Path, opts: &ApplyOptions, interrupted:
                 eprintln!("kiln:        done in {:.1} s", result.duration.as_secs_f64());
             }
         }
-    });
-    let (status, done) = match &outcome {
-        Ok(Applied::Done { steps }) => ("succeeded", *steps),
-        Ok(Applied::Failed { done, step, result }) => {
-            report.failed_step = Some(FailedStep {
-                summary: step.summary.clone(),
-                command: step.actions.iter().map(|a| a.display()).collect::<Vec<_>>().join("\n"),
-                exit_code: result.exit_code,
-                output_tail: result.output_tail.clone(),
-            });
-            ("failed", *done)
-        }
-        Ok(Applied::Interrupted { done }) => ("interrupted", *done),
-        Err(_) => ("failed", 0),
-    };
-    let closed = rt.block_on(store.finish_apply(&apply_id, status));
-    rt.block_on(store.close())?;
-    let _ = outcome.map_err(|e| anyhow::anyhow!("{e}; the apply stopped (journal {})", &apply_id[..8]))?;
-    closed?;
-    report.status = status.into();
-    report.steps_done = done;
-    Ok(report)
+    }
 }
 
 fn root_arg(root: &Path) -> String {
@@ -349,8 +384,8 @@ fn root_arg(root: &Path) -> String {
 pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
     let again = format!("kiln provision apply {image_arg}{} --resume", root_arg(&report.root));
     let journal = report.apply_id.as_deref().map(|id| &id[..8]).unwrap_or("-");
-    match report.status.as_str() {
-        "succeeded" => format!(
+    match report.status {
+        ApplyResult::Succeeded => format!(
             "{}: applied {} step{} to {}{} (journal {journal})\n",
             report.image,
             report.steps_done,
@@ -358,7 +393,7 @@ pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
             report.root.display(),
             if report.resumed { ", resuming the interrupted apply" } else { "" }
         ),
-        "failed" => {
+        ApplyResult::Failed => {
             let mut s = format!(
                 "{}: step {} of {} failed; the steps before it are applied (journal {journal})\n",
                 report.image,
@@ -379,11 +414,11 @@ pub fn render_apply(report: &ApplyReport, image_arg: &str) -> String {
             }
             s
         }
-        "interrupted" => format!(
+        ApplyResult::Interrupted => format!(
             "{}: interrupted after {} of {} steps (journal {journal}); run `{again}` to finish\n",
             report.image, report.steps_done, report.steps_planned
         ),
-        _ => report.unchanged_plan.clone().unwrap_or_default(),
+        ApplyResult::Unchanged => report.unchanged_plan.clone().unwrap_or_default(),
     }
 }
 
@@ -433,7 +468,7 @@ pub fn verify(image: &Image, root: &Path) -> Result<Verification> {
         let check = c.get_ref();
         let cmd = plan::command_in(&target, &facts, check.run.get_ref());
         let (ok, detail) = match exec.probe(&cmd) {
-            Err(e) => (false, format!("cannot run: {e}")),
+            Err(e) => (false, format!("cannot run {}: {e}", cmd.argv.first().map_or("", String::as_str))),
             Ok(out) => {
                 let first = out.stdout.lines().next().unwrap_or("").to_string();
                 if let Some(want) = &check.contains {

@@ -285,10 +285,48 @@ fn devices(out: &mut String, inv: &Inventory) {
     }
 }
 
-/// Progress for people: on stderr, and only when stderr is a terminal.
-pub fn progress(message: &str) {
-    use std::io::IsTerminal;
-    if std::io::stderr().is_terminal() {
-        eprintln!("kiln: {message}");
+/// Progress for people, the one mechanism every command uses: on stderr, and only when stderr is
+/// a terminal (a script or a pipe sees nothing). `update` overwrites one status line in place;
+/// `say` leaves a line.
+pub struct Progress {
+    enabled: bool,
+}
+
+impl Progress {
+    pub fn new() -> Progress {
+        use std::io::IsTerminal;
+        Progress { enabled: std::io::stderr().is_terminal() }
     }
+
+    /// Replaces the status line.
+    pub fn update(&self, text: &str) {
+        if self.enabled {
+            eprint!("\r\x1b[2Kkiln: {text}");
+        }
+    }
+
+    /// Clears the status line.
+    pub fn finish(&self) {
+        if self.enabled {
+            eprint!("\r\x1b[2K");
+        }
+    }
+
+    /// A line that stays.
+    pub fn say(&self, text: &str) {
+        if self.enabled {
+            eprintln!("\r\x1b[2Kkiln: {text}");
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One line of progress (see [`Progress::say`]).
+pub fn progress(message: &str) {
+    Progress::new().say(message);
 }

@@ -1,23 +1,17 @@
 //! `kiln report`: one host, configuration or run against the fleet, as a self-contained HTML page
 //! (inline CSS and SVG, no scripts, no external assets) or as Markdown for a ticket.
 //!
-//! The report is built once (`build`) as plain data — sections of text, tables and charts — and
+//! The report's evidence is read once (`gather`), then built (`build`, pure) as plain data — sections of text, tables and charts — and
 //! then written either way, so that both say the same thing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use kiln_bench::stats::{median, percentile_sorted};
-use kiln_db::{Direction, Fleet, Store};
+use kiln_db::{Direction, Fleet, RunDetail, Store};
 
-use crate::fleet::{self, by_group, detect, Filter, HostValues};
+use crate::fleet::{self, by_group, detect, Filter, FleetError, HostValues, Subject};
 use crate::fleet_view::{num, pct, short};
-
-pub enum Subject {
-    Host(String),
-    Config(String),
-    Run(String),
-}
 
 #[derive(Debug, Clone)]
 pub enum Chart {
@@ -51,17 +45,6 @@ const STRIP_MAX: usize = 400;
 fn host_label(fleet: &Fleet, h: usize) -> String {
     let host = &fleet.hosts[h];
     host.hostname.clone().unwrap_or_else(|| host.id[..8.min(host.id.len())].to_string())
-}
-
-fn find_host(fleet: &Fleet, needle: &str) -> Result<usize, String> {
-    let hits: Vec<usize> = (0..fleet.hosts.len())
-        .filter(|&i| fleet.hosts[i].id.starts_with(needle) || fleet.hosts[i].hostname.as_deref() == Some(needle))
-        .collect();
-    match hits.as_slice() {
-        [one] => Ok(*one),
-        [] => Err(format!("no host matches {needle:?}")),
-        _ => Err(format!("{needle:?} matches {} hosts; give more of the id", hits.len())),
-    }
 }
 
 fn distribution_table_row(
@@ -101,323 +84,323 @@ fn distribution_table_row(
     row
 }
 
-/// Gathers everything a report shows.
-pub async fn build(store: &mut Store, subject: &Subject, since: i64) -> kiln_db::Result<Result<Report, String>> {
+/// Everything a report shows, read from the store once; the sections are built from it without
+/// further I/O.
+pub struct Evidence {
+    pub fleet: Fleet,
+    /// The start of the window, seconds since the epoch.
+    pub since: i64,
+    /// A host (index into `fleet.hosts`) or a configuration (fingerprint).
+    pub subject: Subject,
+    /// The run asked for (`--run`).
+    pub run: Option<RunDetail>,
+    /// The host's latest inventory: (collected at, document).
+    pub inventory: Option<(String, String)>,
+    /// The run whose telemetry is drawn: the one asked for, or the host's latest.
+    pub telemetry: Option<RunDetail>,
+}
+
+/// Reads what a report on `asked` needs: `host:NEEDLE`, `config:NEEDLE` (resolved as
+/// `kiln compare` resolves its subjects) or `run:ID`.
+///
+/// # Errors
+/// A subject that matches nothing, or several things; a database error.
+pub async fn gather(store: &mut Store, asked: &str, since: i64) -> Result<Evidence, FleetError> {
     let fleet = store.fleet(Some(since)).await?;
-    let filter = Filter { since: Some(since), metric: None, across_software: false };
-    let groups = by_group(&fleet, &filter);
-    let mut sections = Vec::new();
-    let title;
-    match subject {
-        Subject::Host(needle) | Subject::Run(needle) => {
-            let (h, run) = match subject {
-                Subject::Host(_) => match find_host(&fleet, needle) {
-                    Ok(h) => (h, None),
-                    Err(e) => return Ok(Err(e)),
-                },
-                _ => {
-                    let detail = match store.run(needle).await {
-                        Ok(d) => d,
-                        Err(e) => return Ok(Err(e.to_string())),
-                    };
-                    let Some(h) = fleet.hosts.iter().position(|x| x.id == detail.run.host_id) else {
-                        return Ok(Err("the run's host is not in the database".into()));
-                    };
-                    (h, Some(detail))
-                }
-            };
-            let host = &fleet.hosts[h];
-            title = match &run {
-                Some(r) => format!("Run {} ({} on {})", short(&r.run.id), r.run.benchmark, host_label(&fleet, h)),
-                None => format!("Host {}", host_label(&fleet, h)),
-            };
-            let mut overview = Section { heading: "Overview".into(), ..Default::default() };
-            overview.text.push(format!(
-                "Host {} ({}), configuration {} ({}).",
-                host_label(&fleet, h),
-                host.id,
-                host.config_name,
-                short(&host.config_fingerprint)
-            ));
-            if let Some(r) = &run {
-                overview.text.push(format!(
-                    "Run {} of {}, started {}, status {}.",
-                    r.run.id, r.run.benchmark, r.run.started_at, r.run.status
-                ));
-            } else {
-                overview.text.push(format!("{} runs stored for this host.", host.data.runs.len()));
-            }
-            sections.push(overview);
-            if let Some((collected, doc)) = store.latest_inventory(&host.id).await? {
-                let mut s = Section { heading: "Inventory".into(), ..Default::default() };
-                s.text.push(format!("Collected {collected}."));
-                s.preformatted = Some(match serde_json::from_str::<crate::inventory::Inventory>(&doc) {
-                    Ok(inv) => crate::render::summary(&inv),
-                    Err(_) => "(an inventory document this kiln cannot read)".into(),
-                });
-                sections.push(s);
-            }
-            // Results against the fleet: the groups this host (or run) has values in.
-            let mut results = Section { heading: "Results against the fleet".into(), ..Default::default() };
-            results.text.push("Each plot: the configuration's hosts (one dot per host, the median of its runs), the box from p25 to p75 with the median, whiskers at p10 and p90; the marked value is this host's.".into());
-            let mut rows = Vec::new();
-            // Per metric, the group of the host's latest run (its current software stack); when
-            // too few hosts share that stack, the configuration's hosts on every stack.
-            let merged = by_group(&fleet, &Filter { since: Some(since), metric: None, across_software: true });
-            let mut latest: BTreeMap<(String, String, String), (&fleet::Group, i64)> = BTreeMap::new();
-            for (g, (_, hosts)) in &groups {
-                if let Some(mine) = hosts.iter().find(|v| v.host == h) {
-                    let k = (g.benchmark.clone(), g.bench_config.clone(), g.metric.clone());
-                    if latest.get(&k).is_none_or(|(_, t)| mine.last_t > *t) {
-                        latest.insert(k, (g, mine.last_t));
-                    }
-                }
-            }
-            let mut pooled = Vec::new();
-            let mut lonely = 0;
-            for (g, _) in latest.values() {
-                let Some(current) = groups[*g].1.iter().find(|v| v.host == h).map(HostValues::median) else { continue };
-                let (mut info, mut hosts, mut label_g) = (&groups[*g].0, &groups[*g].1, (*g).clone());
-                if hosts.len() < 3 {
-                    let wide = fleet::Group { software: String::new(), ..(*g).clone() };
-                    if let Some((i, hs)) = merged.get(&wide) {
-                        if hs.len() >= 3 {
-                            pooled.push(format!("{}:{}", g.benchmark, g.metric));
-                            (info, hosts, label_g) = (i, hs, wide);
-                        } else {
-                            lonely = lonely.max(hs.len());
-                        }
-                    }
-                }
-                let value = match &run {
-                    Some(r) if r.run.benchmark == g.benchmark => {
-                        match r.run.metrics.iter().find(|m| m.name == g.metric) {
-                            Some(m) => m.value,
-                            None => continue,
-                        }
-                    }
-                    Some(_) => continue,
-                    None => current,
-                };
-                let values: Vec<f64> = hosts.iter().map(HostValues::median).collect();
-                let name = format!(
-                    "{}:{}{}",
-                    label_g.benchmark,
-                    label_g.metric,
-                    if label_g.software.is_empty() && !g.software.is_empty() { " (all stacks)" } else { "" }
-                );
-                rows.push(distribution_table_row(&name, &info.unit, info.direction, &values, Some(value)));
-                results.charts.push(Chart::Distribution {
-                    title: format!("{name} — {} hosts", values.len()),
-                    unit: info.unit.clone(),
-                    direction: info.direction,
-                    values,
-                    mark: Some((if run.is_some() { "this run".into() } else { "this host".into() }, value)),
-                });
-            }
-            if lonely > 0 {
-                results.text.push(format!(
-                    "Only {lonely} host{} of this configuration {} results here: a fleet distribution needs at least 3 (import other hosts' results with `kiln import`).",
-                    if lonely == 1 { "" } else { "s" },
-                    if lonely == 1 { "has" } else { "have" }
-                ));
-            }
-            if !pooled.is_empty() {
-                results.text.push(format!(
-                    "Fewer than 3 hosts run this host's current software stack for {}: compared with the configuration's hosts on every stack.",
-                    if pooled.len() > 3 { format!("{} metrics", pooled.len()) } else { pooled.join(", ") }
-                ));
-            }
-            results.table = Some((
-                ["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"]
-                    .map(String::from)
-                    .to_vec(),
-                rows,
-            ));
-            sections.push(results);
-            if run.is_none() {
-                // History, merged across software like `kiln regressions`, with the change marked.
-                let mut history = Section { heading: "History".into(), ..Default::default() };
-                let mut merged: BTreeMap<(String, String), (String, Vec<(i64, f64)>)> = BTreeMap::new();
-                for s in &host.data.series {
-                    let Some(key) = fleet.keys.get(&s.key) else { continue };
-                    let e = merged
-                        .entry((key.benchmark.clone(), key.metric.clone()))
-                        .or_insert_with(|| (key.unit.clone(), vec![]));
-                    for &(r, v) in &s.points {
-                        let t = host.data.runs[r as usize].t;
-                        if t >= since {
-                            e.1.push((t, v));
-                        }
-                    }
-                }
-                for ((benchmark, metric), (unit, mut points)) in merged {
-                    points.sort_by_key(|p| p.0);
-                    let values: Vec<f64> = points.iter().map(|p| p.1).collect();
-                    let change = detect(&values, fleet::NOISE, 7);
-                    if let Some(c) = &change {
-                        history.text.push(format!(
-                            "{benchmark}:{metric} changed {} on {} ({} → {} {unit}).",
-                            pct(c.ratio),
-                            crate::timefmt::rfc3339(points[c.at].0),
-                            num(c.before),
-                            num(c.after)
-                        ));
-                    }
-                    history.charts.push(Chart::History {
-                        title: format!("{benchmark}:{metric}"),
-                        unit,
-                        points,
-                        change_at: change.map(|c| c.at),
-                    });
-                }
-                if history.text.is_empty() {
-                    history.text.push("No step changes beyond the noise threshold.".into());
-                }
-                sections.push(history);
-            }
-            // Telemetry of the run (or the host's latest run).
-            let run_id =
-                run.as_ref().map(|r| r.run.id.clone()).or_else(|| host.data.runs.last().map(|r| r.run_id.to_string()));
-            if let Some(id) = run_id {
-                let detail = match &run {
-                    Some(r) => Some(r.clone()),
-                    None => store.run(&id).await.ok(),
-                };
-                if let Some(d) = detail {
-                    sections.push(telemetry_section(&d));
-                }
-            }
+    let (subject, run) = match asked.strip_prefix("run:") {
+        Some(id) => {
+            let detail = store.run(id).await?;
+            let h = fleet.hosts.iter().position(|x| x.id == detail.run.host_id).ok_or(FleetError::RunWithoutHost)?;
+            (Subject::Host(h), Some(detail))
         }
-        Subject::Config(needle) => {
-            let matches: Vec<&kiln_db::SeriesKey> = fleet
-                .keys
-                .values()
-                .filter(|k| k.config_fingerprint.starts_with(needle.as_str()) || &k.config_name == needle)
-                .collect();
-            let fps: std::collections::BTreeSet<&str> = matches.iter().map(|k| k.config_fingerprint.as_str()).collect();
-            let fp = match fps.len() {
-                1 => fps.into_iter().next().unwrap().to_string(),
-                0 => return Ok(Err(format!("no configuration matches {needle:?}"))),
-                n => return Ok(Err(format!("{needle:?} matches {n} configurations; give more of the fingerprint"))),
-            };
-            let name =
-                matches.iter().find(|k| k.config_fingerprint == fp).map(|k| k.config_name.clone()).unwrap_or_default();
-            title = format!("Configuration {name}");
-            let hosts: std::collections::BTreeSet<usize> = groups
-                .iter()
-                .filter(|(g, _)| g.config_fingerprint == fp)
-                .flat_map(|(_, (_, hs))| hs.iter().map(|h| h.host))
-                .collect();
-            let mut overview = Section { heading: "Overview".into(), ..Default::default() };
-            overview.text.push(format!(
-                "{name} ({fp}): {} hosts with results since {}.",
-                hosts.len(),
-                crate::timefmt::rfc3339(since)
-            ));
-            sections.push(overview);
-            let mut results = Section { heading: "Distribution over hosts".into(), ..Default::default() };
-            let mut rows = Vec::new();
-            let mut history = Section { heading: "Nightly median".into(), ..Default::default() };
-            for (g, (info, hs)) in groups.iter().filter(|(g, _)| g.config_fingerprint == fp) {
-                let values: Vec<f64> = hs.iter().map(HostValues::median).collect();
-                let label = format!(
-                    "{}:{}{}",
-                    g.benchmark,
-                    g.metric,
-                    if g.software.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" [{}]", &g.software[..g.software.len().min(6)])
-                    }
-                );
-                rows.push(distribution_table_row(&label, &info.unit, info.direction, &values, None));
-                results.charts.push(Chart::Distribution {
-                    title: format!("{label} — {} hosts", values.len()),
-                    unit: info.unit.clone(),
-                    direction: info.direction,
-                    values,
-                    mark: None,
-                });
-                let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-                for hv in hs {
-                    let host = &fleet.hosts[hv.host];
-                    for s in &host.data.series {
-                        let Some(k) = fleet.keys.get(&s.key) else { continue };
-                        if k.config_fingerprint != g.config_fingerprint
-                            || k.benchmark != g.benchmark
-                            || k.metric != g.metric
-                            || k.software_fingerprint != g.software
-                            || k.bench_config != g.bench_config
-                        {
-                            continue;
-                        }
-                        for &(r, v) in &s.points {
-                            let t = host.data.runs[r as usize].t;
-                            if t >= since {
-                                nights.entry(t.div_euclid(86_400)).or_default().push(v);
-                            }
-                        }
-                    }
-                }
-                let points: Vec<(i64, f64)> = nights.into_iter().map(|(d, v)| (d * 86_400, median(&v))).collect();
-                let values: Vec<f64> = points.iter().map(|p| p.1).collect();
-                let change = detect(&values, fleet::NOISE, 7);
-                if let Some(c) = &change {
-                    history.text.push(format!(
-                        "{label} changed {} on {} ({} → {} {}).",
-                        pct(c.ratio),
-                        crate::timefmt::rfc3339(points[c.at].0),
-                        num(c.before),
-                        num(c.after),
-                        info.unit
-                    ));
-                }
-                history.charts.push(Chart::History {
-                    title: label,
-                    unit: info.unit.clone(),
-                    points,
-                    change_at: change.map(|c| c.at),
-                });
+        None => match fleet::resolve(&fleet, asked)? {
+            (Subject::Software(_), _) => return Err(FleetError::Mixed),
+            (subject, _) => (subject, None),
+        },
+    };
+    let (mut inventory, mut telemetry) = (None, run.clone());
+    if let Subject::Host(h) = subject {
+        let host = &fleet.hosts[h];
+        inventory = store.latest_inventory(&host.id).await?;
+        if telemetry.is_none() {
+            if let Some(latest) = host.data.runs.last() {
+                telemetry = store.run(&latest.run_id.to_string()).await.ok();
             }
-            results.table =
-                Some((["metric", "unit", "better", "p10", "median", "p90", "hosts"].map(String::from).to_vec(), rows));
-            sections.push(results);
-            if history.text.is_empty() {
-                history.text.push("No step changes beyond the noise threshold.".into());
-            }
-            sections.push(history);
-            let outs: Vec<fleet::Outlier> = fleet::outliers(&fleet, &filter, 3.5, fleet::MIN_DEVIATION)
-                .into_iter()
-                .filter(|o| o.group.config_fingerprint == fp)
-                .collect();
-            let mut s = Section { heading: "Outlier hosts".into(), ..Default::default() };
-            if outs.is_empty() {
-                s.text.push("None: no host beyond |z| 3.5 and 5 % from the configuration's median.".into());
-            } else {
-                let rows = outs
-                    .iter()
-                    .map(|o| {
-                        vec![
-                            o.host.label(),
-                            format!("{}:{}", o.group.benchmark, o.group.metric),
-                            num(o.host.value),
-                            num(o.group_median),
-                            pct(1.0 + o.deviation),
-                            format!("{:+.1}", o.z),
-                            if o.worse { "worse".into() } else { "better".into() },
-                        ]
-                    })
-                    .collect();
-                s.table = Some((
-                    ["host", "metric", "value", "median", "deviation", "z", ""].map(String::from).to_vec(),
-                    rows,
-                ));
-            }
-            sections.push(s);
         }
     }
-    Ok(Ok(Report { title, generated_at: crate::timefmt::now_rfc3339(), sections }))
+    Ok(Evidence { fleet, since, subject, run, inventory, telemetry })
+}
+
+/// The report from its evidence: pure, so that the same evidence gives the same report.
+pub fn build(e: &Evidence) -> Report {
+    let filter = Filter { since: Some(e.since), metric: None, across_software: false };
+    let groups = by_group(&e.fleet, &filter);
+    let (title, sections) = match &e.subject {
+        Subject::Host(h) => host_report(e, *h, &groups),
+        Subject::Config(fp) => config_report(e, fp, &groups, &filter),
+        Subject::Software(_) => unreachable!("gather refuses software stacks"),
+    };
+    Report { title, generated_at: crate::timefmt::now_rfc3339(), sections }
+}
+
+type Groups = BTreeMap<fleet::Group, (fleet::GroupInfo, Vec<HostValues>)>;
+
+fn host_report(e: &Evidence, h: usize, groups: &Groups) -> (String, Vec<Section>) {
+    let (fleet, run) = (&e.fleet, e.run.as_ref());
+    let host = &fleet.hosts[h];
+    let title = match run {
+        Some(r) => format!("Run {} ({} on {})", short(&r.run.id), r.run.benchmark, host_label(fleet, h)),
+        None => format!("Host {}", host_label(fleet, h)),
+    };
+    let mut overview = Section { heading: "Overview".into(), ..Default::default() };
+    overview.text.push(format!(
+        "Host {} ({}), configuration {} ({}).",
+        host_label(fleet, h),
+        host.id,
+        host.config_name,
+        short(&host.config_fingerprint)
+    ));
+    overview.text.push(match run {
+        Some(r) => {
+            format!("Run {} of {}, started {}, status {}.", r.run.id, r.run.benchmark, r.run.started_at, r.run.status)
+        }
+        None => format!("{} runs stored for this host.", host.data.runs.len()),
+    });
+    let mut sections = vec![overview];
+    if let Some((collected, doc)) = &e.inventory {
+        let mut s = Section { heading: "Inventory".into(), ..Default::default() };
+        s.text.push(format!("Collected {collected}."));
+        s.preformatted = Some(match serde_json::from_str::<crate::inventory::Inventory>(doc) {
+            Ok(inv) => crate::render::summary(&inv),
+            Err(_) => "(an inventory document this kiln cannot read)".into(),
+        });
+        sections.push(s);
+    }
+    sections.push(host_results(e, h, groups));
+    if run.is_none() {
+        sections.push(host_history(e, h));
+    }
+    if let Some(d) = &e.telemetry {
+        sections.push(telemetry_section(d));
+    }
+    (title, sections)
+}
+
+/// Results against the fleet: per metric, the group of the host's latest run (its current
+/// software stack); when too few hosts share that stack, the configuration's hosts on every stack.
+fn host_results(e: &Evidence, h: usize, groups: &Groups) -> Section {
+    let (fleet, run) = (&e.fleet, e.run.as_ref());
+    let mut results = Section { heading: "Results against the fleet".into(), ..Default::default() };
+    results.text.push(
+        "Each plot: the configuration's hosts (one dot per host, the median of its runs), the box from p25 to p75 \
+         with the median, whiskers at p10 and p90; the marked value is this host's."
+            .into(),
+    );
+    let mut rows = Vec::new();
+    let merged = by_group(fleet, &Filter { since: Some(e.since), metric: None, across_software: true });
+    let mut latest: BTreeMap<(String, String, String), (&fleet::Group, i64)> = BTreeMap::new();
+    for (g, (_, hosts)) in groups {
+        if let Some(mine) = hosts.iter().find(|v| v.host == h) {
+            let k = (g.benchmark.clone(), g.bench_config.clone(), g.metric.clone());
+            if latest.get(&k).is_none_or(|(_, t)| mine.last_t > *t) {
+                latest.insert(k, (g, mine.last_t));
+            }
+        }
+    }
+    let mut pooled = Vec::new();
+    let mut lonely = 0;
+    for (g, _) in latest.values() {
+        let Some(current) = groups[*g].1.iter().find(|v| v.host == h).map(HostValues::median) else { continue };
+        let (mut info, mut hosts, mut label_g) = (&groups[*g].0, &groups[*g].1, (*g).clone());
+        if hosts.len() < 3 {
+            let wide = fleet::Group { software: String::new(), ..(*g).clone() };
+            if let Some((i, hs)) = merged.get(&wide) {
+                if hs.len() >= 3 {
+                    pooled.push(format!("{}:{}", g.benchmark, g.metric));
+                    (info, hosts, label_g) = (i, hs, wide);
+                } else {
+                    lonely = lonely.max(hs.len());
+                }
+            }
+        }
+        let value = match run {
+            Some(r) if r.run.benchmark == g.benchmark => match r.run.metrics.iter().find(|m| m.name == g.metric) {
+                Some(m) => m.value,
+                None => continue,
+            },
+            Some(_) => continue,
+            None => current,
+        };
+        let values: Vec<f64> = hosts.iter().map(HostValues::median).collect();
+        let all_stacks = if label_g.software.is_empty() && !g.software.is_empty() { " (all stacks)" } else { "" };
+        let name = format!("{}:{}{all_stacks}", label_g.benchmark, label_g.metric);
+        rows.push(distribution_table_row(&name, &info.unit, info.direction, &values, Some(value)));
+        results.charts.push(Chart::Distribution {
+            title: format!("{name} — {} hosts", values.len()),
+            unit: info.unit.clone(),
+            direction: info.direction,
+            values,
+            mark: Some((if run.is_some() { "this run".into() } else { "this host".into() }, value)),
+        });
+    }
+    if lonely > 0 {
+        results.text.push(format!(
+            "Only {lonely} host{} of this configuration {} results here: a fleet distribution needs at least 3 \
+             (import other hosts' results with `kiln import`).",
+            if lonely == 1 { "" } else { "s" },
+            if lonely == 1 { "has" } else { "have" }
+        ));
+    }
+    if !pooled.is_empty() {
+        results.text.push(format!(
+            "Fewer than 3 hosts run this host's current software stack for {}: compared with the configuration's \
+             hosts on every stack.",
+            if pooled.len() > 3 { format!("{} metrics", pooled.len()) } else { pooled.join(", ") }
+        ));
+    }
+    let columns =
+        ["metric", "unit", "better", "value", "percentile", "fleet p10", "fleet median", "fleet p90", "hosts"];
+    results.table = Some((columns.map(String::from).to_vec(), rows));
+    results
+}
+
+/// A history chart per series, the detected change marked and said in words.
+fn history_chart(section: &mut Section, label: String, unit: &str, points: Vec<(i64, f64)>) {
+    let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+    let change = detect(&values, fleet::NOISE, 7);
+    if let Some(c) = &change {
+        section.text.push(format!(
+            "{label} changed {} on {} ({} → {} {unit}).",
+            pct(c.ratio),
+            crate::timefmt::rfc3339(points[c.at].0),
+            num(c.before),
+            num(c.after)
+        ));
+    }
+    section.charts.push(Chart::History {
+        title: label,
+        unit: unit.to_string(),
+        points,
+        change_at: change.map(|c| c.at),
+    });
+}
+
+/// The host's series, merged across software like `kiln regressions`, with the change marked.
+fn host_history(e: &Evidence, h: usize) -> Section {
+    let (fleet, host) = (&e.fleet, &e.fleet.hosts[h]);
+    let mut history = Section { heading: "History".into(), ..Default::default() };
+    let mut merged: BTreeMap<(String, String), (String, Vec<(i64, f64)>)> = BTreeMap::new();
+    for s in &host.data.series {
+        let Some(key) = fleet.keys.get(&s.key) else { continue };
+        let e_ =
+            merged.entry((key.benchmark.clone(), key.metric.clone())).or_insert_with(|| (key.unit.clone(), vec![]));
+        for &(r, v) in &s.points {
+            let t = host.data.runs[r as usize].t;
+            if t >= e.since {
+                e_.1.push((t, v));
+            }
+        }
+    }
+    for ((benchmark, metric), (unit, mut points)) in merged {
+        points.sort_by_key(|p| p.0);
+        history_chart(&mut history, format!("{benchmark}:{metric}"), &unit, points);
+    }
+    if history.text.is_empty() {
+        history.text.push("No step changes beyond the noise threshold.".into());
+    }
+    history
+}
+
+fn config_report(e: &Evidence, fp: &str, groups: &Groups, filter: &Filter) -> (String, Vec<Section>) {
+    let fleet = &e.fleet;
+    let name =
+        fleet.keys.values().find(|k| k.config_fingerprint == fp).map(|k| k.config_name.clone()).unwrap_or_default();
+    let mine = || groups.iter().filter(|(g, _)| g.config_fingerprint == fp);
+    let hosts: std::collections::BTreeSet<usize> = mine().flat_map(|(_, (_, hs))| hs.iter().map(|h| h.host)).collect();
+    let mut overview = Section { heading: "Overview".into(), ..Default::default() };
+    overview.text.push(format!(
+        "{name} ({fp}): {} hosts with results since {}.",
+        hosts.len(),
+        crate::timefmt::rfc3339(e.since)
+    ));
+    let mut results = Section { heading: "Distribution over hosts".into(), ..Default::default() };
+    let mut rows = Vec::new();
+    let mut history = Section { heading: "Nightly median".into(), ..Default::default() };
+    for (g, (info, hs)) in mine() {
+        let values: Vec<f64> = hs.iter().map(HostValues::median).collect();
+        let stack = if g.software.is_empty() { String::new() } else { format!(" [{}]", short6(&g.software)) };
+        let label = format!("{}:{}{stack}", g.benchmark, g.metric);
+        rows.push(distribution_table_row(&label, &info.unit, info.direction, &values, None));
+        results.charts.push(Chart::Distribution {
+            title: format!("{label} — {} hosts", values.len()),
+            unit: info.unit.clone(),
+            direction: info.direction,
+            values,
+            mark: None,
+        });
+        let points = fleet::nightly_medians(group_points(fleet, g, hs, e.since));
+        history_chart(&mut history, label, &info.unit, points);
+    }
+    results.table =
+        Some((["metric", "unit", "better", "p10", "median", "p90", "hosts"].map(String::from).to_vec(), rows));
+    if history.text.is_empty() {
+        history.text.push("No step changes beyond the noise threshold.".into());
+    }
+    let sections = vec![overview, results, history, outlier_section(fleet, fp, filter)];
+    (format!("Configuration {name}"), sections)
+}
+
+fn short6(s: &str) -> &str {
+    &s[..s.len().min(6)]
+}
+
+/// Every (time, value) of a group's hosts since `since`.
+fn group_points(fleet: &Fleet, g: &fleet::Group, hosts: &[HostValues], since: i64) -> Vec<(i64, f64)> {
+    let mut out = Vec::new();
+    for hv in hosts {
+        let host = &fleet.hosts[hv.host];
+        for s in &host.data.series {
+            let Some(k) = fleet.keys.get(&s.key) else { continue };
+            if k.config_fingerprint != g.config_fingerprint
+                || k.benchmark != g.benchmark
+                || k.metric != g.metric
+                || k.software_fingerprint != g.software
+                || k.bench_config != g.bench_config
+            {
+                continue;
+            }
+            out.extend(s.points.iter().map(|&(r, v)| (host.data.runs[r as usize].t, v)).filter(|p| p.0 >= since));
+        }
+    }
+    out
+}
+
+fn outlier_section(fleet: &Fleet, fp: &str, filter: &Filter) -> Section {
+    let outs: Vec<fleet::Outlier> = fleet::outliers(fleet, filter, 3.5, fleet::MIN_DEVIATION)
+        .into_iter()
+        .filter(|o| o.group.config_fingerprint == fp)
+        .collect();
+    let mut s = Section { heading: "Outlier hosts".into(), ..Default::default() };
+    if outs.is_empty() {
+        s.text.push("None: no host beyond |z| 3.5 and 5 % from the configuration's median.".into());
+        return s;
+    }
+    let rows = outs
+        .iter()
+        .map(|o| {
+            vec![
+                o.host.label(),
+                format!("{}:{}", o.group.benchmark, o.group.metric),
+                num(o.host.value),
+                num(o.group_median),
+                pct(1.0 + o.deviation),
+                format!("{:+.1}", o.z),
+                if o.worse { "worse".into() } else { "better".into() },
+            ]
+        })
+        .collect();
+    s.table = Some((["host", "metric", "value", "median", "deviation", "z", ""].map(String::from).to_vec(), rows));
+    s
 }
 
 fn telemetry_section(d: &kiln_db::RunDetail) -> Section {

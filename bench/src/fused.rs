@@ -464,6 +464,7 @@ struct Out {
 // SAFETY: tasks write disjoint elements through `Out` (each head its own columns and rows), and
 // the buffer outlives the parallel loop that uses it.
 unsafe impl Send for Out {}
+// SAFETY: as for Send: shared references only ever write disjoint elements.
 unsafe impl Sync for Out {}
 
 impl Out {
@@ -491,27 +492,31 @@ unsafe fn gemm(m: usize, n: usize, k: usize, dst: Dst, lhs: &Mat, rhs: &Mat, bet
     lhs.check(m, k, lhs.data.len());
     rhs.check(k, n, rhs.data.len());
     mat(&[], dst.offset, dst.row_stride, 1).check(m, n, dst.out.len);
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst.out.ptr.add(dst.offset),
-        1,
-        dst.row_stride as isize,
-        false,
-        lhs.data.as_ptr().add(lhs.offset),
-        lhs.col_stride as isize,
-        lhs.row_stride as isize,
-        rhs.data.as_ptr().add(rhs.offset),
-        rhs.col_stride as isize,
-        rhs.row_stride as isize,
-        0.0,
-        beta,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    );
+    // SAFETY: the checks above keep every element read and written inside its buffer; the caller
+    // guarantees no other thread touches the elements written.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.out.ptr.add(dst.offset),
+            1,
+            dst.row_stride as isize,
+            false,
+            lhs.data.as_ptr().add(lhs.offset),
+            lhs.col_stride as isize,
+            lhs.row_stride as isize,
+            rhs.data.as_ptr().add(rhs.offset),
+            rhs.col_stride as isize,
+            rhs.row_stride as isize,
+            0.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 multiversion! {

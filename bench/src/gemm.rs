@@ -56,7 +56,8 @@ unsafe fn fma_chains_avx2(iterations: u64) -> f32 {
     let mut out = [0f32; 8];
     let mut sum = 0.0;
     for x in acc {
-        _mm256_storeu_ps(out.as_mut_ptr(), x);
+        // SAFETY: `out` holds the 8 floats the store writes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), x) };
         sum += out.iter().sum::<f32>();
     }
     sum

@@ -79,18 +79,33 @@ impl Config {
         })
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.d_model.is_multiple_of(self.heads) {
-            return Err(format!("d_model {} is not a multiple of heads {}", self.d_model, self.heads));
-        }
+    /// # Errors
+    /// A size that is zero or does not fit the others.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if [self.vocab, self.d_model, self.layers, self.heads, self.seq, self.batch, self.steps].contains(&0) {
-            return Err("every size must be positive".to_string());
+            return Err(ConfigError::Zero);
+        }
+        if !self.d_model.is_multiple_of(self.heads) {
+            return Err(ConfigError::Heads { d_model: self.d_model, heads: self.heads });
         }
         if self.vocab < 8 {
-            return Err("vocab must be at least 8 for the corpus to have structure".to_string());
+            return Err(ConfigError::Vocab(self.vocab));
         }
         Ok(())
     }
+}
+
+/// A training configuration that cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("d_model {d_model} is not a multiple of heads {heads}")]
+    Heads { d_model: usize, heads: usize },
+    #[error("every size must be positive")]
+    Zero,
+    #[error("vocab {0} is too small: it must be at least 8 for the corpus to have structure")]
+    Vocab(usize),
+    #[error("unknown kernels {0:?}: choose fused or composed")]
+    Kernels(String),
 }
 
 /// A deterministic corpus with learnable structure: a first-order Markov chain in which every
@@ -153,13 +168,13 @@ pub enum Kernels {
 }
 
 impl std::str::FromStr for Kernels {
-    type Err = String;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Kernels, String> {
+    fn from_str(s: &str) -> Result<Kernels, ConfigError> {
         match s {
             "fused" => Ok(Kernels::Fused),
             "composed" => Ok(Kernels::Composed),
-            _ => Err(format!("unknown kernels {s:?}: choose fused or composed")),
+            _ => Err(ConfigError::Kernels(s.to_string())),
         }
     }
 }
@@ -383,6 +398,7 @@ pub struct Report {
 fn peak_rss_bytes() -> Option<u64> {
     // SAFETY: rusage is plain data that getrusage fills.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only into `usage`, which lives across the call.
     (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0).then(|| usage.ru_maxrss as u64 * 1024)
 }
 
@@ -553,7 +569,7 @@ pub fn run(
     peak_flops: Option<f64>,
     mut progress: impl FnMut(usize, usize, f64),
 ) -> candle_core::Result<Report> {
-    config.validate().map_err(candle_core::Error::Msg)?;
+    config.validate().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let device = Device::Cpu;
     let varmap = VarMap::new();
     let model = Gpt::new(config, SeededParams::builder(&varmap, config.seed, &device), &device)?;

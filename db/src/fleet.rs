@@ -408,7 +408,7 @@ struct RunRec {
     config: String,
     started_at: String,
     finished_at: Option<String>,
-    status: String,
+    status: crate::RunStatus,
     #[serde(default)]
     metrics: Vec<(String, f64, String, String)>,
     #[serde(default)]
@@ -1066,7 +1066,7 @@ impl Store {
                     .push_bind(config)
                     .push_bind(started_at)
                     .push_bind(finished_at)
-                    .push_bind(status);
+                    .push_bind(status.as_str());
             });
             q.build().execute(&mut *tx).await.map_err(&err)?;
         }
@@ -1097,7 +1097,7 @@ impl Store {
                 else {
                     return None;
                 };
-                if !matches!(status.as_str(), "ok" | "unstable") {
+                if !status.is_result() {
                     return None;
                 }
                 let (cfp, cname) = r

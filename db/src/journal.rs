@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use crate::{like_prefix, DbError, Result, Store};
+use crate::{like_prefix, ApplyStatus, DbError, Result, StepStatus, Store};
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -28,7 +28,7 @@ pub struct ApplyRow {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub resumes: i64,
-    pub status: String,
+    pub status: ApplyStatus,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -40,7 +40,7 @@ pub struct StepRow {
     pub image_hash: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    pub status: String,
+    pub status: StepStatus,
     pub exit_code: Option<i64>,
     pub duration_ms: Option<i64>,
     pub output_tail: Option<String>,
@@ -93,7 +93,7 @@ impl Store {
         .fetch_optional(&mut self.conn)
         .await
         .map_err(self.sql_err())?;
-        Ok(row.map(|r| apply_row(&r)).filter(|a| a.status != "succeeded"))
+        Ok(row.map(|r| apply_row(&r)).filter(|a| a.status != ApplyStatus::Succeeded))
     }
 
     /// Continues an apply: steps a dead kiln left 'started' become 'interrupted'; returns them and
@@ -161,7 +161,7 @@ impl Store {
         sqlx::query(&format!(
             "UPDATE provision_steps SET status = ?, exit_code = ?, duration_ms = ?, output_tail = ?, finished_at = {NOW} WHERE id = ?"
         ))
-        .bind(if ok { "succeeded" } else { "failed" })
+        .bind(if ok { StepStatus::Succeeded } else { StepStatus::Failed }.as_str())
         .bind(exit_code)
         .bind(duration_ms)
         .bind(output_tail)
@@ -172,9 +172,9 @@ impl Store {
         Ok(())
     }
 
-    pub async fn finish_apply(&mut self, id: &str, status: &str) -> Result<()> {
+    pub async fn finish_apply(&mut self, id: &str, status: ApplyStatus) -> Result<()> {
         sqlx::query(&format!("UPDATE provision_applies SET status = ?, finished_at = {NOW} WHERE id = ?"))
-            .bind(status)
+            .bind(status.as_str())
             .bind(id)
             .execute(&mut self.conn)
             .await

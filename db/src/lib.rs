@@ -14,12 +14,14 @@ use sqlx::{ConnectOptions, Connection, Row};
 
 mod fleet;
 mod journal;
+mod status;
 mod values;
 pub use fleet::{
     mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series,
     SeriesKey, EXPORT_VERSION,
 };
 pub use journal::{ApplyRow, NewApply, StepRow};
+pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
@@ -142,7 +144,7 @@ pub struct NewRun {
     pub config: String,
     pub started_at: String,
     pub finished_at: String,
-    pub status: String,
+    pub status: RunStatus,
     pub metrics: Vec<Metric>,
     /// (metric, repetition, value): every raw sample behind the metrics.
     pub samples: Vec<(String, i64, f64)>,
@@ -156,10 +158,12 @@ pub struct RunRow {
     pub host_id: String,
     pub hostname: Option<String>,
     pub benchmark: String,
+    /// The benchmark's exact configuration, a JSON document (an object in the row's JSON).
+    #[serde(serialize_with = "as_json")]
     pub config: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    pub status: String,
+    pub status: RunStatus,
     pub metrics: Vec<Metric>,
 }
 
@@ -167,9 +171,28 @@ pub struct RunRow {
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: RunRow,
+    /// The software stack, a JSON document (an object in the row's JSON).
+    #[serde(serialize_with = "as_optional_json")]
     pub software: Option<String>,
     pub samples: Vec<(String, i64, f64)>,
     pub telemetry: Vec<(i64, String, String, f64)>,
+}
+
+/// A stored JSON document serialised as the JSON it holds, not as a string of it; text that is not
+/// JSON (never written by kiln) stays a string.
+fn as_json<S: serde::Serializer>(text: &str, s: S) -> std::result::Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    match serde_json::from_str::<&serde_json::value::RawValue>(text) {
+        Ok(raw) => raw.serialize(s),
+        Err(_) => s.serialize_str(text),
+    }
+}
+
+fn as_optional_json<S: serde::Serializer>(text: &Option<String>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match text {
+        Some(t) => as_json(t, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// SQLite allows 32766 bound values per statement; stay well under.
@@ -478,7 +501,7 @@ impl Store {
         .bind(&run.config)
         .bind(&run.started_at)
         .bind(&run.finished_at)
-        .bind(&run.status)
+        .bind(run.status.as_str())
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
@@ -506,7 +529,7 @@ impl Store {
         .fetch_one(&mut *tx)
         .await
         .map_err(&err)?;
-        if matches!(run.status.as_str(), "ok" | "unstable") {
+        if run.status.is_result() {
             let index = fleet::IndexRun {
                 host_id: &run.host_id,
                 run_id: &id,
@@ -810,7 +833,7 @@ mod tests {
             config: "{}".into(),
             started_at: "2026-12-02T10:00:00Z".into(),
             finished_at: "2026-12-02T10:00:05Z".into(),
-            status: "ok".into(),
+            status: RunStatus::Ok,
             metrics: vec![Metric {
                 name: "triad".into(),
                 value: 42.0,

@@ -11,8 +11,16 @@ use crate::plan::{Plan, Step};
 /// stops the apply: a change nobody recorded is worse than a change not made.
 pub trait Journal {
     /// Records that `step` (number `seq` of this apply) is starting; returns its record's id.
-    fn started(&mut self, seq: usize, step: &Step) -> Result<i64, String>;
-    fn finished(&mut self, id: i64, result: &StepResult) -> Result<(), String>;
+    fn started(&mut self, seq: usize, step: &Step) -> Result<i64, JournalError>;
+    fn finished(&mut self, id: i64, result: &StepResult) -> Result<(), JournalError>;
+}
+
+/// A journal that could not record a step: what it was recording and why it could not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot journal {what}: {cause}")]
+pub struct JournalError {
+    pub what: String,
+    pub cause: String,
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +57,7 @@ pub fn apply(
     journal: &mut dyn Journal,
     interrupted: &AtomicBool,
     progress: &mut dyn FnMut(Event),
-) -> Result<Applied, String> {
+) -> Result<Applied, JournalError> {
     let total = plan.steps.len();
     for (index, step) in plan.steps.iter().enumerate() {
         if interrupted.load(Ordering::SeqCst) {
@@ -97,11 +105,11 @@ mod tests {
     }
 
     impl Journal for Memory {
-        fn started(&mut self, seq: usize, step: &Step) -> Result<i64, String> {
+        fn started(&mut self, seq: usize, step: &Step) -> Result<i64, JournalError> {
             self.events.push(format!("start {seq} {}", step.key));
             Ok(seq as i64)
         }
-        fn finished(&mut self, id: i64, result: &StepResult) -> Result<(), String> {
+        fn finished(&mut self, id: i64, result: &StepResult) -> Result<(), JournalError> {
             self.events.push(format!("end {id} ok={}", result.ok));
             Ok(())
         }

@@ -642,7 +642,7 @@ fn arm_core_kinds(src: &Source, parts: &[(u32, u32, Vec<u32>)]) -> Vec<CoreKind>
                 .map(khz_to_mhz),
         })
         .collect();
-    kinds.sort_by(|a, b| b.max_mhz.cmp(&a.max_mhz));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.max_mhz));
     kinds
 }
 
@@ -693,7 +693,7 @@ fn collect_core_kinds(src: &Source, online: &[u32]) -> Vec<CoreKind> {
     }
     // The biggest cores first: highest capacity, then clock, then caches.
     let mut kinds: Vec<_> = by_signature.into_iter().collect();
-    kinds.sort_by(|a, b| b.0.cmp(&a.0));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.0));
     let count = kinds.len();
     kinds
         .into_iter()

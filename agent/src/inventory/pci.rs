@@ -163,12 +163,7 @@ pub fn is_pci_address(s: &str) -> bool {
 /// The nearest PCI function in a sysfs link target: its last PCI-address component
 /// (`../../devices/pci0000:00/0000:00:03.0/virtio2/net/eth0` -> `0000:00:03.0`).
 pub fn last_pci_address(target: &std::path::Path) -> Option<String> {
-    target
-        .components()
-        .filter_map(|c| c.as_os_str().to_str())
-        .filter(|c| is_pci_address(c))
-        .next_back()
-        .map(str::to_string)
+    target.components().filter_map(|c| c.as_os_str().to_str()).rfind(|c| is_pci_address(c)).map(str::to_string)
 }
 
 /// A sysfs `numa_node` value; -1 (no affinity) and garbage are `None`.

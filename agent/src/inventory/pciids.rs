@@ -28,7 +28,7 @@ pub struct PciIds {
     classes: usize,
 }
 
-/// The `#	Version: 2025.07.11` line of a pci.ids file.
+/// The `#<TAB>Version: 2025.07.11` line of a pci.ids file.
 pub fn version_of(text: &str) -> Option<String> {
     text.lines().take(40).find_map(|l| l.strip_prefix("#\tVersion:").map(|v| v.trim().to_string()))
 }
@@ -183,7 +183,7 @@ mod tests {
         assert_eq!(ids.subsystem(0x10de, 0x2484, 0x10de, 0x0001), None);
         assert_eq!(ids.device(0x10de, 0xffff), None);
         assert_eq!(ids.vendor(0x0002), None);
-        assert!(ids.version >= "2025.07.11".to_string());
+        assert!(ids.version.as_str() >= "2025.07.11");
     }
 
     #[test]

@@ -1,0 +1,469 @@
+//! The command line as clap sees it: every command, flag and closed set of values, validated into
+//! types before anything touches the hardware or the database.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Inventory, provision, benchmark and compare AI training servers",
+    after_help = "Exit codes: 0 success, 1 a check failed (a regression, drift, lint findings, training that \
+                  did not learn), 2 an error (bad arguments, an unreadable snapshot, a corrupt database)."
+)]
+pub struct Cli {
+    /// The results database [default: /var/lib/kiln/kiln.db as root, else ~/.local/share/kiln/kiln.db]
+    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// Print one JSON document for machines (with its `schema_version`) instead of text for people
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where and how to take the inventory.
+#[derive(Args, Clone)]
+pub struct Source {
+    /// Read DIR/proc, DIR/sys and DIR/etc instead of the live system
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    pub root: PathBuf,
+    /// The NVML library to load [default: libnvidia-ml.so.1 on the live system, none for --root]
+    #[arg(long, env = "KILN_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// List virtual network interfaces too
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// What every benchmark command shares.
+#[derive(Args, Clone, Copy)]
+pub struct Store {
+    /// Do not store the run (nor open the database)
+    #[arg(long)]
+    pub no_save: bool,
+}
+
+/// A `--since` window: 30d, 12h, 2w.
+#[derive(Args, Clone)]
+pub struct Window {
+    /// Only runs within this window (30d, 12h, 2w)
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Take the hardware inventory of this machine (or of a snapshot with --root)
+    Inventory {
+        #[command(flatten)]
+        source: Source,
+        /// Store the inventory in the results database
+        #[arg(long)]
+        save: bool,
+    },
+    /// Commission this machine: inventory, the quick benchmark suite, store, and summarise (the main job)
+    Commission {
+        #[command(flatten)]
+        source: Source,
+        /// Inventory only, no benchmarks
+        #[arg(long)]
+        no_bench: bool,
+        /// Time budget of the benchmark suite, in seconds
+        #[arg(long, value_name = "SECONDS")]
+        budget: Option<u64>,
+    },
+    /// The GPU and NIC connection matrix, like `nvidia-smi topo -m`
+    Topo {
+        #[command(flatten)]
+        source: Source,
+    },
+    /// Run a benchmark on this machine and store the run
+    Bench {
+        #[command(subcommand)]
+        what: Bench,
+    },
+    /// List the stored benchmark runs, newest first
+    Runs {
+        /// At most this many runs
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// List the hosts in the results database
+    Hosts,
+    /// Print a stored record
+    Show {
+        #[command(subcommand)]
+        what: Show,
+    },
+    /// Compare results: every configuration side by side (--by config), or two configurations, hosts or
+    /// software stacks (A B)
+    Compare {
+        /// Two of a kind: configuration (fingerprint prefix or name), host (id prefix or host name) or
+        /// software stack (fingerprint prefix); `config:`, `host:`, `software:` force the kind
+        #[arg(num_args = 0..=2, value_name = "A B")]
+        subjects: Vec<String>,
+        /// One row per configuration fingerprint
+        #[arg(long, value_enum, value_name = "WHAT")]
+        by: Option<By>,
+        /// Only this metric (`name` or `benchmark:name`)
+        #[arg(long)]
+        metric: Option<String>,
+        /// Prices per configuration (TOML: "<fingerprint or name>" = price) for perf per unit price
+        #[arg(long, value_name = "FILE")]
+        prices: Option<PathBuf>,
+        /// Merge results of different software stacks (kept apart by default)
+        #[arg(long)]
+        across_software: bool,
+        #[command(flatten)]
+        window: Window,
+        /// The noise threshold for a verdict, as a fraction
+        #[arg(long, default_value_t = crate::fleet::NOISE)]
+        noise: f64,
+    },
+    /// Hosts far from their configuration's distribution (robust z-score on the MAD), with telemetry that
+    /// may explain it
+    Outliers {
+        /// Only this metric (`name` or `benchmark:name`)
+        #[arg(long)]
+        metric: Option<String>,
+        /// |z| above which a host is an outlier
+        #[arg(long, default_value_t = 3.5)]
+        threshold: f64,
+        /// …and at least this far from the group's median, as a fraction (a tight group would otherwise
+        /// flag differences nobody acts on)
+        #[arg(long, default_value_t = crate::fleet::MIN_DEVIATION)]
+        min_deviation: f64,
+        /// Merge results of different software stacks (kept apart by default)
+        #[arg(long)]
+        across_software: bool,
+        #[command(flatten)]
+        window: Window,
+    },
+    /// Step changes for the worse in the nightly series, per host and per configuration; exit 1 when any
+    Regressions {
+        /// Look at runs within this window (30d, 12h, 2w)
+        #[arg(long, default_value = "30d", value_name = "DURATION")]
+        since: String,
+        /// Only this metric (`name` or `benchmark:name`)
+        #[arg(long)]
+        metric: Option<String>,
+        /// The noise threshold, as a fraction: smaller changes are never flagged
+        #[arg(long, default_value_t = crate::fleet::NOISE)]
+        noise: f64,
+    },
+    /// Write every host, inventory, run, metric, sample and telemetry record as JSON lines (to stdout)
+    Export {
+        #[command(flatten)]
+        window: Window,
+        /// Write to FILE instead of stdout
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Import exports (idempotent: records already here are skipped; a malformed file imports nothing);
+    /// `-` reads standard input
+    Import {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// A self-contained report with plots: a host, a configuration or a run against the fleet
+    Report {
+        /// Report on this host (id prefix or host name)
+        #[arg(long, value_name = "HOST", group = "subject")]
+        host: Option<String>,
+        /// Report on this configuration (fingerprint prefix or name)
+        #[arg(long, value_name = "CONFIG", group = "subject")]
+        config: Option<String>,
+        /// Report on this run (id or unique prefix)
+        #[arg(long, value_name = "RUN", group = "subject")]
+        run: Option<String>,
+        /// Write HTML (inline SVG, no external assets) to FILE
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Write Markdown to FILE (for a ticket)
+        #[arg(long, value_name = "FILE")]
+        markdown: Option<PathBuf>,
+        /// History and fleet results within this window (30d, 12h, 2w)
+        #[arg(long, default_value = "30d", value_name = "DURATION")]
+        since: String,
+    },
+    /// Provision from declarative image specs (images/*.toml): plan, apply, verify, status, lint, log
+    Provision {
+        #[command(subcommand)]
+        what: Provision,
+    },
+}
+
+/// How `kiln compare` groups.
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum By {
+    /// One row per configuration fingerprint
+    Config,
+}
+
+/// Which root an image targets and where image names are looked up.
+#[derive(Args)]
+pub struct ProvisionTarget {
+    /// Target another root (a chroot, an image being built) instead of this machine
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    pub root: PathBuf,
+    /// Where image names are looked up [default: ./images, <prefix>/share/kiln/images,
+    /// /usr/share/kiln/images, /etc/kiln/images]
+    #[arg(long, env = "KILN_IMAGES", value_name = "DIR")]
+    pub images: Option<PathBuf>,
+    /// Change nothing: show what would be done (plan, verify, status, lint and log never change anything)
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Provision {
+    /// What applying IMAGE would change, in order, and why
+    Plan {
+        /// An image name (images/NAME.toml) or a path to a spec
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// Make the machine match IMAGE, one journaled step at a time (needs root)
+    Apply {
+        /// An image name (images/NAME.toml) or a path to a spec
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+        /// Continue an apply that was killed, interrupted or failed, in the same journal
+        #[arg(long)]
+        resume: bool,
+        /// Stream each step's output to stderr
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Report drift from IMAGE and run its checks; exit 1 on any drift or failed check
+    Verify {
+        /// An image name (images/NAME.toml) or a path to a spec
+        image: String,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// The software fingerprint: kernel, driver, fabric manager, CUDA, NCCL, cuDNN, Python frameworks, images
+    Status {
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// Check specs for errors and NVIDIA pin consistency [default: every image in the image directory]
+    Lint {
+        /// Image names or spec paths
+        #[arg(value_name = "IMAGE")]
+        specs: Vec<String>,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+    /// The journal: recent applies, or one apply's steps
+    Log {
+        /// Only applies of this image
+        image: Option<String>,
+        /// Show this apply's steps (an id or unique prefix)
+        #[arg(long, value_name = "ID")]
+        apply: Option<String>,
+        /// At most this many applies
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        #[command(flatten)]
+        target: ProvisionTarget,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum Show {
+    /// A stored inventory, by its id or a unique prefix of it
+    Inventory {
+        /// The inventory's id or a unique prefix of it
+        id: String,
+    },
+    /// A stored run with its configuration, software stack, metrics, raw samples and telemetry
+    Run {
+        /// The run's id or a unique prefix of it
+        id: String,
+    },
+}
+
+/// Data types of the GEMM benchmark.
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    pub fn candle(self) -> candle_core::DType {
+        match self {
+            Dtype::F32 => candle_core::DType::F32,
+            Dtype::Bf16 => candle_core::DType::BF16,
+            Dtype::F16 => candle_core::DType::F16,
+        }
+    }
+}
+
+/// The training run's preset sizes.
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Size {
+    /// d_model 64, 2 layers, seq 64: seconds on a CPU (CI)
+    Tiny,
+    /// 3.3 M parameters: the model the PyTorch anchor trains
+    Anchor,
+    /// d_model 512, 8 layers, seq 256
+    Small,
+    /// GPT-2 small, 124 M parameters
+    Gpt2,
+    /// 350 M parameters
+    #[value(name = "350m")]
+    M350,
+    /// 1 B parameters
+    #[value(name = "1b")]
+    B1,
+}
+
+impl Size {
+    pub fn name(self) -> &'static str {
+        match self {
+            Size::Tiny => "tiny",
+            Size::Anchor => "anchor",
+            Size::Small => "small",
+            Size::Gpt2 => "gpt2",
+            Size::M350 => "350m",
+            Size::B1 => "1b",
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Host memory bandwidth: the STREAM kernels per NUMA node and in total
+    Membw {
+        /// Size of each of the three arrays [default: 4x the last-level caches, at least 256 MiB]
+        #[arg(long, value_name = "MIB")]
+        array_mib: Option<usize>,
+        /// Untimed rounds before the measured ones
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        /// Measured rounds
+        #[arg(long, default_value_t = 10)]
+        repetitions: usize,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// The set a commission or a nightly run uses: membw, gemm, train, disk, within a time budget
+    Suite {
+        /// The short set (under two minutes on a small VM)
+        #[arg(long)]
+        quick: bool,
+        /// Stop starting benchmarks after this many seconds
+        #[arg(long, value_name = "SECONDS")]
+        budget: Option<u64>,
+        /// Where the disk benchmark writes its temporary file [default: the temporary directory]
+        #[arg(long, value_name = "DIR")]
+        disk_path: Option<PathBuf>,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// The reference training run: a GPT-style transformer trained with AdamW (candle, on the CPU)
+    Train {
+        /// The model and batch preset; the flags below override its parts
+        #[arg(long, value_enum, default_value = "tiny")]
+        size: Size,
+        /// Transformer blocks
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Width of the residual stream
+        #[arg(long)]
+        d_model: Option<usize>,
+        /// Attention heads (must divide --d-model)
+        #[arg(long)]
+        heads: Option<usize>,
+        /// Tokens per sequence
+        #[arg(long)]
+        seq: Option<usize>,
+        /// Sequences per step
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Optimiser steps
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Seed of the corpus and the parameters (the same seed gives the same loss curve)
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only f32 on the CPU for now
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: Dtype,
+        /// fused: kiln's CPU kernels with hand-written backward passes; composed: candle's elementary ops
+        #[arg(long, default_value = "fused")]
+        kernels: kiln_bench::train::Kernels,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Dense matrix multiply per dtype and size, against the measured FMA peak
+    Gemm {
+        /// Square sizes n (n×n times n×n), comma-separated
+        #[arg(long, value_delimiter = ',', default_value = "256,512,1024,2048")]
+        sizes: Vec<usize>,
+        /// Data types, comma-separated
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "f32,bf16,f16")]
+        dtypes: Vec<Dtype>,
+        /// Measured multiplies per size
+        #[arg(long, default_value_t = 10)]
+        repetitions: usize,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Network: TCP throughput and latency to another kiln (`--serve` there, `--connect` here)
+    Net {
+        /// Serve clients on this address until idle for --idle seconds
+        #[arg(
+            long,
+            value_name = "ADDR",
+            num_args = 0..=1,
+            default_missing_value = "0.0.0.0:5201",
+            conflicts_with = "connect"
+        )]
+        serve: Option<String>,
+        /// Measure against a serving kiln
+        #[arg(long, value_name = "HOST:PORT")]
+        connect: Option<String>,
+        /// Parallel TCP streams
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        /// Seconds per repetition
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Measured repetitions
+        #[arg(long, default_value_t = 5)]
+        repetitions: usize,
+        /// The server stops after this many seconds without a connection
+        #[arg(long, default_value_t = 600)]
+        idle: u64,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Storage: sequential and 4 KiB random read/write, O_DIRECT, at several queue depths
+    Disk {
+        /// A directory (a temporary file in it, removed afterwards) or a block device
+        path: PathBuf,
+        /// Size of the test file or device region
+        #[arg(long, default_value_t = 1024, value_name = "MIB")]
+        size_mib: u64,
+        /// Seconds per test
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Queue depths for the random tests
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        qd: Vec<usize>,
+        /// Allow writing to a block device that holds a partition table or a filesystem
+        #[arg(long)]
+        destructive: bool,
+        #[command(flatten)]
+        store: Store,
+    },
+}

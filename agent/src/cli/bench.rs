@@ -1,0 +1,409 @@
+//! `kiln bench …` and `kiln commission`: run benchmarks on this host, store each run the moment it
+//! finishes, and print what was measured.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use kiln_db::{RunStatus, SavedInventory};
+use serde::Serialize;
+
+use super::args::{self, Bench, Dtype, Source};
+use super::inventory::{is_live, live_inventory, store_inventory, take_inventory};
+use super::{Ctx, Exit, Output, View};
+use crate::inventory::Inventory;
+use crate::render::progress;
+use crate::runs::{self, Outcome, Report};
+
+/// Set by SIGINT/SIGTERM so that long benchmarks stop cleanly and remove what they created.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// From now on SIGINT and SIGTERM set [`INTERRUPTED`] instead of killing kiln.
+pub fn catch_interrupts() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        if let Err(e) = unsafe { signal(sig, SigHandler::Handler(on_signal)) } {
+            tracing::warn!(%e, ?sig, "cannot catch the signal; it will stop kiln at once");
+        }
+    }
+}
+
+/// One benchmark's result: `kiln bench X --json`.
+#[derive(Serialize)]
+pub struct BenchRun<'a> {
+    pub benchmark: &'static str,
+    pub run_id: Option<String>,
+    pub status: RunStatus,
+    pub report: &'a Report,
+    #[serde(skip)]
+    pub text: &'a str,
+}
+
+impl View for BenchRun<'_> {
+    fn render(&self) -> String {
+        let mut text = self.text.to_string();
+        if let Some(id) = &self.run_id {
+            text.push_str(&format!("stored run {id}\n"));
+        }
+        text
+    }
+}
+
+/// `kiln bench suite --json`.
+#[derive(Serialize)]
+pub struct SuiteRun<'a> {
+    pub suite: &'static str,
+    pub runs: Vec<SuiteEntry<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct SuiteEntry<'a> {
+    pub benchmark: &'static str,
+    pub status: RunStatus,
+    pub run_id: Option<String>,
+    pub headline: &'a str,
+    pub report: &'a Report,
+    #[serde(skip)]
+    pub text: &'a str,
+}
+
+impl View for SuiteRun<'_> {
+    fn render(&self) -> String {
+        let mut text = String::new();
+        for r in &self.runs {
+            text.push_str(r.text);
+            if let Some(id) = &r.run_id {
+                text.push_str(&format!("stored run {id}\n"));
+            }
+            text.push('\n');
+        }
+        text
+    }
+}
+
+pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
+    match what {
+        Bench::Membw { array_mib, warmup, repetitions, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(repetitions >= 1, "--repetitions must be at least 1");
+            let inv = live_inventory()?;
+            let elements = match array_mib {
+                Some(0) => anyhow::bail!("--array-mib must be at least 1"),
+                Some(mib) => mib << 17,
+                None => runs::default_membw_elements(&inv),
+            };
+            let outcome = runs::membw(&inv, kiln_bench::membw::Config { elements, warmup, repetitions });
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Disk { path, size_mib, seconds, qd, destructive, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
+            anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
+            anyhow::ensure!(
+                !qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)),
+                "--qd takes depths from 1 to 256"
+            );
+            catch_interrupts();
+            let inv = live_inventory()?;
+            let config = kiln_bench::disk::Config { size_bytes: size_mib << 20, seconds, queue_depths: qd };
+            let outcome = runs::disk(&path, config, destructive, &INTERRUPTED)?;
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Net { serve, connect, streams, seconds, repetitions, idle, store } => {
+            if let Some(addr) = serve {
+                return serve_net(&addr, idle);
+            }
+            let Some(server) = connect else {
+                anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other")
+            };
+            anyhow::ensure!(
+                streams >= 1 && repetitions >= 1 && seconds > 0.0,
+                "--streams, --repetitions and --seconds must be positive"
+            );
+            preflight(ctx, store)?;
+            let config = kiln_bench::net::Config {
+                streams,
+                seconds_per_repetition: seconds,
+                repetitions,
+                latency_messages: 2000,
+            };
+            let outcome = runs::net(&server, config)?;
+            let inv = live_inventory()?;
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(
+                dtype == Dtype::F32,
+                "--dtype {}: the CPU run trains in f32 (bf16 arrives with the CUDA build)",
+                format!("{dtype:?}").to_lowercase()
+            );
+            let mut config = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
+            config.layers = layers.unwrap_or(config.layers);
+            config.d_model = d_model.unwrap_or(config.d_model);
+            config.heads = heads.unwrap_or(config.heads);
+            config.seq = seq.unwrap_or(config.seq);
+            config.batch = batch.unwrap_or(config.batch);
+            config.steps = steps.unwrap_or(config.steps);
+            config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
+            config.seed = seed.unwrap_or(config.seed);
+            config.kernels = kernels;
+            config.validate()?;
+            let inv = live_inventory()?;
+            let outcome = runs::train(&inv, &config)?;
+            if let Report::Train(t) = &outcome.report {
+                if !t.train.learned {
+                    let r = &t.train;
+                    eprintln!(
+                        "kiln: the model did not learn: loss {:.3} -> {:.3}, chance {:.3}; the numerics of this \
+                         machine or stack are suspect",
+                        r.loss_start, r.loss_end, r.loss_chance
+                    );
+                }
+            }
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Gemm { sizes, dtypes, repetitions, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(
+                repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1),
+                "--sizes and --repetitions must be positive"
+            );
+            let dtypes: Vec<candle_core::DType> = dtypes.iter().map(|d| d.candle()).collect();
+            let inv = live_inventory()?;
+            let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions);
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Suite { quick, budget, disk_path, store } => suite(ctx, quick, budget, disk_path, store),
+    }
+}
+
+fn serve_net(addr: &str, idle: u64) -> Result<Output> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+    // The address first, flushed: a script (or a test) reads it to learn the port.
+    let listening =
+        Output { text: format!("listening on {}", listener.local_addr()?), exit: Exit::Ok, to_stderr: false };
+    listening.print()?;
+    kiln_bench::net::serve(listener, Duration::from_secs(idle)).context("serving")?;
+    Ok(Output::empty(Exit::Ok))
+}
+
+/// Opens the database before a benchmark runs, so that a bad file stops the job before the
+/// minutes of measuring, not after.
+fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
+    if store.no_save {
+        return Ok(());
+    }
+    ctx.open_store()
+}
+
+/// Stores the run unless told not to, and prints it; a failed check exits 1.
+fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> Result<Output> {
+    let run_id = if store.no_save {
+        None
+    } else {
+        let saved = store_inventory(ctx, inv)?;
+        Some(store_outcome(ctx, inv, &saved, &outcome)?)
+    };
+    let view = BenchRun {
+        benchmark: outcome.benchmark(),
+        run_id,
+        status: outcome.status,
+        report: &outcome.report,
+        text: &outcome.text,
+    };
+    Ok(ctx.output(&view)?.with_exit(Exit::check(outcome.failed_check())))
+}
+
+/// Stores one outcome as a run against a stored inventory; returns the run's id.
+fn store_outcome(ctx: &Ctx, inv: &Inventory, saved: &SavedInventory, outcome: &Outcome) -> Result<String> {
+    let run = outcome.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone());
+    ctx.with_store(async |store| store.save_run(&run).await)
+}
+
+/// The suite's benchmarks, each stored (through `keep`) the moment it finishes.
+fn run_suite(
+    inv: &Inventory,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+    keep: &mut dyn FnMut(Outcome) -> Result<()>,
+) -> Result<()> {
+    let started = Instant::now();
+    let budget = Duration::from_secs(budget.unwrap_or(if quick { 110 } else { 1800 }));
+    let over = |name: &str| {
+        let out = started.elapsed() > budget;
+        if out {
+            eprintln!("kiln: time budget of {} s spent; {name} skipped", budget.as_secs());
+        }
+        out
+    };
+    if !over("membw") {
+        let elements = runs::default_membw_elements(inv);
+        let repetitions = if quick { 8 } else { 20 };
+        keep(runs::membw(inv, kiln_bench::membw::Config { elements, warmup: 1, repetitions }))?;
+    }
+    if !over("gemm") {
+        use candle_core::DType::{BF16, F32};
+        let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
+        let dtypes: &[candle_core::DType] = if quick { &[F32] } else { &[F32, BF16] };
+        keep(runs::gemm(inv, sizes, dtypes, if quick { 5 } else { 10 }))?;
+    }
+    if !over("train") {
+        let config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
+        keep(runs::train(inv, &config)?)?;
+    }
+    if !over("disk") && !INTERRUPTED.load(Ordering::Relaxed) {
+        let dir = disk_path.unwrap_or_else(std::env::temp_dir);
+        let config = kiln_bench::disk::Config {
+            size_bytes: if quick { 256 << 20 } else { 4 << 30 },
+            seconds: if quick { 1.0 } else { 10.0 },
+            queue_depths: vec![1, 32],
+        };
+        keep(runs::disk(&dir, config, false, &INTERRUPTED)?)?;
+    }
+    Ok(())
+}
+
+/// Runs the suite; with a store, the inventory is stored first and each run as it finishes, so
+/// that a failure or a kill later loses only the benchmark that was running.
+fn stored_suite(
+    ctx: &Ctx,
+    inv: &Inventory,
+    saved: Option<&SavedInventory>,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+) -> Result<Vec<(Outcome, Option<String>)>> {
+    let mut done = Vec::new();
+    run_suite(inv, quick, budget, disk_path, &mut |outcome| {
+        let id = saved.map(|s| store_outcome(ctx, inv, s, &outcome)).transpose()?;
+        done.push((outcome, id));
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+fn suite(
+    ctx: &Ctx,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+    store: args::Store,
+) -> Result<Output> {
+    preflight(ctx, store)?;
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let saved = if store.no_save { None } else { Some(store_inventory(ctx, &inv)?) };
+    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, disk_path)?;
+    let failed = done.iter().any(|(o, _)| o.failed_check());
+    let runs = done
+        .iter()
+        .map(|(o, id)| SuiteEntry {
+            benchmark: o.benchmark(),
+            status: o.status,
+            run_id: id.clone(),
+            headline: &o.headline,
+            report: &o.report,
+            text: &o.text,
+        })
+        .collect();
+    let view = SuiteRun { suite: if quick { "quick" } else { "full" }, runs };
+    Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
+}
+
+/// `kiln commission --json`.
+#[derive(Serialize)]
+pub struct Commission {
+    pub kind: &'static str,
+    pub inventory: Inventory,
+    pub benchmarks: Vec<CommissionRun>,
+    pub stored: Stored,
+    #[serde(skip)]
+    pub live: bool,
+}
+
+#[derive(Serialize)]
+pub struct CommissionRun {
+    pub benchmark: &'static str,
+    pub status: RunStatus,
+    pub run_id: String,
+    pub headline: String,
+}
+
+#[derive(Serialize)]
+pub struct Stored {
+    pub database: PathBuf,
+    pub inventory_id: String,
+    pub host_id: String,
+    pub new_host: bool,
+}
+
+impl View for Commission {
+    fn render(&self) -> String {
+        let mut text = crate::render::summary(&self.inventory);
+        if !self.benchmarks.is_empty() {
+            text.push_str("\nbenchmarks (quick suite)\n");
+            for b in &self.benchmarks {
+                text.push_str(&format!(
+                    "  {:<8} {:<9} {}  [run {}]\n",
+                    b.benchmark,
+                    b.status,
+                    b.headline,
+                    &b.run_id[..8]
+                ));
+            }
+        } else if !self.live {
+            text.push_str("\nbenchmarks skipped: they measure this machine, not the snapshot under --root\n");
+        }
+        let s = &self.stored;
+        text.push_str(&format!(
+            "\nstored    inventory {} for {} host {}\n          in {}\n",
+            s.inventory_id,
+            if s.new_host { "new" } else { "known" },
+            s.host_id,
+            s.database.display()
+        ));
+        text
+    }
+}
+
+/// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
+/// run stored as it finishes), the summary.
+pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, ctx: &Ctx) -> Result<Output> {
+    ctx.open_store()?;
+    progress("taking the inventory");
+    let inv = take_inventory(source)?;
+    let saved = store_inventory(ctx, &inv)?;
+    let live = is_live(source);
+    let done = if no_bench || !live {
+        Vec::new()
+    } else {
+        catch_interrupts();
+        stored_suite(ctx, &inv, Some(&saved), true, budget, None)?
+    };
+    let failed = done.iter().any(|(o, _)| o.failed_check());
+    let benchmarks = done
+        .into_iter()
+        .map(|(o, id)| CommissionRun {
+            benchmark: o.benchmark(),
+            status: o.status,
+            run_id: id.unwrap_or_default(),
+            headline: o.headline,
+        })
+        .collect();
+    let stored = Stored {
+        database: ctx.db_path()?,
+        inventory_id: saved.inventory_id,
+        host_id: saved.host_id,
+        new_host: saved.new_host,
+    };
+    let view = Commission { kind: "commission", inventory: inv, benchmarks, stored, live };
+    Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
+}

@@ -1,0 +1,184 @@
+//! Questions about the fleet in the database: `kiln compare`, `outliers`, `regressions`, `report`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::args::{By, Window};
+use super::{window_start, Ctx, Exit, Output, View};
+use crate::fleet::{self, Comparison, ConfigSummary, Filter, Outlier, Regression};
+use crate::fleet_view;
+
+/// The filter of `--since`, `--metric` and `--across-software`.
+pub fn filter(window: &Window, metric: Option<String>, across_software: bool) -> Result<Filter> {
+    let since = window.since.as_deref().map(window_start).transpose()?;
+    Ok(Filter { since, metric, across_software })
+}
+
+/// `kiln compare --by config`.
+#[derive(Serialize)]
+pub struct Configs {
+    pub configs: Vec<ConfigSummary>,
+}
+
+impl View for Configs {
+    fn render(&self) -> String {
+        fleet_view::render_configs(&self.configs)
+    }
+}
+
+impl View for Comparison {
+    fn render(&self) -> String {
+        fleet_view::render_comparison(&self.a, &self.b, self.noise, &self.rows)
+    }
+}
+
+pub fn compare(
+    subjects: &[String],
+    by: Option<By>,
+    prices: Option<&Path>,
+    filter: &Filter,
+    noise: f64,
+    ctx: &Ctx,
+) -> Result<Output> {
+    let fleet = ctx.with_store(async |store| store.fleet(filter.since).await)?;
+    match (by, subjects) {
+        (Some(By::Config), []) => {
+            let prices = match prices {
+                Some(p) => {
+                    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+                    fleet::parse_prices(&text).with_context(|| p.display().to_string())?
+                }
+                None => BTreeMap::new(),
+            };
+            ctx.output(&Configs { configs: fleet::compare_configs(&fleet, filter, &prices) })
+        }
+        (None, [a, b]) => {
+            let (sa, la) = fleet::resolve(&fleet, a)?;
+            let (sb, lb) = fleet::resolve(&fleet, b)?;
+            let rows = fleet::compare_two(&fleet, &sa, &sb, filter, noise)?;
+            ctx.output(&Comparison { a: la, b: lb, noise, rows })
+        }
+        _ => anyhow::bail!("give `--by config`, or two subjects: kiln compare A B"),
+    }
+}
+
+/// `kiln outliers`.
+#[derive(Serialize)]
+pub struct Outliers {
+    pub threshold: f64,
+    pub min_deviation: f64,
+    pub outliers: Vec<OutlierEntry>,
+}
+
+#[derive(Serialize)]
+pub struct OutlierEntry {
+    pub outlier: Outlier,
+    /// Telemetry of its last run that differs from typical hosts'.
+    pub telemetry: Vec<String>,
+}
+
+impl View for Outliers {
+    fn render(&self) -> String {
+        let found: Vec<(Outlier, Vec<String>)> =
+            self.outliers.iter().map(|e| (e.outlier.clone(), e.telemetry.clone())).collect();
+        fleet_view::render_outliers(&found, self.threshold, self.min_deviation)
+    }
+}
+
+pub fn outliers(filter: &Filter, threshold: f64, min_deviation: f64, ctx: &Ctx) -> Result<Output> {
+    let outliers = ctx.with_store(async |store| {
+        let fleet = store.fleet(filter.since).await?;
+        let mut out = Vec::new();
+        for outlier in fleet::outliers(&fleet, filter, threshold, min_deviation) {
+            let telemetry = fleet_view::outlier_telemetry(store, &outlier).await?;
+            out.push(OutlierEntry { outlier, telemetry });
+        }
+        Ok(out)
+    })?;
+    ctx.output(&Outliers { threshold, min_deviation, outliers })
+}
+
+/// `kiln regressions`.
+#[derive(Serialize)]
+pub struct Regressions {
+    pub since: String,
+    pub noise: f64,
+    pub regressions: Vec<Regression>,
+    /// The window's length in days, for the text.
+    #[serde(skip)]
+    pub days: f64,
+}
+
+impl View for Regressions {
+    fn render(&self) -> String {
+        fleet_view::render_regressions(&self.regressions, self.days)
+    }
+}
+
+pub fn regressions(since: &str, metric: Option<String>, noise: f64, ctx: &Ctx) -> Result<Output> {
+    let start = window_start(since)?;
+    let filter = Filter { since: Some(start), metric, across_software: true };
+    let regressions = ctx.with_store(async |store| {
+        let fleet = store.fleet(filter.since).await?;
+        let mut regs = fleet::regressions(&fleet, &filter, noise);
+        let mut cache = fleet_view::Explainer::default();
+        for r in regs.iter_mut() {
+            fleet_view::explain(store, &mut cache, r).await?;
+        }
+        Ok(regs)
+    })?;
+    let found = !regressions.is_empty();
+    let days = (crate::timefmt::now_unix() - start) as f64 / 86_400.0;
+    let view = Regressions { since: since.to_string(), noise, regressions, days };
+    Ok(ctx.output(&view)?.with_exit(Exit::check(found)))
+}
+
+/// `kiln report`'s arguments.
+pub struct ReportArgs {
+    pub host: Option<String>,
+    pub config: Option<String>,
+    pub run: Option<String>,
+    pub html: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+    pub since: String,
+}
+
+/// `kiln report --json`: what was written.
+#[derive(Serialize)]
+pub struct Written {
+    pub title: String,
+    pub html: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+}
+
+impl View for Written {
+    fn render(&self) -> String {
+        String::new()
+    }
+}
+
+pub fn report(args: ReportArgs, ctx: &Ctx) -> Result<Output> {
+    if args.html.is_none() && args.markdown.is_none() {
+        anyhow::bail!("say where the report goes: --html FILE and/or --markdown FILE");
+    }
+    let start = window_start(&args.since)?;
+    let asked = match (args.host, args.config, args.run) {
+        (Some(h), None, None) => format!("host:{h}"),
+        (None, Some(c), None) => format!("config:{c}"),
+        (None, None, Some(r)) => format!("run:{r}"),
+        _ => anyhow::bail!("give one of --host, --config or --run"),
+    };
+    let evidence = ctx.with_store_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
+    let report = crate::report::build(&evidence);
+    if let Some(path) = &args.html {
+        std::fs::write(path, crate::report::html(&report)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, crate::report::markdown(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    ctx.output(&Written { title: report.title, html: args.html, markdown: args.markdown })
+}

@@ -1,0 +1,257 @@
+//! The `kiln` command line: one module per command family, each `run(args, &Ctx) -> Result<Output>`.
+//! Only this module knows about clap, the tokio runtime, output formats and exit codes; `main.rs`
+//! parses, dispatches and maps the result to the process's exit status.
+//!
+//! Cross-cutting rules: every command returns a typed value that serialises to its `--json` (inside
+//! one envelope that adds `schema_version`) and renders itself for people; progress and diagnostics go
+//! to stderr; a failed check is [`Exit::CheckFailed`], an error is `Err` (exit 2).
+
+pub mod args;
+pub mod bench;
+pub mod fleet;
+pub mod inventory;
+pub mod provision;
+pub mod store;
+
+use std::cell::{OnceCell, RefCell};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use kiln_db::Store;
+use serde::Serialize;
+
+pub use args::{Cli, Command};
+
+/// The version of every `--json` document's shape. Adding a field is free; renaming or removing
+/// one bumps it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How a command ended, when it did not fail with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Exit 0.
+    Ok,
+    /// Exit 1: a check the command makes failed (a regression, drift, lint findings, training that
+    /// did not learn).
+    CheckFailed,
+    /// Exit 2 after the command has said what went wrong itself (a failed apply's story).
+    Error,
+}
+
+impl Exit {
+    /// 1 when `failed`, else 0.
+    pub fn check(failed: bool) -> Exit {
+        if failed {
+            Exit::CheckFailed
+        } else {
+            Exit::Ok
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::CheckFailed => 1,
+            Exit::Error => 2,
+        }
+    }
+}
+
+/// A command's result as people read it. Its `Serialize` form is the `--json` document.
+pub trait View: Serialize {
+    /// The text for people.
+    fn render(&self) -> String;
+    /// Whether `--json` wraps the value in the envelope. Documents that carry their own
+    /// `schema_version` (the inventory) are printed as they are.
+    const ENVELOPED: bool = true;
+}
+
+/// `{"schema_version": N, ...the value's own fields}`.
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    schema_version: u32,
+    #[serde(flatten)]
+    value: &'a T,
+}
+
+/// What a command prints, already in the format asked for, and how it exits.
+#[derive(Debug)]
+pub struct Output {
+    pub text: String,
+    pub exit: Exit,
+    /// Printed on stderr instead of stdout (a failed apply's story).
+    pub to_stderr: bool,
+}
+
+impl Output {
+    /// Nothing to print.
+    pub fn empty(exit: Exit) -> Output {
+        Output { text: String::new(), exit, to_stderr: false }
+    }
+
+    pub fn with_exit(mut self, exit: Exit) -> Output {
+        self.exit = exit;
+        self
+    }
+
+    pub fn on_stderr(mut self) -> Output {
+        self.to_stderr = true;
+        self
+    }
+
+    /// Writes the text; a closed pipe (`kiln ... | head`) surfaces as BrokenPipe and ends quietly.
+    pub fn print(&self) -> std::io::Result<()> {
+        if self.text.is_empty() {
+            return Ok(());
+        }
+        let newline = if self.text.ends_with('\n') { "" } else { "\n" };
+        if self.to_stderr {
+            let mut err = std::io::stderr().lock();
+            write!(err, "{}{newline}", self.text)?;
+            return err.flush();
+        }
+        let mut out = std::io::stdout().lock();
+        write!(out, "{}{newline}", self.text)?;
+        out.flush()
+    }
+}
+
+/// What every command may need, made once: the output format, the database path, one async
+/// runtime and one open store (both made on first use).
+pub struct Ctx {
+    db: Option<PathBuf>,
+    pub json: bool,
+    runtime: OnceCell<tokio::runtime::Runtime>,
+    store: RefCell<Option<Store>>,
+}
+
+impl Ctx {
+    pub fn new(db: Option<PathBuf>, json: bool) -> Ctx {
+        Ctx { db, json, runtime: OnceCell::new(), store: RefCell::new(None) }
+    }
+
+    /// The command's result in the format asked for (`--json` or text).
+    pub fn output<V: View>(&self, value: &V) -> Result<Output> {
+        let text = match (self.json, V::ENVELOPED) {
+            (false, _) => value.render(),
+            (true, true) => serde_json::to_string_pretty(&Envelope { schema_version: SCHEMA_VERSION, value })?,
+            (true, false) => serde_json::to_string_pretty(value)?,
+        };
+        Ok(Output { text, exit: Exit::Ok, to_stderr: false })
+    }
+
+    /// `--db`/`KILN_DB`, else the system location as root, else the user's data directory.
+    pub fn db_path(&self) -> Result<PathBuf> {
+        if let Some(path) = &self.db {
+            return Ok(path.clone());
+        }
+        if nix::unistd::geteuid().is_root() {
+            return Ok(PathBuf::from("/var/lib/kiln/kiln.db"));
+        }
+        let data = std::env::var_os("XDG_DATA_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .context("no --db given and neither XDG_DATA_HOME nor HOME is set; pass --db PATH")?;
+        Ok(data.join("kiln/kiln.db"))
+    }
+
+    /// The one async runtime (current thread), made on first use.
+    pub fn runtime(&self) -> Result<&tokio::runtime::Runtime> {
+        if let Some(rt) = self.runtime.get() {
+            return Ok(rt);
+        }
+        let rt =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+        Ok(self.runtime.get_or_init(|| rt))
+    }
+
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> Result<F::Output> {
+        Ok(self.runtime()?.block_on(future))
+    }
+
+    /// Opens (and so checks) the database now: a bad file should stop a job before minutes of
+    /// benchmarks, not after.
+    pub fn open_store(&self) -> Result<()> {
+        self.with_store_sync(|_, _| Ok(()))
+    }
+
+    /// Runs `f` on the store, opened on first use and kept open for the rest of the command.
+    pub fn with_store<T>(&self, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) -> Result<T> {
+        self.with_store_sync(|rt, store| Ok(rt.block_on(f(store))?))
+    }
+
+    /// Like [`Ctx::with_store`], for code that drives the runtime itself (the provisioning journal).
+    pub fn with_store_sync<T>(&self, f: impl FnOnce(&tokio::runtime::Runtime, &mut Store) -> Result<T>) -> Result<T> {
+        let rt = self.runtime()?;
+        let mut slot = self.store.borrow_mut();
+        if slot.is_none() {
+            let path = self.db_path()?;
+            *slot = Some(rt.block_on(Store::open(&path))?);
+        }
+        f(rt, slot.as_mut().expect("opened above"))
+    }
+
+    /// Closes the store if one was opened (checkpointing its write-ahead log).
+    pub fn finish(self) -> Result<()> {
+        if let Some(store) = self.store.into_inner() {
+            if let Some(rt) = self.runtime.get() {
+                rt.block_on(store.close())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one parsed command.
+///
+/// # Errors
+/// Anything that stops the command; `main` prints it and exits 2.
+pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
+    match command {
+        Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
+        Command::Topo { source } => inventory::topo(&source, ctx),
+        Command::Commission { source, no_bench, budget } => bench::commission(&source, no_bench, budget, ctx),
+        Command::Bench { what } => bench::run(what, ctx),
+        Command::Runs { limit } => store::runs(limit, ctx),
+        Command::Hosts => store::hosts(ctx),
+        Command::Show { what } => store::show(what, ctx),
+        Command::Export { window, output } => store::export(&window, output.as_deref(), ctx),
+        Command::Import { files } => store::import(&files, ctx),
+        Command::Compare { subjects, by, metric, prices, across_software, window, noise } => {
+            let filter = fleet::filter(&window, metric, across_software)?;
+            fleet::compare(&subjects, by, prices.as_deref(), &filter, noise, ctx)
+        }
+        Command::Outliers { metric, threshold, min_deviation, across_software, window } => {
+            let filter = fleet::filter(&window, metric, across_software)?;
+            fleet::outliers(&filter, threshold, min_deviation, ctx)
+        }
+        Command::Regressions { since, metric, noise } => fleet::regressions(&since, metric, noise, ctx),
+        Command::Report { host, config, run, html, markdown, since } => {
+            fleet::report(fleet::ReportArgs { host, config, run, html, markdown, since }, ctx)
+        }
+        Command::Provision { what } => provision::run(what, ctx),
+    }
+}
+
+/// The start of a `--since` window (`30d`, `12h`, `2w`), in seconds since the epoch.
+pub fn window_start(since: &str) -> Result<i64> {
+    let length = crate::fleet::parse_duration(since)?;
+    Ok(crate::timefmt::now_unix() - length)
+}
+
+/// Whether an error is a closed stdout (`kiln ... | head`), which is not a failure.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+/// Reads a whole file, or standard input for `-`.
+pub fn read_input(path: &Path) -> Result<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("reading standard input")?;
+        return Ok(buf);
+    }
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
