@@ -12,15 +12,16 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+mod exchange;
 mod fleet;
 mod journal;
+mod series;
 mod status;
 mod values;
-pub use fleet::{
-    mean_power, parse_rfc3339, ExportStats, Fleet, FleetHost, HostSeries, ImportError, ImportStats, RunPoint, Series,
-    SeriesKey, EXPORT_VERSION,
-};
+pub use exchange::{ExportStats, ImportError, ImportStats, EXPORT_VERSION};
+pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
+pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -530,7 +531,7 @@ impl Store {
         .await
         .map_err(&err)?;
         if run.status.is_result() {
-            let index = fleet::IndexRun {
+            let index = series::IndexRun {
                 host_id: &run.host_id,
                 run_id: &id,
                 started_at: &run.started_at,
@@ -546,7 +547,7 @@ impl Store {
                     .collect(),
                 power_watts: fleet::mean_power(run.telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
             };
-            fleet::index_runs(&mut tx, &[index]).await.map_err(&err)?;
+            series::index_runs(&mut tx, &[index]).await.map_err(&err)?;
         }
         tx.commit().await.map_err(&err)?;
         Ok(id)

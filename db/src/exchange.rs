@@ -1,0 +1,776 @@
+//! Moving results between databases: `export` writes JSON lines (a header, one record per host,
+//! inventory, software stack and run with its values folded in, an end record with the count), and
+//! `import` reads them back all-or-nothing, idempotently (records carry UUIDs).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, QueryBuilder, Row};
+
+use crate::fleet::mean_power;
+use crate::series::{index_runs, IndexRun};
+use crate::{DbError, Result, Store, MAX_BINDS};
+
+/// The export format's version; a file from a newer kiln is refused.
+pub const EXPORT_VERSION: i64 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    kiln_export: i64,
+    exported_at: String,
+    #[serde(default)]
+    since: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostRec {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    id: String,
+    identity: String,
+    hostname: Option<String>,
+    config_fingerprint: String,
+    config_name: String,
+    first_seen: String,
+    last_seen: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InventoryRec<'a> {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    id: String,
+    host_id: String,
+    collected_at: String,
+    schema_version: i64,
+    config_fingerprint: String,
+    config_name: String,
+    cpu_model: Option<String>,
+    cpu_packages: Option<i64>,
+    cpu_cores: Option<i64>,
+    cpu_threads: Option<i64>,
+    memory_bytes: Option<i64>,
+    kernel_release: Option<String>,
+    problem_count: i64,
+    #[serde(borrow)]
+    document: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SoftwareRec<'a> {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    id: String,
+    fingerprint: String,
+    #[serde(borrow)]
+    document: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunRec {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    id: String,
+    host_id: String,
+    inventory_id: Option<String>,
+    software_id: Option<String>,
+    benchmark: String,
+    config: String,
+    started_at: String,
+    finished_at: Option<String>,
+    status: crate::RunStatus,
+    #[serde(default)]
+    metrics: Vec<(String, f64, String, String)>,
+    #[serde(default)]
+    samples: Vec<(String, i64, f64)>,
+    #[serde(default)]
+    telemetry: Vec<(i64, String, String, f64)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndRec {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    records: u64,
+}
+
+/// One line of an export. (Parsed by hand on its `type`: serde's tagged enums buffer their
+/// content, which neither borrows raw documents nor runs fast.)
+enum Record<'a> {
+    Host(HostRec),
+    Inventory(InventoryRec<'a>),
+    Software(SoftwareRec<'a>),
+    Run(RunRec),
+    End(EndRec),
+}
+
+fn parse_record(line: &str) -> std::result::Result<Record<'_>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    // The export writes `type` first; anything else is looked up the slow way.
+    let fast = line.strip_prefix("{\"type\":\"").and_then(|rest| rest.split('"').next());
+    let kind = match fast {
+        Some(k) => k.to_string(),
+        None => serde_json::from_str::<Kind>(line)?.kind,
+    };
+    Ok(match kind.as_str() {
+        "host" => Record::Host(serde_json::from_str(line)?),
+        "inventory" => Record::Inventory(serde_json::from_str(line)?),
+        "software" => Record::Software(serde_json::from_str(line)?),
+        "run" => Record::Run(serde_json::from_str(line)?),
+        "end" => Record::End(serde_json::from_str(line)?),
+        other => {
+            return Err(serde::de::Error::custom(format!(
+                "unknown record type {other:?} (host, inventory, software, run or end)"
+            )))
+        }
+    })
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExportStats {
+    pub hosts: u64,
+    pub inventories: u64,
+    pub software: u64,
+    pub runs: u64,
+    pub metrics: u64,
+    pub samples: u64,
+    pub telemetry: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ImportStats {
+    pub records: u64,
+    pub hosts_new: u64,
+    pub inventories_new: u64,
+    pub software_new: u64,
+    pub runs_new: u64,
+    pub runs_known: u64,
+    pub metrics: u64,
+    pub samples: u64,
+    pub telemetry: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{file}:{line}: {message}; nothing was imported")]
+    Malformed { file: String, line: usize, message: String },
+    #[error("{file}: {message}; nothing was imported")]
+    File { file: String, message: String },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+fn json_line<T: Serialize>(out: &mut dyn Write, value: &T) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    out.write_all(b"\n")
+}
+
+/// One kind of exported record: the query that writes each of its lines (JSON built by SQLite,
+/// `?1` the window's start or ''), and what a row adds to the statistics.
+struct ExportKind {
+    sql: &'static str,
+    count: fn(&mut ExportStats, &sqlx::sqlite::SqliteRow),
+}
+
+/// In the order an import needs them: hosts, then what names them.
+const EXPORTS: [ExportKind; 4] = [
+    // Hosts with a run in the window (or an inventory, when there is no window).
+    ExportKind {
+        sql: "SELECT json_object('type', 'host', 'id', id, 'identity', identity, 'hostname', hostname, \
+              'config_fingerprint', config_fingerprint, 'config_name', config_name, 'first_seen', first_seen, \
+              'last_seen', last_seen) FROM hosts h \
+              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.host_id = h.id AND r.started_at >= ?1) ORDER BY id",
+        count: |s, _| s.hosts += 1,
+    },
+    ExportKind {
+        sql: "SELECT json_object('type', 'inventory', 'id', id, 'host_id', host_id, 'collected_at', collected_at, \
+              'schema_version', schema_version, 'config_fingerprint', config_fingerprint, 'config_name', config_name, \
+              'cpu_model', cpu_model, 'cpu_packages', cpu_packages, 'cpu_cores', cpu_cores, 'cpu_threads', cpu_threads, \
+              'memory_bytes', memory_bytes, 'kernel_release', kernel_release, 'problem_count', problem_count, \
+              'document', json(document)) FROM inventories i \
+              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = i.id AND r.started_at >= ?1) \
+              ORDER BY collected_at",
+        count: |s, _| s.inventories += 1,
+    },
+    ExportKind {
+        sql: "SELECT json_object('type', 'software', 'id', id, 'fingerprint', fingerprint, 'document', json(document)) \
+              FROM software_stacks s \
+              WHERE EXISTS (SELECT 1 FROM runs r WHERE r.software_id = s.id AND r.started_at >= ?1) ORDER BY id",
+        count: |s, _| s.software += 1,
+    },
+    // One row per run, its children folded in by SQLite's JSON functions: a few thousand rows
+    // instead of millions.
+    ExportKind {
+        sql: "SELECT json_object('type', 'run', 'id', r.id, 'host_id', r.host_id, 'inventory_id', r.inventory_id, \
+              'software_id', r.software_id, 'benchmark', r.benchmark, 'config', r.config, 'started_at', r.started_at, \
+              'finished_at', r.finished_at, 'status', r.status, \
+              'metrics', (SELECT json_group_array(json_array(name, value, unit, direction)) FROM metrics WHERE run_id = r.id), \
+              'samples', (SELECT json_group_array(json_array(metric, idx, value)) FROM samples WHERE run_id = r.id), \
+              'telemetry', (SELECT json_group_array(json_array(t_ms, source, name, value)) FROM telemetry WHERE run_id = r.id)), \
+              (SELECT COUNT(*) FROM metrics WHERE run_id = r.id), (SELECT COUNT(*) FROM samples WHERE run_id = r.id), \
+              (SELECT COUNT(*) FROM telemetry WHERE run_id = r.id) \
+              FROM runs r WHERE r.started_at >= ?1 ORDER BY r.started_at, r.id",
+        count: |s, row| {
+            s.runs += 1;
+            s.metrics += row.get::<i64, _>(1) as u64;
+            s.samples += row.get::<i64, _>(2) as u64;
+            s.telemetry += row.get::<i64, _>(3) as u64;
+        },
+    },
+];
+
+impl Store {
+    /// Writes every host, inventory, software stack and run (with metrics, samples, telemetry) —
+    /// of runs started at or after `since`, when given — as JSON lines: a header, the records, and
+    /// an end record with the count, so that a truncated file is recognised.
+    pub async fn export(&mut self, since: Option<&str>, exported_at: &str, out: &mut dyn Write) -> Result<ExportStats> {
+        let err = self.sql_err();
+        let io = |e: std::io::Error| DbError::Open { path: "<output>".into(), source: e };
+        let since = since.unwrap_or("");
+        let mut stats = ExportStats::default();
+        json_line(
+            out,
+            &Header {
+                kiln_export: EXPORT_VERSION,
+                exported_at: exported_at.to_string(),
+                since: (!since.is_empty()).then(|| since.to_string()),
+            },
+        )
+        .map_err(io)?;
+        for kind in EXPORTS {
+            for row in sqlx::query(kind.sql).bind(since).fetch_all(&mut self.conn).await.map_err(&err)? {
+                out.write_all(row.get::<String, _>(0).as_bytes()).and_then(|_| out.write_all(b"\n")).map_err(io)?;
+                (kind.count)(&mut stats, &row);
+            }
+        }
+        let records = stats.hosts + stats.inventories + stats.software + stats.runs;
+        json_line(out, &serde_json::json!({ "type": "end", "records": records })).map_err(io)?;
+        out.flush().map_err(io)?;
+        Ok(stats)
+    }
+
+    /// Imports an export: every line is parsed and checked first (a malformed or truncated file is
+    /// refused with its line number, and nothing is imported), then everything goes in as one
+    /// transaction. Records carry UUIDs: what is already here is skipped, so importing twice adds
+    /// nothing. Hosts merge by identity, software stacks by fingerprint.
+    pub async fn import(&mut self, file: &str, text: &str) -> std::result::Result<ImportStats, ImportError> {
+        let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+        let mut lines = text.split_inclusive('\n').enumerate().map(|(i, l)| (i + 1, l));
+        let Some((_, first)) = lines.next() else {
+            return Err(ImportError::File { file: file.into(), message: "empty file, not a kiln export".into() });
+        };
+        let header: Header = serde_json::from_str(first.trim_end())
+            .map_err(|e| malformed(1, format!("not a kiln export header ({e})")))?;
+        if header.kiln_export > EXPORT_VERSION {
+            return Err(malformed(
+                1,
+                format!(
+                    "export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln",
+                    header.kiln_export
+                ),
+            ));
+        }
+        // Lines are parsed on every core (the file is in memory), then checked in order.
+        let lines: Vec<(usize, &str)> = lines.collect();
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let chunk = lines.len().div_ceil(workers).max(1);
+        let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lines
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|&(n, line)| {
+                                if !line.ends_with('\n') {
+                                    return (
+                                        n,
+                                        Err("the last line is cut off (no newline): the file is truncated".to_string()),
+                                    );
+                                }
+                                let body = line.trim_end();
+                                if body.is_empty() {
+                                    return (n, Ok(None));
+                                }
+                                (n, parse_record(body).map(Some).map_err(|e| e.to_string()))
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
+        });
+        let mut records = Vec::new();
+        let mut end: Option<(usize, u64)> = None;
+        for (n, record) in parsed.into_iter().flatten() {
+            let record = record.map_err(|e| malformed(n, e))?;
+            let Some(record) = record else { continue };
+            if let Some((at, _)) = end {
+                return Err(malformed(n, format!("data after the end record of line {at}")));
+            }
+            if let Record::End(EndRec { records: count, .. }) = record {
+                end = Some((n, count));
+            } else {
+                records.push((n, record));
+            }
+        }
+        let Some((at, count)) = end else {
+            return Err(ImportError::File {
+                file: file.into(),
+                message: "no end record: the file is truncated".into(),
+            });
+        };
+        if count != records.len() as u64 {
+            return Err(malformed(
+                at,
+                format!("the end record counts {count} records, the file holds {}", records.len()),
+            ));
+        }
+        self.import_records(records, &malformed).await
+    }
+
+    async fn import_records(
+        &mut self,
+        records: Vec<(usize, Record<'_>)>,
+        malformed: &dyn Fn(usize, String) -> ImportError,
+    ) -> std::result::Result<ImportStats, ImportError> {
+        let err = self.sql_err();
+        let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+        // A page cache large enough that a big import does not spill pages mid-transaction.
+        sqlx::query("PRAGMA cache_size = -262144").execute(&mut self.conn).await.map_err(&err)?;
+        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let parents =
+            import_parents(&mut tx, &records, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
+        let fresh =
+            fresh_runs(&mut tx, &records, &parents, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
+        insert_runs(&mut tx, &fresh, &mut stats).await.map_err(&err)?;
+        index_fresh(&mut tx, &fresh, &parents).await.map_err(&err)?;
+        tx.commit().await.map_err(&err)?;
+        Ok(stats)
+    }
+}
+
+/// A failure inside an import: the database's (converted by the caller, who knows its path) or the
+/// file's.
+enum Failed {
+    Sql(sqlx::Error),
+    File(ImportError),
+}
+
+impl Failed {
+    fn into_import(self, sql: &impl Fn(sqlx::Error) -> DbError) -> ImportError {
+        match self {
+            Failed::Sql(e) => ImportError::Db(sql(e)),
+            Failed::File(e) => e,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Failed {
+    fn from(e: sqlx::Error) -> Failed {
+        Failed::Sql(e)
+    }
+}
+
+/// How the records that runs name map onto this database: hosts by identity, software by
+/// fingerprint, and the configuration each host and inventory had.
+#[derive(Default)]
+struct Parents {
+    host_ids: HashMap<String, String>,
+    software_ids: HashMap<String, String>,
+    host_configs: HashMap<String, (String, String)>,
+    inventory_configs: HashMap<String, (String, String)>,
+}
+
+/// Hosts (an export's id maps onto the id this database already has for the identity), software
+/// stacks and inventories.
+async fn import_parents(
+    tx: &mut SqliteConnection,
+    records: &[(usize, Record<'_>)],
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<Parents, Failed> {
+    let pairs = |rows: Vec<sqlx::sqlite::SqliteRow>| -> HashMap<String, String> {
+        rows.into_iter().map(|r| (r.get(0), r.get(1))).collect()
+    };
+    let existing_hosts = pairs(sqlx::query("SELECT identity, id FROM hosts").fetch_all(&mut *tx).await?);
+    let existing_software =
+        pairs(sqlx::query("SELECT fingerprint, id FROM software_stacks").fetch_all(&mut *tx).await?);
+    let mut p = Parents::default();
+    for (n, rec) in records {
+        match rec {
+            Record::Host(h) => import_host(tx, *n, h, &existing_hosts, &mut p, malformed, stats).await?,
+            Record::Software(SoftwareRec { id, fingerprint, document, .. }) => {
+                if let Some(known) = existing_software.get(fingerprint) {
+                    p.software_ids.insert(id.clone(), known.clone());
+                    continue;
+                }
+                sqlx::query("INSERT OR IGNORE INTO software_stacks (id, fingerprint, document) VALUES (?, ?, ?)")
+                    .bind(id)
+                    .bind(fingerprint)
+                    .bind(document.get())
+                    .execute(&mut *tx)
+                    .await?;
+                p.software_ids.insert(id.clone(), id.clone());
+                stats.software_new += 1;
+            }
+            Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, stats).await?,
+            Record::Run(_) | Record::End(_) => {}
+        }
+    }
+    Ok(p)
+}
+
+/// A host: merged into the one with its identity (its newest name and configuration win), or new.
+async fn import_host(
+    tx: &mut SqliteConnection,
+    n: usize,
+    h: &HostRec,
+    existing: &HashMap<String, String>,
+    p: &mut Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    p.host_configs.insert(h.id.clone(), (h.config_fingerprint.clone(), h.config_name.clone()));
+    if let Some(known) = existing.get(&h.identity) {
+        p.host_ids.insert(h.id.clone(), known.clone());
+        sqlx::query(
+            "UPDATE hosts SET last_seen = MAX(last_seen, ?1), first_seen = MIN(first_seen, ?2), \
+             hostname = CASE WHEN ?1 > last_seen THEN COALESCE(?3, hostname) ELSE hostname END, \
+             config_fingerprint = CASE WHEN ?1 > last_seen THEN ?4 ELSE config_fingerprint END, \
+             config_name = CASE WHEN ?1 > last_seen THEN ?5 ELSE config_name END WHERE id = ?6",
+        )
+        .bind(&h.last_seen)
+        .bind(&h.first_seen)
+        .bind(&h.hostname)
+        .bind(&h.config_fingerprint)
+        .bind(&h.config_name)
+        .bind(known)
+        .execute(&mut *tx)
+        .await?;
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO hosts (id, identity, hostname, config_fingerprint, config_name, first_seen, last_seen) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&h.id)
+    .bind(&h.identity)
+    .bind(&h.hostname)
+    .bind(&h.config_fingerprint)
+    .bind(&h.config_name)
+    .bind(&h.first_seen)
+    .bind(&h.last_seen)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| Failed::File(malformed(n, format!("host {}: {e}", h.id))))?;
+    p.host_ids.insert(h.id.clone(), h.id.clone());
+    stats.hosts_new += 1;
+    Ok(())
+}
+
+/// An inventory, under the host an earlier record gave.
+async fn import_inventory(
+    tx: &mut SqliteConnection,
+    n: usize,
+    i: &InventoryRec<'_>,
+    p: &mut Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    let Some(host) = p.host_ids.get(&i.host_id) else {
+        let why = format!("inventory {} names host {}, which no earlier host record gives", i.id, i.host_id);
+        return Err(Failed::File(malformed(n, why)));
+    };
+    p.inventory_configs.insert(i.id.clone(), (i.config_fingerprint.clone(), i.config_name.clone()));
+    let done = sqlx::query(
+        "INSERT OR IGNORE INTO inventories (id, host_id, collected_at, schema_version, config_fingerprint, \
+         config_name, cpu_model, cpu_packages, cpu_cores, cpu_threads, memory_bytes, kernel_release, problem_count, \
+         document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&i.id)
+    .bind(host)
+    .bind(&i.collected_at)
+    .bind(i.schema_version)
+    .bind(&i.config_fingerprint)
+    .bind(&i.config_name)
+    .bind(&i.cpu_model)
+    .bind(i.cpu_packages)
+    .bind(i.cpu_cores)
+    .bind(i.cpu_threads)
+    .bind(i.memory_bytes)
+    .bind(&i.kernel_release)
+    .bind(i.problem_count)
+    .bind(i.document.get())
+    .execute(&mut *tx)
+    .await?;
+    stats.inventories_new += done.rows_affected();
+    Ok(())
+}
+
+/// Which of `ids` are already in `table` (batched lookups; a fresh database answers with nothing).
+async fn existing_ids(
+    tx: &mut SqliteConnection,
+    table: &str,
+    ids: &[&str],
+) -> std::result::Result<HashSet<String>, sqlx::Error> {
+    let mut found = HashSet::new();
+    for chunk in ids.chunks(MAX_BINDS) {
+        let mut q = QueryBuilder::new(format!("SELECT id FROM {table} WHERE id IN ("));
+        let mut sep = q.separated(", ");
+        for id in chunk {
+            sep.push_bind(*id);
+        }
+        q.push(")");
+        for r in q.build().fetch_all(&mut *tx).await? {
+            found.insert(r.get(0));
+        }
+    }
+    Ok(found)
+}
+
+/// A run of the file that this database lacks, with its parents mapped.
+struct NewRunRef<'r> {
+    id: &'r str,
+    host: String,
+    inventory: Option<&'r str>,
+    software: Option<String>,
+    rec: &'r RunRec,
+}
+
+/// The file's runs that are not here yet, checked (their host, software and inventory must be
+/// given, their id a UUID), sorted by id.
+async fn fresh_runs<'r>(
+    tx: &mut SqliteConnection,
+    records: &'r [(usize, Record<'_>)],
+    p: &Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<Vec<NewRunRef<'r>>, Failed> {
+    let runs: Vec<(usize, &RunRec)> =
+        records.iter().filter_map(|(n, r)| if let Record::Run(r) = r { Some((*n, r)) } else { None }).collect();
+    let ids: Vec<&str> = runs.iter().map(|(_, r)| r.id.as_str()).collect();
+    let mut known_runs = existing_ids(tx, "runs", &ids).await?;
+    // Inventories a run may name: those in this file (inserted above) and those already here.
+    let mut known_inventories: HashSet<String> = p.inventory_configs.keys().cloned().collect();
+    let outside: Vec<&str> = runs
+        .iter()
+        .filter_map(|(_, r)| r.inventory_id.as_deref())
+        .filter(|i| !known_inventories.contains(*i))
+        .collect();
+    known_inventories.extend(existing_ids(tx, "inventories", &outside).await?);
+    let mut fresh = Vec::new();
+    for (n, rec) in runs {
+        let RunRec { id, host_id, inventory_id, software_id, .. } = rec;
+        if known_runs.contains(id) {
+            stats.runs_known += 1;
+            continue;
+        }
+        let bad = |why: String| Failed::File(malformed(n, why));
+        let host = p
+            .host_ids
+            .get(host_id)
+            .ok_or_else(|| bad(format!("run {id} names host {host_id}, which no host record gives")))?;
+        let software =
+            match software_id {
+                Some(s) => Some(p.software_ids.get(s).cloned().ok_or_else(|| {
+                    bad(format!("run {id} names software stack {s}, which no software record gives"))
+                })?),
+                None => None,
+            };
+        if let Some(inv) = inventory_id.as_ref().filter(|i| !known_inventories.contains(*i)) {
+            return Err(bad(format!("run {id} names inventory {inv}, which no inventory record gives")));
+        }
+        if uuid::Uuid::parse_str(id).is_err() {
+            return Err(bad(format!("run id {id:?} is not a UUID")));
+        }
+        known_runs.insert(id.clone());
+        let inventory = inventory_id.as_deref();
+        fresh.push(NewRunRef { id, host: host.clone(), inventory, software, rec });
+    }
+    fresh.sort_unstable_by(|a, b| a.id.cmp(b.id));
+    stats.runs_new = fresh.len() as u64;
+    Ok(fresh)
+}
+
+/// The new runs and their values, numbered in run-id order and written key-sorted.
+async fn insert_runs(
+    tx: &mut SqliteConnection,
+    fresh: &[NewRunRef<'_>],
+    stats: &mut ImportStats,
+) -> std::result::Result<(), sqlx::Error> {
+    for chunk in fresh.chunks(MAX_BINDS / 9) {
+        let mut q = QueryBuilder::new(
+            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, \
+             status) ",
+        );
+        q.push_values(chunk, |mut b, r| {
+            let RunRec { benchmark, config, started_at, finished_at, status, .. } = r.rec;
+            b.push_bind(r.id)
+                .push_bind(&r.host)
+                .push_bind(r.inventory)
+                .push_bind(&r.software)
+                .push_bind(benchmark)
+                .push_bind(config)
+                .push_bind(started_at)
+                .push_bind(finished_at)
+                .push_bind(status.as_str());
+        });
+        q.build().execute(&mut *tx).await?;
+    }
+    let ids: Vec<&str> = fresh.iter().map(|r| r.id).collect();
+    let nums = crate::values::run_numbers(tx, &ids).await?;
+    let mut v = crate::values::Values::default();
+    for r in fresh {
+        let rec = r.rec;
+        v.metrics.extend(rec.metrics.iter().map(|(n, x, u, d)| (r.id, n.as_str(), u.as_str(), d.as_str(), *x)));
+        v.samples.extend(rec.samples.iter().map(|(m, i, x)| (r.id, m.as_str(), *i, *x)));
+        v.telemetry.extend(rec.telemetry.iter().map(|(t, src, n, x)| (r.id, src.as_str(), n.as_str(), *t, *x)));
+    }
+    crate::values::write(tx, &nums, &v).await?;
+    (stats.metrics, stats.samples, stats.telemetry) =
+        (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
+    Ok(())
+}
+
+/// The series of the new runs (only results: `ok` and `unstable`).
+async fn index_fresh(
+    tx: &mut SqliteConnection,
+    fresh: &[NewRunRef<'_>],
+    p: &Parents,
+) -> std::result::Result<(), sqlx::Error> {
+    let software_fps: HashMap<String, String> = sqlx::query("SELECT id, fingerprint FROM software_stacks")
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let empty = (String::new(), String::new());
+    let index: Vec<IndexRun> = fresh
+        .iter()
+        .filter(|r| r.rec.status.is_result())
+        .map(|r| {
+            let RunRec { host_id, benchmark, config, started_at, metrics, telemetry, .. } = r.rec;
+            let (cfp, cname) = r
+                .inventory
+                .and_then(|i| p.inventory_configs.get(i))
+                .or_else(|| p.host_configs.get(host_id))
+                .unwrap_or(&empty);
+            IndexRun {
+                host_id: &r.host,
+                run_id: r.id,
+                started_at,
+                config_fingerprint: cfp,
+                config_name: cname,
+                benchmark,
+                bench_config: config,
+                software_fingerprint: r.software.as_ref().and_then(|s| software_fps.get(s)).map_or("", String::as_str),
+                metrics: metrics.iter().map(|(n, v, u, d)| (n.as_str(), *v, u.as_str(), d.as_str())).collect(),
+                power_watts: mean_power(telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
+            }
+        })
+        .collect();
+    index_runs(tx, &index).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOST: &str = r#"{"type":"host","id":"h1","identity":"serial-1","hostname":"gpu-01","config_fingerprint":"cf","config_name":"8x H100","first_seen":"2026-11-01T00:00:00Z","last_seen":"2026-11-02T00:00:00Z"}"#;
+    const INVENTORY: &str = r#"{"type":"inventory","id":"i1","host_id":"h1","collected_at":"2026-11-01T00:00:00Z","schema_version":1,"config_fingerprint":"cf","config_name":"8x H100","cpu_model":"x","cpu_packages":2,"cpu_cores":96,"cpu_threads":192,"memory_bytes":2199023255552,"kernel_release":"6.8.0","problem_count":0,"document":{"cpu":{"model_name":"x"}}}"#;
+    const SOFTWARE: &str = r#"{"type":"software","id":"s1","fingerprint":"0123abcd","document":{"kernel":"6.8.0"}}"#;
+    const RUN: &str = r#"{"type":"run","id":"00000000-0000-4000-8000-000000000001","host_id":"h1","inventory_id":"i1","software_id":"s1","benchmark":"membw","config":"{}","started_at":"2026-11-01T01:00:00Z","finished_at":"2026-11-01T01:01:00Z","status":"ok","metrics":[["membw.all.triad_gbps",30.5,"GB/s","higher"]],"samples":[["membw.all.triad_gbps",0,30.1]],"telemetry":[[0,"cpu","util",0.9]]}"#;
+    const END: &str = r#"{"type":"end","records":4}"#;
+
+    /// One test per record type: it parses into its own variant with its fields, and a record of
+    /// that type with a field missing or of the wrong type is refused, naming the field.
+    #[test]
+    fn host_record() {
+        let Record::Host(h) = parse_record(HOST).unwrap() else { panic!("not a host") };
+        assert_eq!((h.id.as_str(), h.identity.as_str(), h.hostname.as_deref()), ("h1", "serial-1", Some("gpu-01")));
+        let err = parse_record(&HOST.replace(r#""identity":"serial-1","#, "")).err().unwrap().to_string();
+        assert!(err.contains("missing field `identity`"), "{err}");
+    }
+
+    #[test]
+    fn inventory_record() {
+        let Record::Inventory(i) = parse_record(INVENTORY).unwrap() else { panic!("not an inventory") };
+        assert_eq!((i.id.as_str(), i.host_id.as_str(), i.cpu_cores), ("i1", "h1", Some(96)));
+        assert_eq!(i.document.get(), r#"{"cpu":{"model_name":"x"}}"#, "the document is kept as it was written");
+        let err = parse_record(&INVENTORY.replace(r#""cpu_cores":96"#, r#""cpu_cores":"many""#)).err().unwrap();
+        assert!(err.to_string().contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn software_record() {
+        let Record::Software(s) = parse_record(SOFTWARE).unwrap() else { panic!("not software") };
+        assert_eq!(
+            (s.id.as_str(), s.fingerprint.as_str(), s.document.get()),
+            ("s1", "0123abcd", r#"{"kernel":"6.8.0"}"#)
+        );
+        assert!(parse_record(&SOFTWARE.replace(r#","document":{"kernel":"6.8.0"}"#, "")).is_err());
+    }
+
+    #[test]
+    fn run_record() {
+        let Record::Run(r) = parse_record(RUN).unwrap() else { panic!("not a run") };
+        assert_eq!((r.benchmark.as_str(), r.status), ("membw", crate::RunStatus::Ok));
+        assert_eq!((r.metrics.len(), r.samples.len(), r.telemetry.len()), (1, 1, 1));
+        let err = parse_record(&RUN.replace(r#""status":"ok""#, r#""status":"done""#)).err().unwrap().to_string();
+        assert!(err.contains("unknown RunStatus \"done\""), "{err}");
+    }
+
+    #[test]
+    fn end_record_and_unknown_types() {
+        let Record::End(e) = parse_record(END).unwrap() else { panic!("not an end record") };
+        assert_eq!(e.records, 4);
+        let err = parse_record(r#"{"type":"gpu","id":"x"}"#).err().unwrap().to_string();
+        assert!(err.contains("unknown record type \"gpu\""), "{err}");
+        // `type` need not come first.
+        assert!(matches!(parse_record(r#"{"records":0,"type":"end"}"#), Ok(Record::End(_))));
+    }
+
+    /// A file of one record of each type goes in whole, a second time adds nothing, and it comes
+    /// out again as it went in.
+    #[test]
+    fn each_record_type_round_trips() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
+            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
+            let file = [header, HOST, INVENTORY, SOFTWARE, RUN, END].join("\n") + "\n";
+            let stats = store.import("t.jsonl", &file).await.unwrap();
+            assert_eq!((stats.hosts_new, stats.inventories_new, stats.software_new, stats.runs_new), (1, 1, 1, 1));
+            assert_eq!((stats.metrics, stats.samples, stats.telemetry), (1, 1, 1));
+            let again = store.import("t.jsonl", &file).await.unwrap();
+            assert_eq!((again.hosts_new, again.runs_new, again.runs_known), (0, 0, 1));
+            let mut out = Vec::new();
+            store.export(None, "2026-11-03T00:00:00Z", &mut out).await.unwrap();
+            let lines: Vec<&str> = std::str::from_utf8(&out).unwrap().lines().collect();
+            assert_eq!(lines.len(), 6, "{lines:?}");
+            let same = |a: &str, b: &str| {
+                assert_eq!(
+                    serde_json::from_str::<serde_json::Value>(a).unwrap(),
+                    serde_json::from_str::<serde_json::Value>(b).unwrap()
+                )
+            };
+            for (got, want) in lines[1..].iter().zip([HOST, INVENTORY, SOFTWARE, RUN, END]) {
+                same(got, want);
+            }
+            store.close().await.unwrap();
+        });
+    }
+}
