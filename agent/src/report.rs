@@ -474,223 +474,228 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
 const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
 pub fn svg(chart: &Chart) -> String {
-    let mut o = String::new();
     match chart {
         Chart::Distribution { title, unit, direction, values, mark } => {
-            let h = 138.0;
-            let mut sorted = values.clone();
-            sorted.sort_by(f64::total_cmp);
-            let mut lo = sorted[0];
-            let mut hi = sorted[sorted.len() - 1];
-            if let Some((_, v)) = mark {
-                lo = lo.min(*v);
-                hi = hi.max(*v);
-            }
-            let (lo, hi) = padded(lo, hi);
-            let x = scale(lo, hi, PAD_L, W - PAD_R);
-            let q = |p: f64| percentile_sorted(&sorted, p);
-            let _ = write!(
-                o,
-                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
-                esc(title)
-            );
-            let _ = write!(
-                o,
-                r#"<text x="{PAD_L}" y="14" class="t">{} ({}{})</text>"#,
-                esc(title),
-                esc(unit),
-                match direction {
-                    Direction::Higher => ", higher is better",
-                    Direction::Lower => ", lower is better",
-                    Direction::None => "",
-                }
-            );
-            // Strip: at most STRIP_MAX dots, evenly chosen, jittered deterministically.
-            let step = (sorted.len() as f64 / STRIP_MAX as f64).max(1.0);
-            let mut i = 0.0;
-            let mut k = 0u64;
-            while (i as usize) < sorted.len() {
-                let v = sorted[i as usize];
-                k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let jitter = ((k >> 33) % 30) as f64;
-                let _ = write!(
-                    o,
-                    r##"<circle cx="{:.1}" cy="{:.1}" r="2" fill="#1f77b4" fill-opacity="0.45"/>"##,
-                    x(v),
-                    32.0 + jitter
-                );
-                i += step;
-            }
-            // Box: p25–p75, median, whiskers at p10 and p90.
-            let (p10, p25, p50, p75, p90) = (q(0.10), q(0.25), median(&sorted), q(0.75), q(0.90));
-            let _ = write!(o, r##"<line x1="{:.1}" x2="{:.1}" y1="88" y2="88" stroke="#333"/>"##, x(p10), x(p90));
-            let _ = write!(
-                o,
-                r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##,
-                x(p25),
-                (x(p75) - x(p25)).max(1.0)
-            );
-            let _ = write!(
-                o,
-                r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##,
-                x(p50)
-            );
-            if let Some((label, v)) = mark {
-                let mx = x(*v);
-                let anchor = if mx < PAD_L + 60.0 {
-                    "start"
-                } else if mx > W - PAD_R - 60.0 {
-                    "end"
-                } else {
-                    "middle"
-                };
-                let _ = write!(
-                    o,
-                    r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{mx:.1}" y="118" class="m" text-anchor="{anchor}">{} {}</text>"##,
-                    esc(label),
-                    num(*v)
-                );
-            }
-            let _ = write!(
-                o,
-                r#"<text x="{PAD_L}" y="132" class="a">{}</text><text x="{}" y="132" class="a" text-anchor="end">{}</text>"#,
-                num(lo),
-                W - PAD_R,
-                num(hi)
-            );
-            o.push_str("</svg>");
+            svg_distribution(title, unit, *direction, values, mark.as_ref())
         }
-        Chart::History { title, unit, points, change_at } => {
-            let h = 170.0;
-            let _ = write!(
-                o,
-                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
-                esc(title)
-            );
-            let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({})</text>"#, esc(title), esc(unit));
-            if points.is_empty() {
-                o.push_str(
-                    r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#,
-                );
-                return o;
-            }
-            let (t0, t1) = (points[0].0 as f64, points[points.len() - 1].0 as f64);
-            let (vlo, vhi) =
-                points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
-            let (vlo, vhi) = padded(vlo, vhi);
-            let x = scale(t0, if t1 > t0 { t1 } else { t0 + 1.0 }, PAD_L, W - PAD_R);
-            let y = scale(vlo, vhi, 140.0, 24.0);
-            let _ = write!(
-                o,
-                r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##,
-                W - PAD_R
-            );
-            let _ = write!(
-                o,
-                r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#,
-                PAD_L - 4.0,
-                num(vhi),
-                PAD_L - 4.0,
-                num(vlo)
-            );
-            let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(p.1))).collect();
-            let _ = write!(
-                o,
-                r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
-                path.join(" ")
-            );
-            for (i, p) in points.iter().enumerate() {
-                let bad = change_at.is_some_and(|c| i >= c);
-                let _ = write!(
-                    o,
-                    r##"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"##,
-                    x(p.0 as f64),
-                    y(p.1),
-                    if bad { "#d62728" } else { "#1f77b4" }
-                );
-            }
-            if let Some(c) = change_at {
-                let cx = x(points[*c].0 as f64);
-                let (tx, anchor) = if cx > W - PAD_R - 120.0 { (cx - 4.0, "end") } else { (cx + 4.0, "start") };
-                let _ = write!(
-                    o,
-                    r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{tx:.1}" y="34" class="m" text-anchor="{anchor}">change {}</text>"##,
-                    crate::timefmt::rfc3339(points[*c].0).get(..10).unwrap_or("")
-                );
-            }
-            let _ = write!(
-                o,
-                r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#,
-                crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""),
-                W - PAD_R,
-                crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or("")
-            );
-            o.push_str("</svg>");
-        }
-        Chart::Lines { title, unit, series } => {
-            let h = 170.0;
-            let _ = write!(
-                o,
-                r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
-                esc(title)
-            );
-            let _ = write!(
-                o,
-                r#"<text x="{PAD_L}" y="14" class="t">{}{}</text>"#,
-                esc(title),
-                if unit.is_empty() { String::new() } else { format!(" ({})", esc(unit)) }
-            );
-            let all = series.iter().flat_map(|(_, p)| p.iter());
-            let (tlo, thi, vlo, vhi) = all
-                .fold((f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY), |(a, b, c, d), p| {
-                    (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1))
-                });
-            if !tlo.is_finite() {
-                o.push_str("</svg>");
-                return o;
-            }
-            let (vlo, vhi) = padded(vlo, vhi);
-            let x = scale(tlo, if thi > tlo { thi } else { tlo + 1.0 }, PAD_L, W - PAD_R);
-            let y = scale(vlo, vhi, 140.0, 24.0);
-            let _ = write!(
-                o,
-                r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##,
-                W - PAD_R
-            );
-            let _ = write!(
-                o,
-                r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#,
-                PAD_L - 4.0,
-                num(vhi),
-                PAD_L - 4.0,
-                num(vlo)
-            );
-            for (i, (label, pts)) in series.iter().enumerate() {
-                let colour = PALETTE[i % PALETTE.len()];
-                let path: Vec<String> = pts.iter().map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1))).collect();
-                let _ = write!(
-                    o,
-                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{}</title></polyline>"#,
-                    path.join(" "),
-                    esc(label)
-                );
-                let _ = write!(
-                    o,
-                    r#"<text x="{}" y="{}" class="a" fill="{colour}">{}</text>"#,
-                    W - PAD_R - 90.0,
-                    30 + 12 * (i % 8),
-                    esc(label)
-                );
-            }
-            let _ = write!(
-                o,
-                r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#,
-                W - PAD_R,
-                thi
-            );
-            o.push_str("</svg>");
-        }
+        Chart::History { title, unit, points, change_at } => svg_history(title, unit, points, *change_at),
+        Chart::Lines { title, unit, series } => svg_lines(title, unit, series),
     }
+}
+
+/// The opening of a chart of height `h`, with its title for screen readers.
+fn svg_open(o: &mut String, h: f64, title: &str) {
+    let _ = write!(
+        o,
+        r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img"><title>{}</title>"#,
+        esc(title)
+    );
+}
+
+/// The value axis (from `vlo` to `vhi`) and the time axis of the history and telemetry charts.
+fn svg_axes(o: &mut String, vlo: f64, vhi: f64) {
+    let _ = write!(
+        o,
+        r##"<line x1="{PAD_L}" x2="{PAD_L}" y1="24" y2="140" stroke="#999"/><line x1="{PAD_L}" x2="{}" y1="140" y2="140" stroke="#999"/>"##,
+        W - PAD_R
+    );
+    let _ = write!(
+        o,
+        r#"<text x="{}" y="28" class="a" text-anchor="end">{}</text><text x="{}" y="140" class="a" text-anchor="end">{}</text>"#,
+        PAD_L - 4.0,
+        num(vhi),
+        PAD_L - 4.0,
+        num(vlo)
+    );
+}
+
+/// Box and strip over the fleet's values, the subject's value marked.
+fn svg_distribution(title: &str, unit: &str, direction: Direction, values: &[f64], mark: Option<&(String, f64)>) -> String {
+    let mut o = String::new();
+    let h = 138.0;
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut lo = sorted[0];
+    let mut hi = sorted[sorted.len() - 1];
+    if let Some((_, v)) = mark {
+        lo = lo.min(*v);
+        hi = hi.max(*v);
+    }
+    let (lo, hi) = padded(lo, hi);
+    let x = scale(lo, hi, PAD_L, W - PAD_R);
+    let q = |p: f64| percentile_sorted(&sorted, p);
+    svg_open(&mut o, h, title);
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="14" class="t">{} ({}{})</text>"#,
+        esc(title),
+        esc(unit),
+        match direction {
+            Direction::Higher => ", higher is better",
+            Direction::Lower => ", lower is better",
+            Direction::None => "",
+        }
+    );
+    // Strip: at most STRIP_MAX dots, evenly chosen, jittered deterministically.
+    let step = (sorted.len() as f64 / STRIP_MAX as f64).max(1.0);
+    let mut i = 0.0;
+    let mut k = 0u64;
+    while (i as usize) < sorted.len() {
+        let v = sorted[i as usize];
+        k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let jitter = ((k >> 33) % 30) as f64;
+        let _ = write!(
+            o,
+            r##"<circle cx="{:.1}" cy="{:.1}" r="2" fill="#1f77b4" fill-opacity="0.45"/>"##,
+            x(v),
+            32.0 + jitter
+        );
+        i += step;
+    }
+    // Box: p25–p75, median, whiskers at p10 and p90.
+    let (p10, p25, p50, p75, p90) = (q(0.10), q(0.25), median(&sorted), q(0.75), q(0.90));
+    let _ = write!(o, r##"<line x1="{:.1}" x2="{:.1}" y1="88" y2="88" stroke="#333"/>"##, x(p10), x(p90));
+    let _ = write!(
+        o,
+        r##"<rect x="{:.1}" y="76" width="{:.1}" height="24" fill="#ddd" stroke="#333"/>"##,
+        x(p25),
+        (x(p75) - x(p25)).max(1.0)
+    );
+    let _ = write!(
+        o,
+        r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##,
+        x(p50)
+    );
+    if let Some((label, v)) = mark {
+        let mx = x(*v);
+        let anchor = if mx < PAD_L + 60.0 {
+            "start"
+        } else if mx > W - PAD_R - 60.0 {
+            "end"
+        } else {
+            "middle"
+        };
+        let _ = write!(
+            o,
+            r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="24" y2="106" stroke="#d62728" stroke-width="2"/><text x="{mx:.1}" y="118" class="m" text-anchor="{anchor}">{} {}</text>"##,
+            esc(label),
+            num(*v)
+        );
+    }
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="132" class="a">{}</text><text x="{}" y="132" class="a" text-anchor="end">{}</text>"#,
+        num(lo),
+        W - PAD_R,
+        num(hi)
+    );
+    o.push_str("</svg>");
+    o
+}
+
+/// A series over time, the change (from its first point on) in red.
+fn svg_history(title: &str, unit: &str, points: &[(i64, f64)], change_at: Option<usize>) -> String {
+    let mut o = String::new();
+    let h = 170.0;
+    svg_open(&mut o, h, title);
+    let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({})</text>"#, esc(title), esc(unit));
+    if points.is_empty() {
+        o.push_str(
+            r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#,
+        );
+        return o;
+    }
+    let (t0, t1) = (points[0].0 as f64, points[points.len() - 1].0 as f64);
+    let (vlo, vhi) =
+        points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (vlo, vhi) = padded(vlo, vhi);
+    let x = scale(t0, if t1 > t0 { t1 } else { t0 + 1.0 }, PAD_L, W - PAD_R);
+    let y = scale(vlo, vhi, 140.0, 24.0);
+    svg_axes(&mut o, vlo, vhi);
+    let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(p.1))).collect();
+    let _ = write!(
+        o,
+        r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
+        path.join(" ")
+    );
+    for (i, p) in points.iter().enumerate() {
+        let bad = change_at.is_some_and(|c| i >= c);
+        let _ = write!(
+            o,
+            r##"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"##,
+            x(p.0 as f64),
+            y(p.1),
+            if bad { "#d62728" } else { "#1f77b4" }
+        );
+    }
+    if let Some(c) = change_at {
+        let cx = x(points[c].0 as f64);
+        let (tx, anchor) = if cx > W - PAD_R - 120.0 { (cx - 4.0, "end") } else { (cx + 4.0, "start") };
+        let _ = write!(
+            o,
+            r##"<line class="change" x1="{cx:.1}" x2="{cx:.1}" y1="22" y2="140" stroke="#d62728" stroke-dasharray="4 3"/><text x="{tx:.1}" y="34" class="m" text-anchor="{anchor}">change {}</text>"##,
+            crate::timefmt::rfc3339(points[c].0).get(..10).unwrap_or("")
+        );
+    }
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="158" class="a">{}</text><text x="{}" y="158" class="a" text-anchor="end">{}</text>"#,
+        crate::timefmt::rfc3339(points[0].0).get(..10).unwrap_or(""),
+        W - PAD_R,
+        crate::timefmt::rfc3339(points[points.len() - 1].0).get(..10).unwrap_or("")
+    );
+    o.push_str("</svg>");
+    o
+}
+
+/// Telemetry channels against seconds since the run's start.
+fn svg_lines(title: &str, unit: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let mut o = String::new();
+    let h = 170.0;
+    svg_open(&mut o, h, title);
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="14" class="t">{}{}</text>"#,
+        esc(title),
+        if unit.is_empty() { String::new() } else { format!(" ({})", esc(unit)) }
+    );
+    let all = series.iter().flat_map(|(_, p)| p.iter());
+    let (tlo, thi, vlo, vhi) = all
+        .fold((f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY), |(a, b, c, d), p| {
+            (a.min(p.0), b.max(p.0), c.min(p.1), d.max(p.1))
+        });
+    if !tlo.is_finite() {
+        o.push_str("</svg>");
+        return o;
+    }
+    let (vlo, vhi) = padded(vlo, vhi);
+    let x = scale(tlo, if thi > tlo { thi } else { tlo + 1.0 }, PAD_L, W - PAD_R);
+    let y = scale(vlo, vhi, 140.0, 24.0);
+    svg_axes(&mut o, vlo, vhi);
+    for (i, (label, pts)) in series.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        let path: Vec<String> = pts.iter().map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1))).collect();
+        let _ = write!(
+            o,
+            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{}</title></polyline>"#,
+            path.join(" "),
+            esc(label)
+        );
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="{}" class="a" fill="{colour}">{}</text>"#,
+            W - PAD_R - 90.0,
+            30 + 12 * (i % 8),
+            esc(label)
+        );
+    }
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#,
+        W - PAD_R,
+        thi
+    );
+    o.push_str("</svg>");
     o
 }
 
