@@ -510,7 +510,13 @@ fn svg_axes(o: &mut String, vlo: f64, vhi: f64) {
 }
 
 /// Box and strip over the fleet's values, the subject's value marked.
-fn svg_distribution(title: &str, unit: &str, direction: Direction, values: &[f64], mark: Option<&(String, f64)>) -> String {
+fn svg_distribution(
+    title: &str,
+    unit: &str,
+    direction: Direction,
+    values: &[f64],
+    mark: Option<&(String, f64)>,
+) -> String {
     let mut o = String::new();
     let h = 138.0;
     let mut sorted = values.to_vec();
@@ -561,11 +567,7 @@ fn svg_distribution(title: &str, unit: &str, direction: Direction, values: &[f64
         x(p25),
         (x(p75) - x(p25)).max(1.0)
     );
-    let _ = write!(
-        o,
-        r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##,
-        x(p50)
-    );
+    let _ = write!(o, r##"<line x1="{0:.1}" x2="{0:.1}" y1="74" y2="102" stroke="#000" stroke-width="2"/>"##, x(p50));
     if let Some((label, v)) = mark {
         let mx = x(*v);
         let anchor = if mx < PAD_L + 60.0 {
@@ -600,24 +602,17 @@ fn svg_history(title: &str, unit: &str, points: &[(i64, f64)], change_at: Option
     svg_open(&mut o, h, title);
     let _ = write!(o, r#"<text x="{PAD_L}" y="14" class="t">{} ({})</text>"#, esc(title), esc(unit));
     if points.is_empty() {
-        o.push_str(
-            r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#,
-        );
+        o.push_str(r#"<text x="320" y="90" class="a" text-anchor="middle">no points in the window</text></svg>"#);
         return o;
     }
     let (t0, t1) = (points[0].0 as f64, points[points.len() - 1].0 as f64);
-    let (vlo, vhi) =
-        points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (vlo, vhi) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
     let (vlo, vhi) = padded(vlo, vhi);
     let x = scale(t0, if t1 > t0 { t1 } else { t0 + 1.0 }, PAD_L, W - PAD_R);
     let y = scale(vlo, vhi, 140.0, 24.0);
     svg_axes(&mut o, vlo, vhi);
     let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.0 as f64), y(p.1))).collect();
-    let _ = write!(
-        o,
-        r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
-        path.join(" ")
-    );
+    let _ = write!(o, r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##, path.join(" "));
     for (i, p) in points.iter().enumerate() {
         let bad = change_at.is_some_and(|c| i >= c);
         let _ = write!(

@@ -10,9 +10,11 @@
 //!
 //! Package names are those of NVIDIA's CUDA apt repository and of Ubuntu.
 
+use std::sync::LazyLock;
+
 use regex::Regex;
 
-use crate::spec::{split_requirement, Image, SpecError};
+use crate::spec::{split_requirement, Image, SourceText, SpecError};
 use toml::Spanned;
 
 /// Minimum Linux driver for each CUDA toolkit release (the "Toolkit Driver Version" table of the
@@ -72,26 +74,35 @@ struct Driver<'a> {
     branch: Option<u32>,
 }
 
+type Packages = std::collections::BTreeMap<Spanned<String>, Spanned<String>>;
+
+fn pattern(re: &str) -> Regex {
+    Regex::new(re).expect("static regex")
+}
+
+static DRIVER_NAMED: LazyLock<Regex> =
+    LazyLock::new(|| pattern(r"^(?:nvidia-driver|nvidia-open|cuda-drivers)-(\d+)(?:-open|-server-open|-server)?$"));
+static DRIVER_BARE: LazyLock<Regex> = LazyLock::new(|| pattern(r"^(?:nvidia-driver|nvidia-open|cuda-drivers)$"));
+static FABRIC: LazyLock<Regex> =
+    LazyLock::new(|| pattern(r"^(?:nvidia-fabricmanager|cuda-drivers-fabricmanager)(?:-(\d+))?$"));
+static TOOLKIT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^cuda-(?:toolkit-)?(\d+)-(\d+)$"));
+static CUDNN: LazyLock<Regex> = LazyLock::new(|| pattern(r"^(?:lib)?cudnn(\d+)-cuda-(\d+)$"));
+static NCCL: LazyLock<Regex> = LazyLock::new(|| pattern(r"^libnccl(?:2|-dev)$"));
+static NCCL_CUDA: LazyLock<Regex> = LazyLock::new(|| pattern(r"\+cuda(\d+)\.(\d+)$"));
+static TORCH_CU: LazyLock<Regex> = LazyLock::new(|| pattern(r"\+cu(\d+)(\d)$"));
+
 /// Lints one image; an empty result means consistent.
 pub fn lint(image: &Image) -> Vec<SpecError> {
     let src = image.source();
     let pkgs = &image.spec.apt.packages;
     let mut out = Vec::new();
-    let re = |s: &str| Regex::new(s).expect("static regex");
-    let driver_named = re(r"^(?:nvidia-driver|nvidia-open|cuda-drivers)-(\d+)(?:-open|-server-open|-server)?$");
-    let driver_bare = re(r"^(?:nvidia-driver|nvidia-open|cuda-drivers)$");
-    let fabric = re(r"^(?:nvidia-fabricmanager|cuda-drivers-fabricmanager)(?:-(\d+))?$");
-    let toolkit = re(r"^cuda-(?:toolkit-)?(\d+)-(\d+)$");
-    let cudnn = re(r"^(?:lib)?cudnn(\d+)-cuda-(\d+)$");
-    let nccl = re(r"^libnccl(?:2|-dev)$");
-    let nccl_cuda = re(r"\+cuda(\d+)\.(\d+)$");
 
     let mut drivers = Vec::new();
     for (name, version) in pkgs {
         let n = name.get_ref();
-        if let Some(c) = driver_named.captures(n) {
+        if let Some(c) = DRIVER_NAMED.captures(n) {
             drivers.push(Driver { name, version, branch: c[1].parse().ok() });
-        } else if driver_bare.is_match(n) {
+        } else if DRIVER_BARE.is_match(n) {
             let branch = upstream(version.get_ref()).split('.').next().and_then(|b| b.parse().ok());
             drivers.push(Driver { name, version, branch });
         }
@@ -108,8 +119,27 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
         ));
     }
 
-    // The driver: pinned, open, branch consistent with its version.
-    let mut driver_version: Option<&str> = None;
+    let driver_version = lint_driver(image, &src, driver, nvidia_pkgs, &mut out);
+    lint_fabric(&src, pkgs, driver, &mut out);
+    let cuda = lint_toolkit(&src, pkgs, driver, driver_version, &mut out);
+    lint_nccl(&src, pkgs, cuda, &mut out);
+    lint_cudnn(&src, pkgs, cuda, &mut out);
+    lint_headers(&src, pkgs, &mut out);
+    lint_torch(image, &src, driver, driver_version, &mut out);
+    out.sort_by_key(|e| (e.line, e.column));
+    out.dedup();
+    out
+}
+
+/// The driver: pinned, open, branch consistent with its version; returns its pinned upstream version.
+fn lint_driver<'a>(
+    image: &Image,
+    src: &SourceText,
+    driver: Option<&Driver<'a>>,
+    nvidia_pkgs: bool,
+    out: &mut Vec<SpecError>,
+) -> Option<&'a str> {
+    let mut driver_version: Option<&'a str> = None;
     if let Some(d) = driver {
         let v = d.version.get_ref();
         if v == "*" {
@@ -129,15 +159,20 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             }
             driver_version = pinned_upstream(v);
         }
-        let open = pkgs.keys().any(|n| n.get_ref().starts_with("nvidia-") && n.get_ref().contains("open"));
+        let open =
+            image.spec.apt.packages.keys().any(|n| n.get_ref().starts_with("nvidia-") && n.get_ref().contains("open"));
         if !open {
             out.push(src.error(d.name, format!("{} is the proprietary kernel module: use the open kernel modules ({}-open, nvidia-open or nvidia-kernel-open-dkms), which Hopper and Blackwell need", d.name.get_ref(), d.name.get_ref())));
         }
     } else if image.spec.matches.as_ref().and_then(|m| m.gpu.as_ref()).is_some_and(|g| g.get_ref() == "nvidia")
         && nvidia_pkgs
     {
-        if let Some((first, _)) =
-            pkgs.iter().find(|(n, _)| n.get_ref().starts_with("cuda-") || n.get_ref().starts_with("nvidia-"))
+        if let Some((first, _)) = image
+            .spec
+            .apt
+            .packages
+            .iter()
+            .find(|(n, _)| n.get_ref().starts_with("cuda-") || n.get_ref().starts_with("nvidia-"))
         {
             out.push(src.error(
                 first,
@@ -145,15 +180,18 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             ));
         }
     }
+    driver_version
+}
 
-    // Fabric manager = driver, exactly.
-    for (name, version) in pkgs.iter().filter(|(n, _)| fabric.is_match(n.get_ref())) {
+/// Fabric manager = driver, exactly.
+fn lint_fabric(src: &SourceText, pkgs: &Packages, driver: Option<&Driver>, out: &mut Vec<SpecError>) {
+    for (name, version) in pkgs.iter().filter(|(n, _)| FABRIC.is_match(n.get_ref())) {
         let Some(d) = driver else {
             out.push(src.error(name, "fabric manager without a driver: pin the driver it must equal"));
             continue;
         };
         if let Some(b) =
-            fabric.captures(name.get_ref()).and_then(|c| c.get(1)).and_then(|m| m.as_str().parse::<u32>().ok())
+            FABRIC.captures(name.get_ref()).and_then(|c| c.get(1)).and_then(|m| m.as_str().parse::<u32>().ok())
         {
             if d.branch.is_some_and(|db| db != b) {
                 out.push(src.error(
@@ -175,11 +213,19 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             ));
         }
     }
+}
 
-    // CUDA toolkit → minimum driver.
+/// CUDA toolkit → minimum driver; returns the toolkit's (major, minor).
+fn lint_toolkit(
+    src: &SourceText,
+    pkgs: &Packages,
+    driver: Option<&Driver>,
+    driver_version: Option<&str>,
+    out: &mut Vec<SpecError>,
+) -> Option<(u32, u32)> {
     let mut cuda: Option<(u32, u32)> = None;
     for (name, version) in pkgs {
-        let Some(c) = toolkit.captures(name.get_ref()) else { continue };
+        let Some(c) = TOOLKIT.captures(name.get_ref()) else { continue };
         let (major, minor): (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
         cuda = Some((major, minor));
         if pinned_upstream(version.get_ref()).is_none() {
@@ -190,13 +236,16 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
                 name,
                 format!("CUDA {major}.{minor} is not in kiln's table of minimum drivers (lint::CUDA_MIN_DRIVER)"),
             )),
-            Some(min) => check_driver(&mut out, &src, driver, driver_version, min, &format!("CUDA {major}.{minor}")),
+            Some(min) => check_driver(out, src, driver, driver_version, min, &format!("CUDA {major}.{minor}")),
         }
     }
+    cuda
+}
 
-    // NCCL built for this CUDA; both NCCL packages at one version.
+/// NCCL built for this CUDA; both NCCL packages at one version.
+fn lint_nccl(src: &SourceText, pkgs: &Packages, cuda: Option<(u32, u32)>, out: &mut Vec<SpecError>) {
     let mut nccl_version: Option<&Spanned<String>> = None;
-    for (name, version) in pkgs.iter().filter(|(n, _)| nccl.is_match(n.get_ref())) {
+    for (name, version) in pkgs.iter().filter(|(n, _)| NCCL.is_match(n.get_ref())) {
         let v = version.get_ref();
         if !exact(v) {
             out.push(
@@ -216,7 +265,7 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             }
         }
         nccl_version = Some(version);
-        match (nccl_cuda.captures(v), cuda) {
+        match (NCCL_CUDA.captures(v), cuda) {
             (Some(c), Some((major, minor))) => {
                 let built: (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
                 if built != (major, minor) {
@@ -238,10 +287,12 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             _ => {}
         }
     }
+}
 
-    // cuDNN for this CUDA major.
+/// cuDNN for this CUDA major.
+fn lint_cudnn(src: &SourceText, pkgs: &Packages, cuda: Option<(u32, u32)>, out: &mut Vec<SpecError>) {
     for (name, version) in pkgs {
-        let Some(c) = cudnn.captures(name.get_ref()) else { continue };
+        let Some(c) = CUDNN.captures(name.get_ref()) else { continue };
         let built: u32 = c[2].parse().unwrap_or(0);
         if let Some((major, _)) = cuda {
             if built != major {
@@ -255,29 +306,38 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             out.push(src.error(version, format!("pin {} to an exact version", name.get_ref())));
         }
     }
+}
 
-    // Headers follow the running kernel.
+/// Headers follow the running kernel.
+fn lint_headers(src: &SourceText, pkgs: &Packages, out: &mut Vec<SpecError>) {
     for name in pkgs.keys() {
         let n = name.get_ref();
         if n.starts_with("linux-headers-") && !n.contains("${kernel_release}") {
             out.push(src.error(name, format!("{n} does not follow the running kernel: use \"linux-headers-${{kernel_release}}\" so that DKMS builds the driver for the kernel that boots")));
         }
     }
+}
 
-    // A CUDA build of PyTorch needs its CUDA's driver.
-    let cu = re(r"\+cu(\d+)(\d)$");
+/// A CUDA build of PyTorch needs its CUDA's driver.
+fn lint_torch(
+    image: &Image,
+    src: &SourceText,
+    driver: Option<&Driver>,
+    driver_version: Option<&str>,
+    out: &mut Vec<SpecError>,
+) {
     for v in &image.spec.venvs {
         for req in &v.get_ref().packages {
             let Some((name, version)) = split_requirement(req.get_ref()) else { continue };
             if !name.eq_ignore_ascii_case("torch") {
                 continue;
             }
-            let Some(c) = cu.captures(version) else { continue };
+            let Some(c) = TORCH_CU.captures(version) else { continue };
             let (major, minor): (u32, u32) = (c[1].parse().unwrap_or(0), c[2].parse().unwrap_or(0));
             match cuda_min_driver(major, minor) {
                 Some(min) => check_driver(
-                    &mut out,
-                    &src,
+                    out,
+                    src,
                     driver,
                     driver_version,
                     min,
@@ -295,14 +355,11 @@ pub fn lint(image: &Image) -> Vec<SpecError> {
             }
         }
     }
-    out.sort_by_key(|e| (e.line, e.column));
-    out.dedup();
-    out
 }
 
 fn check_driver(
     out: &mut Vec<SpecError>,
-    src: &crate::spec::SourceText,
+    src: &SourceText,
     driver: Option<&Driver>,
     driver_version: Option<&str>,
     min: &str,

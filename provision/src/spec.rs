@@ -407,7 +407,24 @@ pub fn split_requirement(req: &str) -> Option<(&str, &str)> {
 
 fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
     let mut errors = Vec::new();
-    let mut err = |e: SpecError| errors.push(e);
+    let sections: [fn(&Spec, &SourceText, &Path, &mut dyn FnMut(SpecError)); 7] = [
+        validate_image,
+        validate_repositories,
+        validate_packages,
+        validate_venvs,
+        validate_kernel,
+        validate_files,
+        validate_commands,
+    ];
+    for section in sections {
+        section(spec, src, dir, &mut |e| errors.push(e));
+    }
+    errors.sort_by_key(|e| (e.line, e.column));
+    errors
+}
+
+/// The image's name and what machines it matches.
+fn validate_image(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     let name = &spec.image.name;
     if !is_name(name.get_ref()) {
         err(src.error(name, format!("image name {:?} must be {NAME_CHARS}", name.get_ref())));
@@ -436,7 +453,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             }
         }
     }
+}
 
+/// apt repositories: names, URIs, and a pinned signing key (or trust for a local one).
+fn validate_repositories(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     let mut repo_names = std::collections::BTreeSet::new();
     for r in &spec.apt.repositories {
         let repo = r.get_ref();
@@ -484,6 +504,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             }
         }
     }
+}
+
+/// apt packages and holds: Debian names and versions.
+fn validate_packages(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for (pkg, version) in &spec.apt.packages {
         if !is_package_name(pkg.get_ref()) {
             err(src.error(pkg, format!("{:?} is not a Debian package name", pkg.get_ref())));
@@ -504,7 +528,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             err(src.error(h, format!("hold names {:?}, which [apt.packages] does not install", h.get_ref())));
         }
     }
+}
 
+/// Virtualenvs: absolute paths, `==` pins, hashes for every package or none, one source of wheels.
+fn validate_venvs(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for v in &spec.venvs {
         let venv = v.get_ref();
         if !venv.path.get_ref().starts_with('/') {
@@ -548,6 +575,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             _ => {}
         }
     }
+}
+
+/// Kernel module names and sysctl names and values.
+fn validate_kernel(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for m in &spec.modules {
         let name = &m.get_ref().name;
         if name.get_ref().is_empty()
@@ -569,6 +600,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             err(src.error(value, "a sysctl value is one line"));
         }
     }
+}
+
+/// Files: absolute paths declared once, octal modes, content or a source pinned by its sha256.
+fn validate_files(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut(SpecError)) {
     let mut paths = std::collections::BTreeSet::new();
     for f in &spec.files {
         let file = f.get_ref();
@@ -606,6 +641,10 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             }
         }
     }
+}
+
+/// Services, guarded commands and checks.
+fn validate_commands(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for s in &spec.services {
         let n = s.get_ref().name.get_ref();
         if n.is_empty() || n.contains('/') || n.chars().any(char::is_whitespace) {
@@ -649,8 +688,6 @@ fn validate(spec: &Spec, src: &SourceText, dir: &Path) -> Vec<SpecError> {
             }
         }
     }
-    errors.sort_by_key(|e| (e.line, e.column));
-    errors
 }
 
 fn hex(bytes: &[u8]) -> String {
