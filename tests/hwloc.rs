@@ -168,6 +168,8 @@ const DMI_FIELDS: &[(&str, &str, &str)] = &[
     ("DMIBIOSDate", "bios", "date"),
 ];
 
+// Long: one flat list of field comparisons in hwloc's order, each a few lines; split, it would read
+// worse and share the one `check` closure through arguments.
 fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     let mut diffs = Vec::new();
     let mut check = |field: &str, want: String, got: String| {

@@ -109,6 +109,8 @@ fn apt_spec(lab: &Lab, hello: &str, shows: &str) -> PathBuf {
     lab.spec("lab-apt", &APT_SPEC.replace("@HELLO@", hello).replace("@HELLO_SHOWS@", shows))
 }
 
+// Long: one scenario on one throwaway root, each step building on the state the last one left
+// (install, apply again, drift, verify, upgrade); split, the state would travel between tests.
 #[test]
 fn apt_install_idempotence_drift_verify_and_upgrade() {
     if !need_root("apt_install_idempotence_drift_verify_and_upgrade", &[]) {

@@ -14,3 +14,4 @@ mod gpu;
 mod hwloc;
 mod lab;
 mod provision;
+mod tidy;

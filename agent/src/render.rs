@@ -13,7 +13,17 @@ fn or_unknown(v: &Option<String>) -> &str {
 /// The multi-line summary `kiln inventory` prints.
 pub fn summary(inv: &Inventory) -> String {
     let mut out = String::new();
-    let cpu = &inv.cpu;
+    summary_host(&mut out, inv);
+    summary_cpu(&mut out, inv);
+    summary_memory(&mut out, inv);
+    summary_numa(&mut out, inv);
+    devices(&mut out, inv);
+    summary_os(&mut out, inv);
+    out
+}
+
+/// Identity, configuration, system and BIOS.
+fn summary_host(out: &mut String, inv: &Inventory) {
     let host = inv.os.hostname.as_deref().unwrap_or("(no hostname)");
     let _ = writeln!(
         out,
@@ -35,6 +45,11 @@ pub fn summary(inv: &Inventory) -> String {
         let _ =
             writeln!(out, "bios      {} {} ({})", or_unknown(&b.vendor), or_unknown(&b.version), or_unknown(&b.date));
     }
+}
+
+/// The CPU: model, topology, clocks, core kinds, caches, ML instructions.
+fn summary_cpu(out: &mut String, inv: &Inventory) {
+    let cpu = &inv.cpu;
     let _ = writeln!(out, "cpu       {} [{}]", or_unknown(&cpu.model_name), cpu.architecture.as_str());
     let smt = cpu.threads_per_core.map(|t| format!(" × {t} threads")).unwrap_or_default();
     let _ = writeln!(
@@ -72,6 +87,10 @@ pub fn summary(inv: &Inventory) -> String {
     if !cpu.ml_features.is_empty() {
         let _ = writeln!(out, "isa       {}", cpu.ml_features.join(" "));
     }
+}
+
+/// Memory: total, available, DIMMs, hugepages.
+fn summary_memory(out: &mut String, inv: &Inventory) {
     let m = &inv.memory;
     let _ = write!(out, "memory    {} total", m.total_bytes.map_or("unknown".to_string(), human_bytes));
     if let Some(avail) = m.available_bytes {
@@ -107,6 +126,10 @@ pub fn summary(inv: &Inventory) -> String {
         let _ =
             writeln!(out, "          hugepages {}: {} ({} free)", human_bytes(pool.size_bytes), pool.total, pool.free);
     }
+}
+
+/// NUMA nodes and their distances.
+fn summary_numa(out: &mut String, inv: &Inventory) {
     if inv.numa.nodes.is_empty() {
         let _ = writeln!(out, "numa      no NUMA information");
     } else {
@@ -127,7 +150,10 @@ pub fn summary(inv: &Inventory) -> String {
             let _ = writeln!(out, "          distances {}", rows.join(" | "));
         }
     }
-    devices(&mut out, inv);
+}
+
+/// The OS, virtualisation and the first problems.
+fn summary_os(out: &mut String, inv: &Inventory) {
     let os = &inv.os;
     let distro =
         os.distribution.as_ref().and_then(|d| d.pretty_name.clone()).unwrap_or_else(|| "unknown distribution".into());
@@ -145,7 +171,6 @@ pub fn summary(inv: &Inventory) -> String {
             let _ = writeln!(out, "          {}: {}", p.path, p.message);
         }
     }
-    out
 }
 
 fn link_text(l: &crate::inventory::pci::PciLink) -> String {
@@ -164,62 +189,13 @@ fn link_text(l: &crate::inventory::pci::PciLink) -> String {
 
 /// GPUs, NVMe drives, NICs and RDMA devices, one line each.
 fn devices(out: &mut String, inv: &Inventory) {
+    gpus(out, &inv.gpus);
     let pci_link = |addr: &Option<String>| {
         addr.as_ref()
             .and_then(|a| inv.pci.iter().find(|d| &d.address == a))
             .and_then(|d| d.link.as_ref())
             .map(link_text)
     };
-    let g = &inv.gpus;
-    if !g.devices.is_empty() || !g.pci_gpus.is_empty() {
-        let _ = writeln!(
-            out,
-            "gpus      {} via NVML (driver {}, CUDA {}), {} on PCI{}",
-            g.devices.len(),
-            g.driver_version.as_deref().unwrap_or("?"),
-            g.cuda_driver_version.as_deref().unwrap_or("?"),
-            g.pci_gpus.len(),
-            if g.nvswitches.is_empty() { String::new() } else { format!(", {} NVSwitch(es)", g.nvswitches.len()) }
-        );
-        for gpu in &g.devices {
-            let active = gpu.nvlinks.iter().filter(|l| l.active).count();
-            let nvlink = if gpu.nvlinks.is_empty() {
-                String::new()
-            } else {
-                format!(", NVLink {active}/{} up", gpu.nvlinks.len())
-            };
-            let p = &gpu.pcie;
-            let mut pcie = match (p.current_gen, p.current_width) {
-                (Some(gen), Some(w)) => format!(", PCIe Gen{gen} x{w}"),
-                _ => String::new(),
-            };
-            if let (Some(mg), Some(mw)) = (p.max_gen, p.max_width) {
-                if p.current_gen.is_some_and(|g| g < mg) || p.current_width.is_some_and(|w| w < mw) {
-                    pcie.push_str(&format!(" (max Gen{mg} x{mw})"));
-                }
-            }
-            let peak = gpu
-                .name
-                .as_deref()
-                .and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, "bf16"))
-                .map(|t| format!(", {t:.0} TFLOP/s bf16 dense"))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "          GPU{} {} {} {}{pcie}{nvlink}{peak}",
-                gpu.index,
-                gpu.name.as_deref().unwrap_or("?"),
-                gpu.pci_address.as_deref().unwrap_or("?"),
-                gpu.memory_total_bytes.map_or("?".to_string(), human_bytes),
-            );
-        }
-        for missing in &g.missing_from_nvml {
-            let _ = writeln!(out, "          GPU at {missing} is on PCI but NVML does not see it");
-        }
-        if let Some(e) = &g.nvml_error {
-            let _ = writeln!(out, "          NVML: {e}");
-        }
-    }
     for n in &inv.nvme {
         let size: u64 = n.namespaces.iter().filter_map(|ns| ns.size_bytes).sum();
         let _ = writeln!(
@@ -282,6 +258,59 @@ fn devices(out: &mut String, inv: &Inventory) {
     );
     for d in degraded.iter().take(8) {
         let _ = writeln!(out, "          {d}");
+    }
+}
+
+/// The GPUs NVML sees (identity, memory, PCIe, NVLink, bf16 peak) and those it does not.
+fn gpus(out: &mut String, g: &crate::inventory::gpu::Gpus) {
+    if !g.devices.is_empty() || !g.pci_gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "gpus      {} via NVML (driver {}, CUDA {}), {} on PCI{}",
+            g.devices.len(),
+            g.driver_version.as_deref().unwrap_or("?"),
+            g.cuda_driver_version.as_deref().unwrap_or("?"),
+            g.pci_gpus.len(),
+            if g.nvswitches.is_empty() { String::new() } else { format!(", {} NVSwitch(es)", g.nvswitches.len()) }
+        );
+        for gpu in &g.devices {
+            let active = gpu.nvlinks.iter().filter(|l| l.active).count();
+            let nvlink = if gpu.nvlinks.is_empty() {
+                String::new()
+            } else {
+                format!(", NVLink {active}/{} up", gpu.nvlinks.len())
+            };
+            let p = &gpu.pcie;
+            let mut pcie = match (p.current_gen, p.current_width) {
+                (Some(gen), Some(w)) => format!(", PCIe Gen{gen} x{w}"),
+                _ => String::new(),
+            };
+            if let (Some(mg), Some(mw)) = (p.max_gen, p.max_width) {
+                if p.current_gen.is_some_and(|g| g < mg) || p.current_width.is_some_and(|w| w < mw) {
+                    pcie.push_str(&format!(" (max Gen{mg} x{mw})"));
+                }
+            }
+            let peak = gpu
+                .name
+                .as_deref()
+                .and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, "bf16"))
+                .map(|t| format!(", {t:.0} TFLOP/s bf16 dense"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "          GPU{} {} {} {}{pcie}{nvlink}{peak}",
+                gpu.index,
+                gpu.name.as_deref().unwrap_or("?"),
+                gpu.pci_address.as_deref().unwrap_or("?"),
+                gpu.memory_total_bytes.map_or("?".to_string(), human_bytes),
+            );
+        }
+        for missing in &g.missing_from_nvml {
+            let _ = writeln!(out, "          GPU at {missing} is on PCI but NVML does not see it");
+        }
+        if let Some(e) = &g.nvml_error {
+            let _ = writeln!(out, "          NVML: {e}");
+        }
     }
 }
 

@@ -401,10 +401,82 @@ pub fn collect(src: &Source) -> Cpu {
         .and_then(|t| parse_list(&t))
         .unwrap_or_else(|| all_ids.iter().copied().filter(|id| !online_set.contains(id)).collect());
 
-    // Topology of each online CPU. The kernel's CPU sets identify cores and packages more
-    // reliably than the numeric ids (old ia64 kernels repeat package ids; s390 says -1).
+    let topo = read_topology(src, &all_ids, &online_set);
+
+    let online_topo: Vec<&CpuTopo> = topo.iter().filter(|t| t.raw.online).collect();
+    let cpuinfo_packages: BTreeSet<_> = info.processors.iter().filter_map(|p| p.get("physical id")).collect();
+    let packages = if online_topo.iter().any(|t| t.package_key.is_some()) {
+        online_topo.iter().filter_map(|t| t.package_key.as_ref()).collect::<BTreeSet<_>>().len() as u32
+    } else {
+        // No sysfs package data (very old kernels, truncated snapshots): cpuinfo's ids, else one.
+        cpuinfo_packages.len().max(1) as u32
+    };
+    let cores = if online_topo.iter().any(|t| t.core_key.is_some()) {
+        let keys: BTreeSet<String> =
+            online_topo.iter().map(|t| t.core_key.clone().unwrap_or_else(|| format!("cpu{}", t.raw.id))).collect();
+        keys.len() as u32
+    } else {
+        let from_cpuinfo: BTreeSet<_> =
+            info.processors.iter().filter_map(|p| Some((p.get("physical id")?, p.get("core id")?))).collect();
+        if from_cpuinfo.is_empty() {
+            online_ids.len().max(info.processors.len()) as u32
+        } else {
+            from_cpuinfo.len() as u32
+        }
+    };
+    let online_count = if online_ids.is_empty() { info.processors.len() as u32 } else { online_ids.len() as u32 };
+    let threads_per_core = (cores > 0 && online_count % cores == 0).then(|| online_count / cores);
+    let cores_per_package = (packages > 0 && cores % packages == 0).then(|| cores / packages);
+
+    let caches = collect_caches(src, &online_ids);
+    let frequency = collect_frequency(src, &online_ids, &info);
+    let parts = arm_parts(&info);
+    let core_kinds = if parts.len() > 1 { arm_core_kinds(src, &parts) } else { collect_core_kinds(src, &online_ids) };
+    let allowed = allowed_cpus(src).filter(|a| *a != online_ids);
+
+    let flags = info.get("flags").or_else(|| info.get("Features")).or_else(|| info.get("features")).unwrap_or("");
+    let implementer = info.get("CPU implementer").map(str::to_string);
+    let part = info.get("CPU part").map(str::to_string);
+    let (vendor, model_name) = identity(&info, architecture, &parts, &core_kinds);
+    let x86 = architecture.is_x86();
+    let num = |key: &str| if x86 { info.get(key).and_then(|v| v.parse().ok()) } else { None };
+
+    Cpu {
+        architecture,
+        vendor,
+        model_name,
+        family: num("cpu family"),
+        model: num("model"),
+        stepping: num("stepping"),
+        implementer,
+        part,
+        variant: info.get("CPU variant").map(str::to_string),
+        revision: info.get("CPU revision").map(str::to_string),
+        microcode: info.get("microcode").map(str::to_string),
+        packages,
+        cores,
+        cores_per_package,
+        threads_per_core,
+        online: online_count,
+        online_cpus: format_list(&online_ids),
+        offline_cpus: format_list(&offline),
+        possible_cpus: possible.map(|p| format_list(&p)),
+        allowed_cpus: allowed.map(|a| format_list(&a)),
+        frequency,
+        caches,
+        core_kinds,
+        ml_features: ml_features(architecture, flags),
+        hypervisor_flag: flags.split_whitespace().any(|f| f == "hypervisor"),
+        logical_cpus: topo.into_iter().map(|t| t.raw).collect(),
+    }
+}
+
+/// The topology of every CPU, from its sysfs `topology/` directory (online CPUs only). The kernel's
+/// CPU sets identify cores and packages more reliably than the numeric ids (old ia64 kernels repeat
+/// package ids; s390 says -1).
+fn read_topology(src: &Source, all_ids: &BTreeSet<u32>, online_set: &BTreeSet<u32>) -> Vec<CpuTopo> {
     let mut topo = Vec::new();
-    for &id in &all_ids {
+    for &id in all_ids {
         let base = format!("{CPU_DIR}/cpu{id}/topology");
         let online = online_set.contains(&id);
         let raw = if online {
@@ -444,42 +516,17 @@ pub fn collect(src: &Source) -> Cpu {
         };
         topo.push(CpuTopo { package_key, core_key: raw.core_cpus.clone(), raw });
     }
+    topo
+}
 
-    let online_topo: Vec<&CpuTopo> = topo.iter().filter(|t| t.raw.online).collect();
-    let cpuinfo_packages: BTreeSet<_> = info.processors.iter().filter_map(|p| p.get("physical id")).collect();
-    let packages = if online_topo.iter().any(|t| t.package_key.is_some()) {
-        online_topo.iter().filter_map(|t| t.package_key.as_ref()).collect::<BTreeSet<_>>().len() as u32
-    } else {
-        // No sysfs package data (very old kernels, truncated snapshots): cpuinfo's ids, else one.
-        cpuinfo_packages.len().max(1) as u32
-    };
-    let cores = if online_topo.iter().any(|t| t.core_key.is_some()) {
-        let keys: BTreeSet<String> =
-            online_topo.iter().map(|t| t.core_key.clone().unwrap_or_else(|| format!("cpu{}", t.raw.id))).collect();
-        keys.len() as u32
-    } else {
-        let from_cpuinfo: BTreeSet<_> =
-            info.processors.iter().filter_map(|p| Some((p.get("physical id")?, p.get("core id")?))).collect();
-        if from_cpuinfo.is_empty() {
-            online_ids.len().max(info.processors.len()) as u32
-        } else {
-            from_cpuinfo.len() as u32
-        }
-    };
-    let online_count = if online_ids.is_empty() { info.processors.len() as u32 } else { online_ids.len() as u32 };
-    let threads_per_core = (cores > 0 && online_count % cores == 0).then(|| online_count / cores);
-    let cores_per_package = (packages > 0 && cores % packages == 0).then(|| cores / packages);
-
-    let caches = collect_caches(src, &online_ids);
-    let frequency = collect_frequency(src, &online_ids, &info);
-    let parts = arm_parts(&info);
-    let core_kinds = if parts.len() > 1 { arm_core_kinds(src, &parts) } else { collect_core_kinds(src, &online_ids) };
-    let allowed = allowed_cpus(src).filter(|a| *a != online_ids);
-
-    let flags = info.get("flags").or_else(|| info.get("Features")).or_else(|| info.get("features")).unwrap_or("");
-    let implementer = info.get("CPU implementer").map(str::to_string);
-    let part = info.get("CPU part").map(str::to_string);
-    // Arm: "ARM Neoverse-V2", or for mixed chips the kinds, biggest first ("ARM Cortex-X925 + Cortex-A725").
+/// The vendor and model name: cpuinfo's, else the Arm core's names (for mixed chips the kinds,
+/// biggest first: "ARM Cortex-X925 + Cortex-A725"), the IBM Z machine type, or the Itanium family.
+fn identity(
+    info: &CpuInfo,
+    architecture: Architecture,
+    parts: &[(u32, u32, Vec<u32>)],
+    core_kinds: &[CoreKind],
+) -> (Option<String>, Option<String>) {
     let arm_name = parts.first().and_then(|(i, p, _)| arm_core_name(*i, *p)).map(|(vendor, core)| {
         let cores = if parts.len() > 1 {
             core_kinds.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(" + ")
@@ -504,37 +551,7 @@ pub fn collect(src: &Source) -> Cpu {
             let family = info.get("family").filter(|_| architecture == Architecture::Ia64)?;
             Some(if family.parse::<u32>().is_ok() { format!("Itanium family {family}") } else { family.to_string() })
         });
-    let x86 = architecture.is_x86();
-    let num = |key: &str| if x86 { info.get(key).and_then(|v| v.parse().ok()) } else { None };
-
-    Cpu {
-        architecture,
-        vendor,
-        model_name,
-        family: num("cpu family"),
-        model: num("model"),
-        stepping: num("stepping"),
-        implementer,
-        part,
-        variant: info.get("CPU variant").map(str::to_string),
-        revision: info.get("CPU revision").map(str::to_string),
-        microcode: info.get("microcode").map(str::to_string),
-        packages,
-        cores,
-        cores_per_package,
-        threads_per_core,
-        online: online_count,
-        online_cpus: format_list(&online_ids),
-        offline_cpus: format_list(&offline),
-        possible_cpus: possible.map(|p| format_list(&p)),
-        allowed_cpus: allowed.map(|a| format_list(&a)),
-        frequency,
-        caches,
-        core_kinds,
-        ml_features: ml_features(architecture, flags),
-        hypervisor_flag: flags.split_whitespace().any(|f| f == "hypervisor"),
-        logical_cpus: topo.into_iter().map(|t| t.raw).collect(),
-    }
+    (vendor, model_name)
 }
 
 /// The machine type of an s390 ("processor 0: version = 00, identification = 279F25, machine = 2817").

@@ -264,6 +264,56 @@ pub fn collect(src: &Source, pci: &[PciDevice], library: Option<&OsStr>) -> Gpus
     gpus
 }
 
+/// Each NVLink of a GPU: state, version, the far end (by the driver's word, else by its PCI
+/// identity) and its error counters.
+fn read_nvlinks(nvml: &Nvml, device: &Device<'_>, pci: &[PciDevice]) -> Vec<NvLink> {
+    let mut nvlinks = Vec::new();
+    // NVML_NVLINK_MAX_LINKS: 18 on Hopper and Blackwell.
+    for link in 0..18 {
+        let l = device.link_wrapper_for(link);
+        let active = match l.is_active() {
+            Ok(a) => a,
+            Err(_) => break, // past the last link, or no NVLink at all
+        };
+        // SAFETY: as above; the symbol writes one enum value.
+        let remote_type = unsafe {
+            nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref().ok().and_then(|f| {
+                let mut t = 0;
+                (f(device.handle(), link, &mut t) == 0).then_some(t)
+            })
+        };
+        let remote_bus_id =
+            if active { l.remote_pci_info().ok().and_then(|p| normalize_bus_id(&p.bus_id)) } else { None };
+        let remote_device = remote_bus_id.as_ref().and_then(|a| pci.iter().find(|d| &d.address == a));
+        let remote_type = match remote_type {
+            Some(0) => RemoteType::Gpu,
+            Some(1) => RemoteType::Npu,
+            Some(2) => RemoteType::Nvswitch,
+            // Older drivers do not say: the far end's PCI identity does.
+            _ if remote_device.is_some_and(|d| d.is_nvswitch()) => RemoteType::Nvswitch,
+            _ if remote_device.is_some_and(|d| d.is_nvidia_gpu()) => RemoteType::Gpu,
+            _ => RemoteType::Unknown,
+        };
+        let counter = |c| l.error_counter(c).ok();
+        let errors = NvLinkErrors {
+            replay: counter(ErrorCounter::DlReplay),
+            recovery: counter(ErrorCounter::DlRecovery),
+            crc_flit: counter(ErrorCounter::DlCrcFlit),
+            crc_data: counter(ErrorCounter::DlCrcData),
+        };
+        let any_errors = errors.replay.is_some() || errors.recovery.is_some() || errors.crc_flit.is_some();
+        nvlinks.push(NvLink {
+            link,
+            active,
+            version: l.version().ok(),
+            remote_bus_id,
+            remote_type,
+            errors: any_errors.then_some(errors),
+        });
+    }
+    nvlinks
+}
+
 fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[PciDevice]) -> Gpu {
     macro_rules! get {
         ($what:expr, $result:expr) => {
@@ -313,50 +363,7 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
     let cpu_affinity =
         get!("CPU affinity", device.cpu_affinity(16)).map(|w| affinity_list(&w)).filter(|l| !l.is_empty());
 
-    let mut nvlinks = Vec::new();
-    // NVML_NVLINK_MAX_LINKS: 18 on Hopper and Blackwell.
-    for link in 0..18 {
-        let l = device.link_wrapper_for(link);
-        let active = match l.is_active() {
-            Ok(a) => a,
-            Err(_) => break, // past the last link, or no NVLink at all
-        };
-        // SAFETY: as above; the symbol writes one enum value.
-        let remote_type = unsafe {
-            nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref().ok().and_then(|f| {
-                let mut t = 0;
-                (f(device.handle(), link, &mut t) == 0).then_some(t)
-            })
-        };
-        let remote_bus_id =
-            if active { l.remote_pci_info().ok().and_then(|p| normalize_bus_id(&p.bus_id)) } else { None };
-        let remote_device = remote_bus_id.as_ref().and_then(|a| pci.iter().find(|d| &d.address == a));
-        let remote_type = match remote_type {
-            Some(0) => RemoteType::Gpu,
-            Some(1) => RemoteType::Npu,
-            Some(2) => RemoteType::Nvswitch,
-            // Older drivers do not say: the far end's PCI identity does.
-            _ if remote_device.is_some_and(|d| d.is_nvswitch()) => RemoteType::Nvswitch,
-            _ if remote_device.is_some_and(|d| d.is_nvidia_gpu()) => RemoteType::Gpu,
-            _ => RemoteType::Unknown,
-        };
-        let counter = |c| l.error_counter(c).ok();
-        let errors = NvLinkErrors {
-            replay: counter(ErrorCounter::DlReplay),
-            recovery: counter(ErrorCounter::DlRecovery),
-            crc_flit: counter(ErrorCounter::DlCrcFlit),
-            crc_data: counter(ErrorCounter::DlCrcData),
-        };
-        let any_errors = errors.replay.is_some() || errors.recovery.is_some() || errors.crc_flit.is_some();
-        nvlinks.push(NvLink {
-            link,
-            active,
-            version: l.version().ok(),
-            remote_bus_id,
-            remote_type,
-            errors: any_errors.then_some(errors),
-        });
-    }
+    let nvlinks = read_nvlinks(nvml, device, pci);
 
     Gpu {
         index,

@@ -192,6 +192,37 @@ pub fn collect(src: &Source) -> Vec<PciDevice> {
     devices
 }
 
+/// The device's link status: current and maximum speed and width, and whether it trained down.
+fn read_link(src: &Source, base: &str) -> Option<PciLink> {
+    let attr = |name: &str| src.attr(&format!("{base}/{name}"));
+    let current_speed = attr("current_link_speed").and_then(|s| parse_link_speed(&s));
+    let max_speed = attr("max_link_speed").and_then(|s| parse_link_speed(&s));
+    let current_width = attr("current_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
+    let max_width = attr("max_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
+    (current_speed.is_some() || current_width.is_some() || max_speed.is_some()).then(|| PciLink {
+        current_gen: current_speed.and_then(pcie_gen),
+        max_gen: max_speed.and_then(pcie_gen),
+        degraded: matches!((current_width, max_width), (Some(c), Some(m)) if c < m)
+            || matches!((current_speed, max_speed), (Some(c), Some(m)) if c + 0.01 < m),
+        current_speed_gts: current_speed,
+        current_width,
+        max_speed_gts: max_speed,
+        max_width,
+    })
+}
+
+/// The ACS capability of a bridge, from its config space. Quiet on failure: without root only the
+/// first 64 bytes read, and they never hold ACS.
+fn read_acs(src: &Source, base: &str) -> Option<Acs> {
+    let f = std::fs::File::open(src.path(&format!("{base}/config"))).ok()?;
+    use std::os::unix::fs::FileExt;
+    find_acs(|off| {
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, off as u64).ok()?;
+        Some(u32::from_le_bytes(b))
+    })
+}
+
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
     let attr = |name: &str| src.attr(&format!("{base}/{name}"));
@@ -234,20 +265,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         _ => None,
     };
 
-    let current_speed = attr("current_link_speed").and_then(|s| parse_link_speed(&s));
-    let max_speed = attr("max_link_speed").and_then(|s| parse_link_speed(&s));
-    let current_width = attr("current_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
-    let max_width = attr("max_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
-    let link = (current_speed.is_some() || current_width.is_some() || max_speed.is_some()).then(|| PciLink {
-        current_gen: current_speed.and_then(pcie_gen),
-        max_gen: max_speed.and_then(pcie_gen),
-        degraded: matches!((current_width, max_width), (Some(c), Some(m)) if c < m)
-            || matches!((current_speed, max_speed), (Some(c), Some(m)) if c + 0.01 < m),
-        current_speed_gts: current_speed,
-        current_width,
-        max_speed_gts: max_speed,
-        max_width,
-    });
+    let link = read_link(src, &base);
 
     // The device's sysfs link, e.g. ../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0,
     // names every bridge above it.
@@ -272,20 +290,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         nonfatal: aer_total("aer_dev_nonfatal"),
         fatal: aer_total("aer_dev_fatal"),
     });
-    let acs = if class == "0604" {
-        // Quiet on failure: without root only the first 64 bytes read, and they never hold ACS.
-        let file = std::fs::File::open(src.path(&format!("{base}/config"))).ok();
-        file.and_then(|f| {
-            use std::os::unix::fs::FileExt;
-            find_acs(|off| {
-                let mut b = [0u8; 4];
-                f.read_exact_at(&mut b, off as u64).ok()?;
-                Some(u32::from_le_bytes(b))
-            })
-        })
-    } else {
-        None
-    };
+    let acs = if class == "0604" { read_acs(src, &base) } else { None };
 
     PciDevice {
         address: address.to_string(),
