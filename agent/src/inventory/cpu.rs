@@ -545,7 +545,7 @@ fn identity(
         .or_else(|| info.get("cpu"))
         .map(str::to_string)
         .or_else(|| arm_name.as_ref().filter(|(_, c)| !c.is_empty()).map(|(v, c)| format!("{v} {c}")))
-        .or_else(|| s390_machine(&info).map(|m| format!("IBM Z machine type {m}")))
+        .or_else(|| s390_machine(info).map(|m| format!("IBM Z machine type {m}")))
         .or_else(|| {
             // ia64 names the family ("Itanium 2") or gives only its number.
             let family = info.get("family").filter(|_| architecture == Architecture::Ia64)?;
