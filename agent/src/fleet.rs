@@ -399,6 +399,9 @@ pub struct Comparison {
     pub b: String,
     pub noise: f64,
     pub rows: Vec<CompareRow>,
+    /// Whether software stacks were merged (`--across-software`), for the text.
+    #[serde(skip)]
+    pub across_software: bool,
 }
 
 /// The fewest values on each side for a verdict: a bootstrap of two runs says nothing.

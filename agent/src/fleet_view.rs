@@ -5,7 +5,9 @@ use std::fmt::Write;
 
 use kiln_db::{Direction, Store};
 
-use crate::fleet::{differences, CompareRow, ConfigSummary, Outlier, Regression};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::fleet::{differences, Comparison, ConfigSummary, MetricSummary, Outlier, Regression};
 
 /// A value with three or four significant digits.
 pub fn num(v: f64) -> String {
@@ -57,26 +59,31 @@ pub fn render_configs(configs: &[ConfigSummary]) -> String {
             if c.hosts == 1 { "" } else { "s" },
             c.price.map_or(String::new(), |p| format!(", price {}", num(p)))
         );
+        // A benchmark run under several configurations has a row per configuration: tell them apart.
+        let mut configs_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for m in &c.metrics {
+            configs_of.entry(&m.benchmark).or_default().insert(&m.bench_config);
+        }
+        let tagged = |m: &MetricSummary| configs_of.get(m.benchmark.as_str()).is_some_and(|s| s.len() > 1);
+        let names: Vec<String> = c
+            .metrics
+            .iter()
+            .map(|m| {
+                let stack = if m.software.is_empty() { String::new() } else { format!("[{}] ", short6(&m.software)) };
+                let bench = if tagged(m) { format!(" {{{}}}", config_tag(&m.bench_config)) } else { String::new() };
+                format!("{}{stack}{}:{}{bench}", arrow(m.direction), m.benchmark, m.metric)
+            })
+            .collect();
+        let w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0).max(6);
         let _ = writeln!(
             out,
-            "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}",
+            "  {:<w$} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}",
             "METRIC", "HOSTS", "RUNS", "P10", "MEDIAN", "P90", "BEST", "WORST", "PER WATT", "PER PRICE"
         );
-        for m in &c.metrics {
-            let name = format!(
-                "{}{} {}:{}",
-                arrow(m.direction),
-                if m.software.is_empty() {
-                    String::new()
-                } else {
-                    format!("[{}] ", &m.software[..m.software.len().min(6)])
-                },
-                m.benchmark,
-                m.metric
-            );
+        for (m, name) in c.metrics.iter().zip(&names) {
             let _ = writeln!(
                 out,
-                "  {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}   {}",
+                "  {:<w$} {:>5} {:>6} {:>10} {:>10} {:>10}  {:<28} {:<28} {:>10} {:>10}   {}",
                 name,
                 m.hosts,
                 m.runs,
@@ -90,24 +97,58 @@ pub fn render_configs(configs: &[ConfigSummary]) -> String {
                 m.unit
             );
         }
+        for (bench, set) in configs_of.iter().filter(|(_, s)| s.len() > 1) {
+            for cfg in set {
+                let _ = writeln!(out, "  {{{}}} {bench} configuration {}", config_tag(cfg), clip(cfg, 100));
+            }
+        }
         out.push('\n');
     }
-    out.push_str("Values are per-host medians of their runs; p10/median/p90 are over hosts. ↑ higher is better, ↓ lower is better; [xxxxxx] is the software stack.\n");
+    out.push_str(
+        "Values are per-host medians of their runs; p10/median/p90 are over hosts. ↑ higher is better, ↓ lower is \
+         better; [xxxxxx] is the software stack, {xxxxxx} the benchmark's configuration.\n",
+    );
     out
 }
 
-pub fn render_comparison(a: &str, b: &str, noise: f64, rows: &[CompareRow]) -> String {
-    let mut out = format!("A = {a}\nB = {b}\n");
-    if rows.is_empty() {
-        out += "no metric measured on both sides under the same benchmark configuration (and software stack: try --across-software)\n";
+/// A short stable name for a benchmark configuration (its JSON text).
+fn config_tag(config: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(config.as_bytes()).iter().take(3).map(|b| format!("{b:02x}")).collect()
+}
+
+fn short6(s: &str) -> &str {
+    &s[..s.len().min(6)]
+}
+
+/// At most `n` characters of `s`, with an ellipsis when cut.
+fn clip(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+pub fn render_comparison(c: &Comparison) -> String {
+    let mut out = format!("A = {}\nB = {}\n", c.a, c.b);
+    if c.rows.is_empty() {
+        out += if c.across_software {
+            "no metric measured on both sides under the same benchmark configuration\n"
+        } else {
+            "no metric measured on both sides under the same benchmark configuration (and software stack: try \
+             --across-software)\n"
+        };
         return out;
     }
-    let _ = writeln!(out, "{:<34} {:>10} {:>10} {:>9} {:>21}  VERDICT", "METRIC", "A", "B", "B/A", "95 % INTERVAL");
-    for r in rows {
+    let names: Vec<String> =
+        c.rows.iter().map(|r| format!("{} {}:{}", arrow(r.direction), r.benchmark, r.metric)).collect();
+    let w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0).max(6);
+    let _ = writeln!(out, "{:<w$} {:>10} {:>10} {:>9} {:>21}  VERDICT", "METRIC", "A", "B", "B/A", "95 % INTERVAL");
+    for (r, name) in c.rows.iter().zip(&names) {
         let _ = writeln!(
             out,
-            "{:<34} {:>10} {:>10} {:>9} {:>21}  {}{}",
-            format!("{} {}:{}", arrow(r.direction), r.benchmark, r.metric),
+            "{:<w$} {:>10} {:>10} {:>9} {:>21}  {}{}",
+            name,
             format!("{} (n={})", num(r.a_median), r.a_n),
             format!("{} (n={})", num(r.b_median), r.b_n),
             format!("{:.3}", r.ratio),
@@ -116,7 +157,7 @@ pub fn render_comparison(a: &str, b: &str, noise: f64, rows: &[CompareRow]) -> S
             if r.context.is_empty() { String::new() } else { format!("  ({})", r.context) }
         );
     }
-    let _ = writeln!(out, "A verdict is stated only when the interval excludes 1 ± {:.0} % (noise).", noise * 100.0);
+    let _ = writeln!(out, "A verdict is stated only when the interval excludes 1 ± {:.0} % (noise).", c.noise * 100.0);
     out
 }
 
@@ -299,4 +340,52 @@ pub fn render_regressions(regs: &[Regression], since_days: f64) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::HostRef;
+
+    fn metric(metric: &str, bench_config: &str) -> MetricSummary {
+        let host = HostRef { id: "0123456789".into(), hostname: Some("gpu-01".into()), value: 1.0 };
+        MetricSummary {
+            benchmark: "gemm".into(),
+            bench_config: bench_config.into(),
+            software: String::new(),
+            metric: metric.into(),
+            unit: "GFLOP/s".into(),
+            direction: Direction::Higher,
+            hosts: 3,
+            runs: 9,
+            median: 100.0,
+            p10: 90.0,
+            p90: 110.0,
+            best: host.clone(),
+            worst: host,
+            per_watt: None,
+            per_price: None,
+        }
+    }
+
+    /// Rows that differ only by the benchmark's configuration are told apart, and a long metric
+    /// name widens the column instead of shifting the row.
+    #[test]
+    fn configurations_are_named_and_columns_hold() {
+        let long = "gemm.f32.4096.gflops_with_a_name_longer_than_the_column_was";
+        let c = ConfigSummary {
+            config_fingerprint: "c0f16".into(),
+            config_name: "2× EPYC".into(),
+            hosts: 3,
+            price: None,
+            metrics: vec![metric("gemm.f32.1024.gflops", r#"{"sizes":[1024]}"#), metric(long, r#"{"sizes":[4096]}"#)],
+        };
+        let text = render_configs(&[c]);
+        let (a, b) = (config_tag(r#"{"sizes":[1024]}"#), config_tag(r#"{"sizes":[4096]}"#));
+        assert_ne!(a, b);
+        assert!(text.contains(&format!("{{{a}}} gemm configuration {{\"sizes\":[1024]}}")), "{text}");
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("GFLOP/s")).collect();
+        let col = |l: &str| l.find("100.0").unwrap();
+        assert_eq!(col(rows[0]), col(rows[1]), "{text}");
+    }
 }

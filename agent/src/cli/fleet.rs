@@ -31,7 +31,7 @@ impl View for Configs {
 
 impl View for Comparison {
     fn render(&self) -> String {
-        fleet_view::render_comparison(&self.a, &self.b, self.noise, &self.rows)
+        fleet_view::render_comparison(self)
     }
 }
 
@@ -59,7 +59,7 @@ pub fn compare(
             let (sa, la) = fleet::resolve(&fleet, a)?;
             let (sb, lb) = fleet::resolve(&fleet, b)?;
             let rows = fleet::compare_two(&fleet, &sa, &sb, filter, noise)?;
-            ctx.output(&Comparison { a: la, b: lb, noise, rows })
+            ctx.output(&Comparison { a: la, b: lb, noise, rows, across_software: filter.across_software })
         }
         _ => anyhow::bail!("give `--by config`, or two subjects: kiln compare A B"),
     }
