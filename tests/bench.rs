@@ -13,6 +13,8 @@ fn membw_run_is_measured_stored_and_shown() {
     )
     .success();
     let out = run.json();
+    let typed: kiln::runs::MembwReport = run.report();
+    assert!(typed.scopes.iter().all(|s| s.kernels.len() == 4), "{typed:?}");
     let scopes = out["report"]["scopes"].as_array().unwrap();
     let all = scopes.iter().find(|s| s["scope"] == "all").unwrap();
     let kernels: Vec<&str> = all["kernels"].as_array().unwrap().iter().map(|k| k["kernel"].as_str().unwrap()).collect();
@@ -158,6 +160,8 @@ fn tiny_training_run_learns_and_is_stored() {
     let db = dir.path().join("kiln.db");
     let run = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--json"], &[("KILN_DB", &db)]);
     let out = run.json();
+    let typed: kiln::runs::TrainReport = run.report();
+    assert_eq!(typed.train.loss_curve.len(), typed.train.config.steps);
     let r = &out["report"]["train"];
     assert_eq!(out["status"].as_str().map(|s| s != "failed"), Some(true), "{}", run.describe());
     assert_eq!(run.code(), Some(0), "{}", run.describe());
@@ -213,12 +217,14 @@ fn training_that_cannot_learn_fails_loudly() {
 
 #[test]
 fn gemm_small_sizes_against_the_peak() {
-    let out = kiln(
+    let run = kiln(
         &["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"],
         &[],
     )
-    .success()
-    .json();
+    .success();
+    let out = run.json();
+    let typed: kiln::runs::GemmReport = run.report();
+    assert_eq!(typed.results.len(), 2);
     assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
     // Where the processor is in the FLOPs-per-cycle table, the datasheet view comes with it.
     let t = &out["report"]["theoretical_peak"];

@@ -41,6 +41,18 @@ pub fn unpack(tarball: &Path) -> PathBuf {
     dest
 }
 
+/// `unwrap` that prints the command and its output on failure.
+pub trait UnwrapDescribing<T> {
+    fn unwrap_or_while_describing(self, run: &Run) -> T;
+}
+
+impl<T, E: std::fmt::Display> UnwrapDescribing<T> for Result<T, E> {
+    #[track_caller]
+    fn unwrap_or_while_describing(self, run: &Run) -> T {
+        self.unwrap_or_else(|e| panic!("{e}\n{}", run.describe()))
+    }
+}
+
 pub struct Run {
     pub cmdline: String,
     pub output: Output,
@@ -71,8 +83,21 @@ impl Run {
         assert_eq!(self.code(), Some(0), "expected success\n{}", self.describe());
         self
     }
+    /// The `--json` document, as this kiln's output schema (version 1) has it.
     #[track_caller]
     pub fn json(&self) -> serde_json::Value {
+        let value = self.any_json();
+        assert_eq!(value["schema_version"], 1, "every --json document carries schema_version 1\n{}", self.describe());
+        value
+    }
+    /// The report of a benchmark's `--json`, as the typed report the benchmark emits: a renamed or
+    /// missing field fails here.
+    #[track_caller]
+    pub fn report<T: serde::de::DeserializeOwned>(&self) -> T {
+        serde_json::from_value(self.json()["report"].clone()).unwrap_or_while_describing(self)
+    }
+    #[track_caller]
+    pub fn any_json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout()).unwrap_or_else(|e| panic!("stdout is not JSON: {e}\n{}", self.describe()))
     }
 }

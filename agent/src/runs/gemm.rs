@@ -13,6 +13,7 @@ use crate::render::Progress;
 use crate::timefmt::now_rfc3339;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GemmReport {
     pub peak: PeakResult,
     pub theoretical_peak: Option<TheoreticalPeak>,
@@ -22,6 +23,7 @@ pub struct GemmReport {
 
 /// The datasheet view: CPUs × clock × FLOPs per cycle of the microarchitecture.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TheoreticalPeak {
     pub gflops: f64,
     pub flops_per_cycle: u32,

@@ -14,6 +14,7 @@ use crate::telemetry;
 use crate::timefmt::now_rfc3339;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MembwReport {
     pub config: membw::Config,
     pub scopes: Vec<membw::ScopeResult>,

@@ -12,6 +12,7 @@ use crate::render::Progress;
 use crate::timefmt::now_rfc3339;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrainReport {
     pub peak: PeakResult,
     pub train: kiln_bench::train::Report,
