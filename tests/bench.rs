@@ -107,7 +107,7 @@ fn disk_interrupted_removes_its_file_and_says_so() {
 }
 
 #[test]
-fn disk_refuses_a_device_that_holds_data() {
+fn disk_refuses_what_is_neither_a_directory_nor_a_device() {
     // A regular file is neither a directory nor a block device: refused with the path.
     let file = tempfile::NamedTempFile::new().unwrap();
     let run = kiln(&["bench", "disk", file.path().to_str().unwrap(), "--no-save"], &[]);
@@ -234,4 +234,76 @@ fn gemm_small_sizes_against_the_peak() {
     let results = out["report"]["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));
+}
+
+/// A loop device over a file, detached when dropped.
+struct Loop {
+    device: String,
+}
+
+impl Loop {
+    fn new(backing: &std::path::Path) -> Loop {
+        let out = std::process::Command::new("losetup").args(["-f", "--show"]).arg(backing).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        Loop { device: String::from_utf8(out.stdout).unwrap().trim().to_string() }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").args(["-d", &self.device]).status();
+    }
+}
+
+/// A block device is read, never written, without --destructive; with it, a device the kernel
+/// has in use is refused; and what it held is said either way. Needs root for loop devices.
+#[test]
+fn disk_never_writes_a_device_without_destructive() {
+    use sha2::Digest;
+    let missing: Vec<String> = [crate::util::root("loop devices"), crate::util::program("losetup", "util-linux")]
+        .into_iter()
+        .flatten()
+        .collect();
+    if !crate::util::needs("disk_never_writes_a_device_without_destructive", &missing) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("disk.img");
+    let mut image = vec![0x5au8; 8 << 20];
+    image[4086..4096].copy_from_slice(b"SWAPSPACE2");
+    std::fs::write(&backing, &image).unwrap();
+    let digest = || sha2::Sha256::digest(std::fs::read(&backing).unwrap());
+    let before = digest();
+    let dev = Loop::new(&backing);
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["bench", "disk", dev.device.as_str(), "--size-mib", "4", "--seconds", "0.05", "--qd", "1"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--no-save", "--json"]);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&'static str]| {
+        let a = args(extra);
+        kiln(&a.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+    };
+    // Without --destructive: the read tests only, the swap area named, not a byte changed.
+    let read = run(&[]).success();
+    let report: kiln_bench::disk::Report = read.report();
+    assert!(report.read_only && report.held.as_deref() == Some("a swap area"), "{report:?}");
+    assert!(report.tests.iter().all(|t| t.test.ends_with("read")) && !report.tests.is_empty(), "{report:?}");
+    assert_eq!(digest(), before, "a read-only run changed the device");
+    // With --destructive while someone holds the device exclusively: refused, nothing written.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _held = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&dev.device).unwrap();
+        let refused = run(&["--destructive"]);
+        assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+        assert!(refused.stderr().contains("in use"), "{}", refused.describe());
+        assert_eq!(digest(), before, "a refused run changed the device");
+    }
+    // With --destructive and nobody holding it: written, and what it held is said.
+    let wrote = run(&["--destructive"]).success();
+    let report: kiln_bench::disk::Report = wrote.report();
+    assert!(!report.read_only && report.held.as_deref() == Some("a swap area"), "{report:?}");
+    assert!(report.tests.iter().any(|t| t.test == "rand_write"), "{report:?}");
+    assert_ne!(digest(), before);
 }
