@@ -260,3 +260,58 @@ fn commission_runs_the_quick_suite() {
     let snap = kiln(&["commission", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();
     assert!(snap.stdout().contains("benchmarks skipped"), "{}", snap.describe());
 }
+
+/// `-o PATH` as a careful user expects: `-` is stdout, a FIFO (or a device) is written in place,
+/// a symbolic link is refused and left as it was, a regular file is replaced whole, a missing
+/// directory is not created, and no `.partial` file is ever left behind.
+#[test]
+fn export_output_paths_are_never_replaced_by_mistake() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]).success();
+    let export = |out: &Path| kiln(&["export", "-o", out.to_str().unwrap()], &[("KILN_DB", &db)]);
+    // Standard output.
+    let stdout = kiln(&["export", "-o", "-"], &[("KILN_DB", &db)]).success().stdout();
+    assert!(stdout.starts_with("{\"kiln_export\":1"), "{stdout}");
+    // A FIFO stays a FIFO and receives the export.
+    let fifo = dir.path().join("pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    export(&fifo).success();
+    assert!(reader.join().unwrap().starts_with("{\"kiln_export\":1"));
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()));
+    // A symbolic link is refused; it and its target stay as they were.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let refused = export(&link);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("a symbolic link"), "{}", refused.describe());
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    // A regular file is replaced whole, keeping its mode.
+    let file = dir.path().join("out.jsonl");
+    std::fs::write(&file, "old").unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    export(&file).success();
+    assert!(std::fs::read_to_string(&file).unwrap().starts_with("{\"kiln_export\":1"));
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions()) & 0o777,
+        0o640
+    );
+    // A directory that does not exist is not created.
+    let nowhere = dir.path().join("no/such/dir/out.jsonl");
+    let missing = export(&nowhere);
+    assert_eq!(missing.code(), Some(2), "{}", missing.describe());
+    assert!(!dir.path().join("no").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

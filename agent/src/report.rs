@@ -757,20 +757,53 @@ pub fn sparkline(values: &[f64]) -> String {
         .collect()
 }
 
+/// Text from the database made inert for Markdown renderers: HTML (`<script>`, `&…;`) becomes
+/// entities, and Markdown's own syntax (emphasis, links, code, tables, headings) is escaped.
+fn md_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '#' | '|' | '!' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn md_cell(s: &str) -> String {
-    s.replace('|', "\\|")
+    md_text(s)
+}
+
+/// A fenced code block whose fence is longer than any run of backticks inside it, so that the
+/// content cannot close it.
+fn md_code(text: &str) -> String {
+    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest.max(2) + 1);
+    format!("{fence}text\n{}\n{fence}\n", text.trim_end())
 }
 
 /// The same report as Markdown: tables, and sparklines where the HTML has plots.
 pub fn markdown(r: &Report) -> String {
-    let mut o = format!("# {}\n\nkiln {} report, generated {}.\n", r.title, env!("CARGO_PKG_VERSION"), r.generated_at);
+    let mut o = format!(
+        "# {}\n\nkiln {} report, generated {}.\n",
+        md_text(&r.title),
+        env!("CARGO_PKG_VERSION"),
+        r.generated_at
+    );
     for s in &r.sections {
-        let _ = write!(o, "\n## {}\n\n", s.heading);
+        let _ = write!(o, "\n## {}\n\n", md_text(&s.heading));
         for t in &s.text {
-            let _ = writeln!(o, "{t}\n");
+            let _ = writeln!(o, "{}\n", md_text(t));
         }
         if let Some(p) = &s.preformatted {
-            let _ = writeln!(o, "```\n{}\n```\n", p.trim_end());
+            let _ = writeln!(o, "{}", md_code(p));
         }
         if let Some((head, rows)) = &s.table {
             let _ = writeln!(o, "| {} |", head.iter().map(|h| md_cell(h)).collect::<Vec<_>>().join(" | "));
@@ -797,7 +830,8 @@ pub fn markdown(r: &Report) -> String {
                         md_cell(title),
                         num(first),
                         num(last),
-                        sparkline(&values)
+                        sparkline(&values),
+                        unit = md_cell(unit),
                     );
                 }
             }
@@ -805,4 +839,35 @@ pub fn markdown(r: &Report) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a hostile database can put in a report (a host name, a metric, an inventory) comes out
+    /// of the Markdown inert: no HTML, no link, no code fence it can close.
+    #[test]
+    fn markdown_escapes_what_renderers_turn_into_html() {
+        let evil = "<script>alert(1)</script> [x](javascript:alert(1)) ![i](http://x/t.png) **b** `c` | d";
+        let report = Report {
+            title: format!("Host {evil}"),
+            generated_at: "2026-12-03T00:00:00Z".into(),
+            sections: vec![Section {
+                heading: evil.into(),
+                text: vec![format!("line one\n# not a heading {evil}")],
+                preformatted: Some("host ```\n```html\n<img src=x onerror=alert(1)>".into()),
+                table: Some((vec!["metric".into()], vec![vec![evil.into()]])),
+                charts: vec![],
+            }],
+        };
+        let md = markdown(&report);
+        assert!(!md.contains("<script") && md.contains("&lt;script&gt;"), "{md}");
+        assert!(!md.contains("](javascript") && !md.contains("!["), "{md}");
+        assert!(!md.contains("\n# not a heading"), "{md}");
+        // The preformatted block holds three backticks: its fence is four, so it cannot be closed early.
+        assert!(md.contains("````text\nhost ```\n```html\n<img src=x onerror=alert(1)>\n````"), "{md}");
+        let cells = md.lines().filter(|l| l.starts_with("| ")).nth(1).unwrap();
+        assert_eq!(cells.matches(" | ").count(), 0, "a | in a cell does not open a column: {cells}");
+    }
 }

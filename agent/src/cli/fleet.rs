@@ -173,12 +173,14 @@ pub fn report(args: ReportArgs, ctx: &Ctx) -> Result<Output> {
     };
     let evidence = ctx.with_store_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
     let report = crate::report::build(&evidence);
+    let write = |path: &Path, text: String| {
+        super::outfile::write_output(path, |w| w.write_all(text.as_bytes()).with_context(|| path.display().to_string()))
+    };
     if let Some(path) = &args.html {
-        std::fs::write(path, crate::report::html(&report)).with_context(|| format!("writing {}", path.display()))?;
+        write(path, crate::report::html(&report))?;
     }
     if let Some(path) = &args.markdown {
-        std::fs::write(path, crate::report::markdown(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        write(path, crate::report::markdown(&report))?;
     }
     ctx.output(&Written { title: report.title, html: args.html, markdown: args.markdown })
 }

@@ -10,6 +10,7 @@ pub mod args;
 pub mod bench;
 pub mod fleet;
 pub mod inventory;
+pub mod outfile;
 pub mod provision;
 pub mod store;
 

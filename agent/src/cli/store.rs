@@ -211,31 +211,15 @@ fn export_summary(stats: &ExportStats) -> String {
 pub fn export(window: &Window, output: Option<&Path>, ctx: &Ctx) -> Result<Output> {
     let since = window.since.as_deref().map(window_start).transpose()?.map(crate::timefmt::rfc3339);
     let now = crate::timefmt::now_rfc3339();
-    let Some(path) = output else {
-        // The JSON lines are the output; the summary goes to stderr.
-        let stdout = std::io::stdout();
-        let mut w = std::io::BufWriter::new(stdout.lock());
-        let stats = ctx.with_store(async |store| store.export(since.as_deref(), &now, &mut w).await)?;
-        progress(&export_summary(&stats));
-        return Ok(Output::empty(Exit::Ok));
-    };
-    // Into a temporary file beside the target, renamed when complete.
-    let tmp = path.with_extension("partial");
-    let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    let stats = match ctx.with_store(async |store| store.export(since.as_deref(), &now, &mut w).await) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    w.into_inner()
-        .map_err(|e| e.into_error())
-        .and_then(|f| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    let path = output.unwrap_or(Path::new("-"));
+    let stats = super::outfile::write_output(path, |w| {
+        ctx.with_store(async |store| store.export(since.as_deref(), &now, w).await)
+    })?;
     progress(&export_summary(&stats));
+    if path.as_os_str() == "-" {
+        // The JSON lines are the output; the summary went to stderr.
+        return Ok(Output::empty(Exit::Ok));
+    }
     ctx.output(&Exported { file: Some(path.to_path_buf()), stats })
 }
 
