@@ -558,7 +558,20 @@ fn bad_specs_point_at_file_line_and_column() {
         ("dotted-key", format!("{head}[apt.packages]\nlibpython3.11 = \"*\"\n"), "5:1: a bare key with dots is a dotted key (nested tables) in TOML: quote names that contain dots, e.g. \"libpython3.12\" = \"*\""),
         ("gpu-vendor", format!("{head}[match]\ngpu = \"amd\"\n"), "5:7: gpu must be \"nvidia\" or \"none\", not \"amd\""),
         ("image-name", "[image]\nname = \"My Image\"\nversion = \"1\"\n".into(), "2:8: image name \"My Image\" must be lowercase letters, digits, '.', '-' and '_'"),
+        // Spec values can never become options, nor reach outside the image's folder.
+        ("package-option", format!("{head}[apt.packages]\n\"--allow-unauthenticated\" = \"*\"\n"), "5:1: \"--allow-unauthenticated\" is not a Debian package name"),
+        ("version-option", format!("{head}[apt.packages]\nhwloc = \"-o=APT::Get::AllowUnauthenticated=1\"\n"), "5:9: version \"-o=APT::Get::AllowUnauthenticated=1\" of hwloc must be a Debian version, a glob such as \"570.*\", or \"*\""),
+        ("pip-option", format!("{head}[[venv]]\npath = \"/opt/v\"\npackages = [\"--index-url==http://evil\"]\n"), "6:13: \"--index-url==http://evil\" must pin an exact version: \"name==version\""),
+        ("module-option", format!("{head}[[module]]\nname = \"-r\"\n"), "5:8: \"-r\" is not a kernel module name"),
+        ("sysctl-option", format!("{head}[sysctl]\n\"-p\" = 1\n"), "5:1: \"-p\" is not a sysctl name"),
+        ("unit-option", format!("{head}[[service]]\nname = \"--global\"\nenabled = true\n"), "5:8: \"--global\" is not a systemd unit name"),
+        ("source-outside", format!("{head}[[file]]\npath = \"/etc/x\"\nsource = \"../../etc/shadow\"\nsha256 = \"{}\"\n", "ab".repeat(32)), "6:10: source \"../../etc/shadow\" must be a path inside the image's folder (relative, without '..', no link out of it)"),
+        ("source-absolute", format!("{head}[[file]]\npath = \"/etc/x\"\nsource = \"/etc/shadow\"\nsha256 = \"{}\"\n", "ab".repeat(32)), "6:10: source \"/etc/shadow\" must be a path inside the image's folder (relative, without '..', no link out of it)"),
+        ("source-link-out", format!("{head}[[file]]\npath = \"/etc/x\"\nsource = \"out\"\nsha256 = \"{}\"\n", "ab".repeat(32)), "6:10: source \"out\" must be a path inside the image's folder (relative, without '..', no link out of it)"),
+        ("key-outside", format!("{head}[[apt.repository]]\nname = \"r\"\nuri = \"https://example.invalid/\"\nsuite = \"/\"\nkey = {{ file = \"/etc/apt/trusted.gpg\", fingerprint = \"{}\" }}\n", "AB".repeat(20)), "8:16: key file \"/etc/apt/trusted.gpg\" must be a path inside the image's folder (relative, without '..', no link out of it)"),
+        ("wheels-outside", format!("{head}[[venv]]\npath = \"/opt/v\"\npackages = [\"x==1\"]\nwheels = \"../w\"\n"), "7:10: wheel directory \"../w\" must be a path inside the image's folder (relative, without '..', no link out of it)"),
     ];
+    std::os::unix::fs::symlink("/etc/hostname", lab.path().join("out")).unwrap();
     std::fs::write(lab.path().join("x.conf"), "threads = 8\n").unwrap();
     let conf_sha: String = Sha256::digest(b"threads = 8\n").iter().map(|b| format!("{b:02x}")).collect();
     let mut failures = Vec::new();

@@ -361,21 +361,47 @@ pub fn parse(path: &Path, text: String) -> Result<Image, SpecErrors> {
 
 const NAME_CHARS: &str = "lowercase letters, digits, '.', '-' and '_'";
 
+/// Whether `s` starts with a letter or digit: no spec value that reaches a program's arguments may
+/// start with `-`, where it would be read as an option (`"--allow-unauthenticated" = "*"`).
+fn starts_alnum(s: &str) -> bool {
+    s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
 fn is_name(s: &str) -> bool {
-    !s.is_empty()
+    starts_alnum(s)
         && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_' | '+'))
 }
 
-/// Debian package names (with kiln's `${kernel_release}` variable).
+/// Debian package names (Policy 5.6.1: lower case letters, digits, `+ - .`, at least two long,
+/// starting with a letter or digit), with kiln's `${kernel_release}` variable.
 fn is_package_name(s: &str) -> bool {
     let s = s.replace("${kernel_release}", "k");
-    s.len() >= 2 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '+'))
+    s.len() >= 2
+        && starts_alnum(&s)
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '+'))
 }
 
-/// Debian versions with `*` and `?` globs.
+/// Debian versions (Policy 5.6.12: an optional epoch, an upstream version starting with a digit)
+/// with `*` and `?` globs.
 fn is_version_pattern(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || ".+-~:*?".contains(c))
+    s.chars().next().is_some_and(|c| c.is_ascii_digit() || c == '*' || c == '?')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || ".+-~:*?".contains(c))
 }
+
+/// A path the spec names relative to its folder (`source`, key `file`, `wheels`): relative, without
+/// `..`, and (where it exists) not reaching outside the folder through a symbolic link.
+fn inside_image(dir: &Path, rel: &str) -> bool {
+    let p = Path::new(rel);
+    if rel.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return false;
+    }
+    match (std::fs::canonicalize(dir), std::fs::canonicalize(dir.join(p))) {
+        (Ok(d), Ok(target)) => target.starts_with(d),
+        _ => true, // not there: said by the check that reads it
+    }
+}
+
+const INSIDE_IMAGE: &str = "must be a path inside the image's folder (relative, without '..', no link out of it)";
 
 /// PEP 503 normalised distribution name.
 pub fn normalize_dist(name: &str) -> String {
@@ -399,8 +425,11 @@ pub fn normalize_dist(name: &str) -> String {
 pub fn split_requirement(req: &str) -> Option<(&str, &str)> {
     let (name, version) = req.split_once("==")?;
     let (name, version) = (name.trim(), version.trim());
-    let name_ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    let version_ok = !version.is_empty()
+    // PEP 508 names start and end with a letter or digit; PEP 440 versions start with one.
+    let name_ok = starts_alnum(name)
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let version_ok = starts_alnum(version)
         && version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '-' | '_'));
     (name_ok && version_ok).then_some((name, version))
 }
@@ -456,7 +485,7 @@ fn validate_image(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMu
 }
 
 /// apt repositories: names, URIs, and a pinned signing key (or trust for a local one).
-fn validate_repositories(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
+fn validate_repositories(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut(SpecError)) {
     let mut repo_names = std::collections::BTreeSet::new();
     for r in &spec.apt.repositories {
         let repo = r.get_ref();
@@ -494,6 +523,9 @@ fn validate_repositories(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut d
                     err(src.error(&key.fingerprint, "key fingerprint must be 40 hexadecimal digits (spaces allowed)"));
                 }
                 match (&key.file, &key.url) {
+                    (Some(f), None) if !inside_image(dir, f.get_ref()) => {
+                        err(src.error(f, format!("key file {:?} {INSIDE_IMAGE}", f.get_ref())))
+                    }
                     (None, None) => err(src.error(k, "the key needs a file or a url")),
                     (Some(f), Some(_)) => err(src.error(f, "give the key as a file or a url, not both")),
                     (None, Some(u)) if !u.get_ref().starts_with("https://") => {
@@ -569,6 +601,9 @@ fn validate_venvs(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut
         }
         match (&venv.index_url, &venv.wheels) {
             (Some(_), Some(w)) => err(src.error(w, "give an index_url or a wheels directory, not both")),
+            (None, Some(w)) if !inside_image(dir, w.get_ref()) => {
+                err(src.error(w, format!("wheel directory {:?} {INSIDE_IMAGE}", w.get_ref())))
+            }
             (None, Some(w)) if !dir.join(w.get_ref()).is_dir() => {
                 err(src.error(w, format!("wheel directory {} does not exist", dir.join(w.get_ref()).display())))
             }
@@ -581,7 +616,7 @@ fn validate_venvs(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut
 fn validate_kernel(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for m in &spec.modules {
         let name = &m.get_ref().name;
-        if name.get_ref().is_empty()
+        if !starts_alnum(name.get_ref())
             || !name.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
             err(src.error(name, format!("{:?} is not a kernel module name", name.get_ref())));
@@ -589,8 +624,7 @@ fn validate_kernel(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnM
     }
     for (key, value) in &spec.sysctl {
         let k = key.get_ref();
-        if k.is_empty()
-            || k.starts_with('.')
+        if !starts_alnum(k)
             || k.contains("..")
             || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
         {
@@ -624,6 +658,9 @@ fn validate_files(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut
             (None, None, _) => err(src.error(f, format!("file {p} needs content or a source"))),
             (None, Some(s), None) => err(src.error(s, "a source needs its sha256")),
             (_, None, Some(h)) => err(src.error(h, "sha256 pins a source; content needs none")),
+            (None, Some(s), Some(_)) if !inside_image(dir, s.get_ref()) => {
+                err(src.error(s, format!("source {:?} {INSIDE_IMAGE}", s.get_ref())))
+            }
             (None, Some(s), Some(h)) => {
                 let path = dir.join(s.get_ref());
                 match std::fs::read(&path) {
@@ -647,7 +684,7 @@ fn validate_files(spec: &Spec, src: &SourceText, dir: &Path, err: &mut dyn FnMut
 fn validate_commands(spec: &Spec, src: &SourceText, _dir: &Path, err: &mut dyn FnMut(SpecError)) {
     for s in &spec.services {
         let n = s.get_ref().name.get_ref();
-        if n.is_empty() || n.contains('/') || n.chars().any(char::is_whitespace) {
+        if !starts_alnum(n) || n.contains('/') || n.chars().any(char::is_whitespace) {
             err(src.error(&s.get_ref().name, format!("{n:?} is not a systemd unit name")));
         }
     }

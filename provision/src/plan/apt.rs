@@ -174,8 +174,16 @@ fn install(p: &mut Planner, packages: &[(String, String)], sources_changed: bool
     if !install.is_empty() {
         let mut argv = apt();
         argv.extend(
-            ["-q", "-y", "--no-install-recommends", "--allow-downgrades", "--allow-change-held-packages", "install"]
-                .map(String::from),
+            [
+                "-q",
+                "-y",
+                "--no-install-recommends",
+                "--allow-downgrades",
+                "--allow-change-held-packages",
+                "install",
+                "--",
+            ]
+            .map(String::from),
         );
         argv.extend(install.iter().cloned());
         let cmd = Cmd::new(argv).env("DEBIAN_FRONTEND", "noninteractive");

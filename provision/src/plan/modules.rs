@@ -38,7 +38,7 @@ pub(super) fn plan(p: &mut Planner) {
                 format!("module:{m}"),
                 format!("load module {m}"),
                 format!("{m} is not loaded"),
-                vec![Action::Run(Cmd::new(["modprobe", m]))],
+                vec![Action::Run(Cmd::new(["modprobe", "--", m]))],
             );
         }
     }

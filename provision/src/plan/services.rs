@@ -20,7 +20,7 @@ pub(super) fn plan(p: &mut Planner) {
                 if !target.live() {
                     argv.push(format!("--root={}", target.root_str()));
                 }
-                argv.extend(["enable".into(), unit.clone()]);
+                argv.extend(["enable".into(), "--".into(), unit.clone()]);
                 p.step(
                     format!("service:{unit}:enable"),
                     format!("enable {unit}"),
@@ -44,7 +44,7 @@ pub(super) fn plan(p: &mut Planner) {
                 format!("service:{unit}:start"),
                 format!("start {unit}"),
                 format!("{unit} is {active}"),
-                vec![Action::Run(Cmd::new(["systemctl", "start", unit]))],
+                vec![Action::Run(Cmd::new(["systemctl", "start", "--", unit]))],
             );
         }
     }

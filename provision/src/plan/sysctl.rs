@@ -31,7 +31,7 @@ pub(super) fn plan(p: &mut Planner) -> Result<(), PlanError> {
         }
     }
     if !set.is_empty() {
-        let mut argv = vec!["sysctl".to_string(), "-w".into()];
+        let mut argv = vec!["sysctl".to_string(), "-w".into(), "--".into()];
         argv.extend(set.iter().cloned());
         p.step("sysctl:apply", format!("set {}", set.join(" ")), why.join("; "), vec![Action::Run(Cmd::new(argv))]);
     }
