@@ -83,7 +83,18 @@ fn commission_stores_into_the_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("results/kiln.db");
     let db_arg = db.to_str().unwrap();
+    // A mistyped directory is not created: the database goes only where its directory exists.
+    let nowhere = kiln(&["--db", db_arg, "commission", "--no-bench"], &[]);
+    assert_eq!(nowhere.code(), Some(2), "{}", nowhere.describe());
+    assert!(nowhere.stderr().contains("no such directory"), "{}", nowhere.describe());
+    assert!(!dir.path().join("results").exists());
+    // Nor does a read create anything.
+    let read = kiln(&["--db", db_arg, "runs"], &[]);
+    assert_eq!(read.code(), Some(2), "{}", read.describe());
+    assert!(read.stderr().contains("no database here"), "{}", read.describe());
+    std::fs::create_dir(dir.path().join("results")).unwrap();
     let first = kiln(&["--db", db_arg, "commission", "--no-bench"], &[]).success();
+    assert!(first.stderr().contains("created the results database"), "{}", first.describe());
     assert!(first.stdout().contains(db_arg), "commission says where the result went\n{}", first.describe());
     assert!(first.stdout().contains("new host"), "{}", first.describe());
     let second = kiln(&["commission", "--no-bench", "--json"], &[("KILN_DB", &db)]).success().json();
@@ -192,7 +203,7 @@ fn concurrent_first_opens_of_a_database() {
     let children: Vec<std::process::Child> = (0..6)
         .map(|_| {
             std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
-                .args(["hosts", "--json"])
+                .args(["inventory", "--save", "--json"])
                 .env("KILN_DB", &db)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())
@@ -314,4 +325,65 @@ fn export_output_paths_are_never_replaced_by_mistake() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Read-only commands open the database read-only: they work on a file and directory the user may
+/// not write (as `nobody` when the tests run as root), and `kiln db check` runs there too.
+#[test]
+fn read_only_commands_work_on_a_read_only_database() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = nix::unistd::geteuid().is_root();
+    let setpriv = crate::util::program("setpriv", "util-linux").filter(|_| root);
+    if !crate::util::needs("read_only_commands_work_on_a_read_only_database", &setpriv.into_iter().collect::<Vec<_>>())
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]).success();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let as_reader = |args: &[&str]| {
+        let mut cmd = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_kiln")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_kiln"))
+        };
+        cmd.args(args).env("KILN_DB", &db).env_remove("KILN_LOG").output().unwrap()
+    };
+    let hosts = as_reader(&["hosts", "--json"]);
+    assert!(hosts.status.success(), "{}", String::from_utf8_lossy(&hosts.stderr));
+    let hosts: serde_json::Value = serde_json::from_slice(&hosts.stdout).unwrap();
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 1);
+    let check = as_reader(&["db", "check"]);
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    assert!(String::from_utf8_lossy(&check.stdout).contains("integrity check passed"));
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A database with a damaged page is refused before the first write, untouched, and `kiln db
+/// check` names the damage.
+#[test]
+fn a_damaged_page_is_found_before_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    for _ in 0..3 {
+        kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]).success();
+    }
+    // Garble the middle of the last page (an inventory's document or an index over it).
+    let mut bytes = std::fs::read(&db).unwrap();
+    let page = 4096;
+    let last = bytes.len() / page - 1;
+    for b in &mut bytes[last * page + 8..last * page + 200] {
+        *b = 0xff;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let write = kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]);
+    assert_eq!(write.code(), Some(2), "{}", write.describe());
+    assert!(write.stderr().contains("integrity check") || write.stderr().contains("corrupt"), "{}", write.describe());
+    assert_eq!(std::fs::read(&db).unwrap(), bytes, "the damaged file was left as it was");
+    let check = kiln(&["db", "check"], &[("KILN_DB", &db)]);
+    assert_ne!(check.code(), Some(0), "{}", check.describe());
 }

@@ -132,17 +132,25 @@ fn import_is_idempotent_and_a_bad_file_imports_nothing() {
             ":1: export format 99 is newer than this kiln knows (1); upgrade kiln; nothing was imported".into(),
         ),
     ];
+    // Into no database at all: a refused import creates none (nor its lock or log files).
     let fresh = Lab::new();
-    fresh.kiln(&["hosts"]).success(); // creates the empty database
     for (name, body, want) in cases {
         let f = fresh.file(name, &body);
         let run = fresh.kiln(&["import", f.to_str().unwrap()]);
         assert_eq!(run.code(), Some(2), "{}", run.describe());
         let expected = format!("kiln: error: {}{want}", f.display());
         assert!(run.stderr().starts_with(&expected), "{name}: want {expected}\n{}", run.describe());
-        assert_eq!(count_runs(&fresh), 0, "{name}: something was imported");
+        let left: Vec<_> = std::fs::read_dir(fresh.dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("fleet.db"))
+            .collect();
+        assert!(left.is_empty(), "{name}: a refused import left {left:?}");
     }
-    assert_eq!(fresh.kiln(&["hosts", "--json"]).success().json()["hosts"].as_array().unwrap().len(), 0);
+    let missing = fresh.kiln(&["hosts"]);
+    assert_eq!(missing.code(), Some(2), "{}", missing.describe());
+    assert!(missing.stderr().contains("no database here"), "{}", missing.describe());
 }
 
 fn by_host<'a>(list: &'a [Value], host: &str) -> Vec<&'a Value> {

@@ -46,6 +46,12 @@ pub enum DbError {
     Sql { path: PathBuf, cause: sqlx::Error },
     #[error("{path}: migrating the schema failed: {cause}")]
     Migrate { path: PathBuf, cause: sqlx::migrate::MigrateError },
+    #[error("{path}: no database here (nothing was stored yet, or the path is mistyped); nothing was created")]
+    Missing { path: PathBuf },
+    #[error("{dir}: no such directory; kiln creates a database only in a directory that exists")]
+    NoDirectory { dir: PathBuf },
+    #[error("{path}: the database failed its integrity check ({detail}); the file was left untouched: restore it from a backup, or move it away to start a new one (`kiln db check` lists every problem)")]
+    Damaged { path: PathBuf, detail: String },
     #[error("no {what} matches {id:?}")]
     NotFound { what: &'static str, id: String },
     #[error("{id:?} matches {count} {what}s; give more characters")]
@@ -202,6 +208,18 @@ pub(crate) const MAX_BINDS: usize = 30_000;
 pub struct Store {
     path: PathBuf,
     conn: SqliteConnection,
+    created: bool,
+}
+
+/// How a command uses the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads only: the file must exist; it is opened read-only (a read-only file or directory
+    /// will do) and never created or migrated, unless its schema is older than this kiln's.
+    Read,
+    /// Writes: created where its directory exists, checked (`PRAGMA quick_check`) before the
+    /// first write, migrated.
+    Write,
 }
 
 /// Reads the first 16 bytes; `None` for an empty or absent file (a new database).
@@ -284,15 +302,38 @@ fn classify(path: &Path, cause: sqlx::Error) -> DbError {
 }
 
 impl Store {
-    /// Opens (creating if absent) the database at `path` and brings its schema up to date.
+    /// Opens the database at `path` for writing (creating it when absent) and brings its schema
+    /// up to date: [`Store::open_for`] with [`Access::Write`].
     ///
     /// # Errors
-    /// A file that is not SQLite, is corrupt, belongs to another program or to a newer kiln is
-    /// refused and left byte-for-byte as it was.
+    /// As [`Store::open_for`].
     pub async fn open(path: &Path) -> Result<Store> {
+        Self::open_for(path, Access::Write).await
+    }
+
+    /// Opens the database at `path` for reading or writing.
+    ///
+    /// # Errors
+    /// A file that is not SQLite, is corrupt (a damaged page included, before a write), belongs to
+    /// another program or to a newer kiln is refused and left byte-for-byte as it was; for reading,
+    /// a missing file; for writing, a missing directory.
+    pub async fn open_for(path: &Path, access: Access) -> Result<Store> {
+        if access == Access::Read {
+            match header(path)? {
+                None if !path.exists() => return Err(DbError::Missing { path: path.to_owned() }),
+                Some(h) if &h != SQLITE_MAGIC => return Err(DbError::NotSqlite { path: path.to_owned() }),
+                Some(_) => {
+                    if let Some(store) = Self::open_read_only(path).await? {
+                        return Ok(store);
+                    }
+                    // An older schema: reading it needs the migration, which is a write.
+                }
+                None => {}
+            }
+        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.exists() {
-                std::fs::create_dir_all(dir).map_err(|source| DbError::Open { path: dir.to_owned(), source })?;
+            if !dir.is_dir() {
+                return Err(DbError::NoDirectory { dir: dir.to_owned() });
             }
         }
         // Two kilns opening a new or older database at once would both migrate it: the second
@@ -305,11 +346,6 @@ impl Store {
             Some(_) => true,
             None => false,
         };
-        if !existing {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|source| DbError::Open { path: dir.to_owned(), source })?;
-            }
-        }
         let sql_err = |source| classify(path, source);
         let base = SqliteConnectOptions::from_str("sqlite://")
             .map_err(sql_err)?
@@ -322,7 +358,10 @@ impl Store {
             // Look before touching: a read-only connection cannot write, checkpoint or convert
             // a file that turns out to be corrupt, foreign or from a newer kiln.
             let mut probe = base.clone().read_only(true).connect().await.map_err(sql_err)?;
-            let verdict = Self::check(path, &mut probe).await;
+            let verdict = match Self::check(path, &mut probe).await {
+                Ok(()) => Self::quick_check(path, &mut probe).await,
+                e => e,
+            };
             probe.close().await.map_err(sql_err)?;
             verdict?;
         }
@@ -342,7 +381,7 @@ impl Store {
             }
             cause => DbError::Migrate { path: path.to_owned(), cause },
         })?;
-        let mut store = Store { path: path.to_owned(), conn };
+        let mut store = Store { path: path.to_owned(), conn, created: !existing };
         // Runs stored before the fleet series existed (schema 3), or series emptied to repair a
         // damaged blob: derive them from the runs.
         let missing: bool =
@@ -378,6 +417,60 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// A read-only connection to an existing database at this kiln's schema; `None` when its
+    /// schema is older (it must be migrated first). In a directory where SQLite cannot make the
+    /// write-ahead log's index (a read-only one), the file is read as immutable.
+    async fn open_read_only(path: &Path) -> Result<Option<Store>> {
+        let sql_err = |source| classify(path, source);
+        let base = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(sql_err)?
+            .filename(path)
+            .read_only(true)
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .disable_statement_logging();
+        let mut conn = match base.clone().connect().await {
+            Ok(mut c) => match sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut c).await {
+                Ok(_) => c,
+                Err(_) => base.immutable(true).connect().await.map_err(sql_err)?,
+            },
+            Err(_) => base.immutable(true).connect().await.map_err(sql_err)?,
+        };
+        Self::check(path, &mut conn).await?;
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations").fetch_one(&mut conn).await.unwrap_or(None);
+        if found.unwrap_or(0) < latest_schema() {
+            conn.close().await.map_err(sql_err)?;
+            return Ok(None);
+        }
+        Ok(Some(Store { path: path.to_owned(), conn, created: false }))
+    }
+
+    /// `PRAGMA quick_check`: damaged pages, out-of-order or missing index entries. Cheap enough to
+    /// run before the first write of every command.
+    async fn quick_check(path: &Path, conn: &mut SqliteConnection) -> Result<()> {
+        let rows: Vec<String> = sqlx::query_scalar("PRAGMA quick_check(10)")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|source| classify(path, source))?;
+        if rows.len() == 1 && rows[0] == "ok" {
+            return Ok(());
+        }
+        Err(DbError::Damaged { path: path.to_owned(), detail: rows.join("; ") })
+    }
+
+    /// `PRAGMA integrity_check`: every problem SQLite finds, or `["ok"]`.
+    ///
+    /// # Errors
+    /// The check cannot run (the file is too damaged to read).
+    pub async fn integrity_check(&mut self) -> Result<Vec<String>> {
+        sqlx::query_scalar("PRAGMA integrity_check").fetch_all(&mut self.conn).await.map_err(self.sql_err())
+    }
+
+    /// Whether this open created the database.
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     pub fn path(&self) -> &Path {

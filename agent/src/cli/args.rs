@@ -194,6 +194,17 @@ pub enum Command {
         #[command(subcommand)]
         what: Provision,
     },
+    /// The results database itself
+    Db {
+        #[command(subcommand)]
+        what: Db,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum Db {
+    /// A full integrity check (`PRAGMA integrity_check`), read-only; exit 1 on any problem
+    Check,
 }
 
 /// How `kiln compare` groups.

@@ -123,13 +123,21 @@ impl Output {
 pub struct Ctx {
     db: Option<PathBuf>,
     pub json: bool,
+    /// How the command uses the database: read-only commands never create, migrate or write it.
+    access: std::cell::Cell<kiln_db::Access>,
     runtime: OnceCell<tokio::runtime::Runtime>,
     store: RefCell<Option<Store>>,
 }
 
 impl Ctx {
     pub fn new(db: Option<PathBuf>, json: bool) -> Ctx {
-        Ctx { db, json, runtime: OnceCell::new(), store: RefCell::new(None) }
+        Ctx {
+            db,
+            json,
+            access: std::cell::Cell::new(kiln_db::Access::Write),
+            runtime: OnceCell::new(),
+            store: RefCell::new(None),
+        }
     }
 
     /// The command's result in the format asked for (`--json` or text).
@@ -189,14 +197,39 @@ impl Ctx {
         let mut slot = self.store.borrow_mut();
         if slot.is_none() {
             let path = self.db_path()?;
-            *slot = Some(rt.block_on(Store::open(&path))?);
+            let access = self.access.get();
+            if access == kiln_db::Access::Write && self.db.is_none() {
+                // The default location is kiln's own: its directory is made; an explicit --db's is not.
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                }
+            }
+            *slot = Some(rt.block_on(Store::open_for(&path, access))?);
         }
         f(rt, slot.as_mut().expect("opened above"))
+    }
+
+    /// Removes the database this command created, after the command failed before storing
+    /// anything in it (a refused import): nothing is created by mistake.
+    pub fn discard_created(&self) -> Result<()> {
+        let Some(store) = self.store.borrow_mut().take_if(|s| s.created()) else { return Ok(()) };
+        let path = store.path().to_path_buf();
+        self.block_on(store.close())??;
+        for suffix in ["", "-wal", "-shm", ".lock"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(())
     }
 
     /// Closes the store if one was opened (checkpointing its write-ahead log).
     pub fn finish(self) -> Result<()> {
         if let Some(store) = self.store.into_inner() {
+            if store.created() {
+                // Said once the command has succeeded: a database it then discarded is not news.
+                eprintln!("kiln: created the results database {}", store.path().display());
+            }
             if let Some(rt) = self.runtime.get() {
                 rt.block_on(store.close())?;
             }
@@ -210,6 +243,9 @@ impl Ctx {
 /// # Errors
 /// Anything that stops the command; `main` prints it and exits 2.
 pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
+    if reads_only(&command) {
+        ctx.access.set(kiln_db::Access::Read);
+    }
     match command {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
@@ -233,7 +269,26 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             fleet::report(fleet::ReportArgs { host, config, run, html, markdown, since }, ctx)
         }
         Command::Provision { what } => provision::run(what, ctx),
+        Command::Db { what: args::Db::Check } => store::check(ctx),
     }
+}
+
+/// Commands that only read the database: they open it read-only and never create it.
+fn reads_only(command: &Command) -> bool {
+    use args::Provision;
+    matches!(
+        command,
+        Command::Runs { .. }
+            | Command::Hosts
+            | Command::Show { .. }
+            | Command::Export { .. }
+            | Command::Compare { .. }
+            | Command::Outliers { .. }
+            | Command::Regressions { .. }
+            | Command::Report { .. }
+            | Command::Db { .. }
+            | Command::Provision { what: Provision::Log { .. } }
+    )
 }
 
 /// The start of a `--since` window (`30d`, `12h`, `2w`), in seconds since the epoch.

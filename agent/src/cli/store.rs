@@ -82,6 +82,35 @@ pub fn hosts(ctx: &Ctx) -> Result<Output> {
     ctx.output(&Hosts { hosts, database: ctx.db_path()? })
 }
 
+/// `kiln db check`.
+#[derive(Serialize)]
+pub struct Checked {
+    pub database: PathBuf,
+    pub ok: bool,
+    /// SQLite's findings (`["ok"]` when none).
+    pub findings: Vec<String>,
+}
+
+impl View for Checked {
+    fn render(&self) -> String {
+        if self.ok {
+            return format!("{}: integrity check passed", self.database.display());
+        }
+        let mut text =
+            format!("{}: integrity check found {} problem(s)\n", self.database.display(), self.findings.len());
+        for f in &self.findings {
+            text.push_str(&format!("  {f}\n"));
+        }
+        text
+    }
+}
+
+pub fn check(ctx: &Ctx) -> Result<Output> {
+    let findings = ctx.with_store(async |store| store.integrity_check().await)?;
+    let ok = findings.len() == 1 && findings[0] == "ok";
+    Ok(ctx.output(&Checked { database: ctx.db_path()?, ok, findings })?.with_exit(Exit::check(!ok)))
+}
+
 /// `kiln show run`: the stored run whole. Its configuration and software stack are JSON objects.
 #[derive(Serialize)]
 #[serde(transparent)]
@@ -268,7 +297,16 @@ pub fn import(files: &[PathBuf], ctx: &Ctx) -> Result<Output> {
             anyhow::anyhow!("{name}: not UTF-8 text (byte {}); nothing was imported", e.utf8_error().valid_up_to())
         })?;
         let started = std::time::Instant::now();
-        let stats = ctx.with_store(async |store| Ok(store.import(&name, &text).await))??;
+        let stats = match ctx.with_store(async |store| Ok(store.import(&name, &text).await))? {
+            Ok(stats) => stats,
+            Err(e) => {
+                if imports.is_empty() {
+                    // Nothing went in: a database this command created would be one made by mistake.
+                    ctx.discard_created()?;
+                }
+                return Err(e.into());
+            }
+        };
         imports.push(Imported { file: name, stats, seconds: started.elapsed().as_secs_f64() });
     }
     ctx.output(&Imports { imports })
