@@ -53,11 +53,6 @@ impl Lab {
     }
 }
 
-fn count_runs(lab: &Lab) -> usize {
-    let out = lab.kiln(&["export"]).success().stdout();
-    out.lines().filter(|l| l.starts_with(r#"{"type":"run""#)).count()
-}
-
 #[test]
 fn import_is_idempotent_and_a_bad_file_imports_nothing() {
     let lab = Lab::new();
