@@ -142,7 +142,11 @@ fn import_is_idempotent_and_a_bad_file_imports_nothing() {
             .filter(|n| n.starts_with("fleet.db"))
             .collect();
         assert!(left.is_empty(), "{name}: a refused import left {left:?}");
+        // Into a database with a fleet in it: refused the same way, and nothing changes.
+        let into = lab.kiln(&["import", f.to_str().unwrap()]);
+        assert_eq!(into.code(), Some(2), "{}", into.describe());
     }
+    assert_eq!(sorted(&exported), sorted(&lab.kiln(&["export"]).success().stdout()), "a refused import changed data");
     let missing = fresh.kiln(&["hosts"]);
     assert_eq!(missing.code(), Some(2), "{}", missing.describe());
     assert!(missing.stderr().contains("no database here"), "{}", missing.describe());
