@@ -112,6 +112,138 @@ enum Record<'a> {
     End(EndRec),
 }
 
+/// Limits an imported record must keep: what kiln itself writes stays far inside them, and what
+/// breaks them would break the database or a later export (SQLite's JSON functions stop at a
+/// nesting depth of 1000).
+const MAX_ID: usize = 128;
+const MAX_NAME: usize = 1024;
+const MAX_DOCUMENT: usize = 64 << 20;
+const MAX_DEPTH: usize = 64;
+
+/// The deepest nesting of arrays and objects in a JSON text (strings skipped).
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Checks a parsed record against what kiln can store and export again: lengths, times, counts,
+/// and the size and depth of its documents.
+fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
+    let id = |what: &str, v: &str| match v.len() {
+        0 => Err(format!("{what} is empty")),
+        n if n > MAX_ID => Err(format!("{what} is {n} characters long (at most {MAX_ID})")),
+        _ => Ok(()),
+    };
+    let name = |what: &str, v: &str| match v.len() {
+        n if n > MAX_NAME => Err(format!("{what} is {n} characters long (at most {MAX_NAME})")),
+        _ => Ok(()),
+    };
+    let time = |what: &str, v: &str| {
+        crate::fleet::parse_rfc3339(v).map(|_| ()).ok_or_else(|| format!("{what} {v:?} is not an RFC 3339 time"))
+    };
+    let count = |what: &str, v: Option<i64>| match v {
+        Some(n) if n < 0 => Err(format!("{what} is negative ({n})")),
+        _ => Ok(()),
+    };
+    let document = |what: &str, text: &str| {
+        if text.len() > MAX_DOCUMENT {
+            return Err(format!("{what} is {} bytes (at most {MAX_DOCUMENT})", text.len()));
+        }
+        match json_depth(text) {
+            d if d > MAX_DEPTH => Err(format!("{what} nests {d} deep (at most {MAX_DEPTH})")),
+            _ => Ok(()),
+        }
+    };
+    match record {
+        Record::Host(h) => {
+            id("host id", &h.id)?;
+            id("host identity", &h.identity)?;
+            name("hostname", h.hostname.as_deref().unwrap_or(""))?;
+            if h.hostname.as_deref().is_some_and(|n| n.len() > 253) {
+                return Err("hostname is longer than a DNS name can be (253)".into());
+            }
+            name("configuration fingerprint", &h.config_fingerprint)?;
+            name("configuration name", &h.config_name)?;
+            time("first_seen", &h.first_seen)?;
+            time("last_seen", &h.last_seen)
+        }
+        Record::Inventory(i) => {
+            id("inventory id", &i.id)?;
+            id("host id", &i.host_id)?;
+            time("collected_at", &i.collected_at)?;
+            count("schema_version", Some(i.schema_version))?;
+            name("configuration fingerprint", &i.config_fingerprint)?;
+            name("configuration name", &i.config_name)?;
+            name("cpu_model", i.cpu_model.as_deref().unwrap_or(""))?;
+            name("kernel_release", i.kernel_release.as_deref().unwrap_or(""))?;
+            for (what, v) in [
+                ("cpu_packages", i.cpu_packages),
+                ("cpu_cores", i.cpu_cores),
+                ("cpu_threads", i.cpu_threads),
+                ("memory_bytes", i.memory_bytes),
+                ("problem_count", Some(i.problem_count)),
+            ] {
+                count(what, v)?;
+            }
+            document("the inventory document", i.document.get())
+        }
+        Record::Software(sw) => {
+            id("software id", &sw.id)?;
+            id("software fingerprint", &sw.fingerprint)?;
+            document("the software document", sw.document.get())
+        }
+        Record::Run(r) => {
+            id("run id", &r.id)?;
+            id("host id", &r.host_id)?;
+            name("benchmark", &r.benchmark)?;
+            time("started_at", &r.started_at)?;
+            if let Some(f) = &r.finished_at {
+                time("finished_at", f)?;
+            }
+            document("the run's configuration", &r.config)?;
+            serde_json::from_str::<serde::de::IgnoredAny>(&r.config)
+                .map_err(|e| format!("the run's configuration is not JSON ({e})"))?;
+            for (n, _, unit, direction) in &r.metrics {
+                name("a metric name", n)?;
+                name("a metric unit", unit)?;
+                if !matches!(direction.as_str(), "higher" | "lower" | "none") {
+                    return Err(format!("metric {n}: direction {direction:?} is not higher, lower or none"));
+                }
+            }
+            for (m, _, _) in &r.samples {
+                name("a sample's metric name", m)?;
+            }
+            for (t, source, n, _) in &r.telemetry {
+                name("a telemetry source", source)?;
+                name("a telemetry channel", n)?;
+                count("a telemetry time", Some(*t))?;
+            }
+            Ok(())
+        }
+        Record::End(_) => Ok(()),
+    }
+}
+
 fn parse_record(line: &str) -> std::result::Result<Record<'_>, serde_json::Error> {
     #[derive(Deserialize)]
     struct Kind {
@@ -303,7 +435,8 @@ impl Store {
                                 if body.is_empty() {
                                     return (n, Ok(None));
                                 }
-                                (n, parse_record(body).map(Some).map_err(|e| e.to_string()))
+                                let record = parse_record(body).map_err(|e| e.to_string());
+                                (n, record.and_then(|r| validate(&r).map(|()| Some(r))))
                             })
                             .collect()
                     })
@@ -740,6 +873,38 @@ mod tests {
         assert!(err.contains("unknown record type \"gpu\""), "{err}");
         // `type` need not come first.
         assert!(matches!(parse_record(r#"{"records":0,"type":"end"}"#), Ok(Record::End(_))));
+    }
+
+    /// Hostile records: each refused with what is wrong, before anything is written.
+    #[test]
+    fn records_are_validated() {
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        let cases: Vec<(String, &str)> = vec![
+            (HOST.replace("gpu-01", &"h".repeat(100_000)), "hostname is 100000 characters long (at most 1024)"),
+            (HOST.replace("gpu-01", &"h".repeat(300)), "hostname is longer than a DNS name can be (253)"),
+            (HOST.replace("2026-11-02T00:00:00Z", "yesterday"), "last_seen \"yesterday\" is not an RFC 3339 time"),
+            (HOST.replace(r#""id":"h1""#, r#""id":"""#), "host id is empty"),
+            (
+                INVENTORY.replace(r#"{"cpu":{"model_name":"x"}}"#, &deep),
+                "the inventory document nests 100000 deep (at most 64)",
+            ),
+            (INVENTORY.replace(r#""cpu_cores":96"#, r#""cpu_cores":-96"#), "cpu_cores is negative (-96)"),
+            (RUN.replace(r#""config":"{}""#, r#""config":"not json""#), "the run's configuration is not JSON"),
+            (RUN.replace(r#""higher"]"#, r#""up"]"#), "direction \"up\" is not higher, lower or none"),
+            (
+                RUN.replace("2026-11-01T01:00:00Z", "2026-13-45T99:00:00Z"),
+                "started_at \"2026-13-45T99:00:00Z\" is not an RFC 3339 time",
+            ),
+        ];
+        for (line, want) in cases {
+            let record = parse_record(&line).unwrap_or_else(|e| panic!("{want}: does not parse: {e}"));
+            let err = validate(&record).expect_err(want);
+            assert!(err.contains(want), "want {want:?}, got {err:?}");
+        }
+        for ok in [HOST, INVENTORY, SOFTWARE, RUN, END] {
+            validate(&parse_record(ok).unwrap()).unwrap();
+        }
+        assert_eq!(json_depth(r#"{"a":[1,{"b":"[[[["}]}"#), 3);
     }
 
     /// A file of one record of each type goes in whole, a second time adds nothing, and it comes

@@ -843,7 +843,13 @@ mod tests {
     async fn saves_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/kiln.db");
+        // Neither a read nor a write creates a directory, or a database for a read.
+        assert!(matches!(Store::open_for(&path, Access::Read).await, Err(DbError::Missing { .. })));
+        assert!(matches!(Store::open(&path).await, Err(DbError::NoDirectory { .. })));
+        assert!(!dir.path().join("sub").exists());
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
         let mut store = Store::open(&path).await.unwrap();
+        assert!(store.created());
         let a = store.save_inventory(&sample("host-a")).await.unwrap();
         let b = store.save_inventory(&sample("host-a")).await.unwrap();
         assert!(a.new_host && !b.new_host);
