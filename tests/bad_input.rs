@@ -178,3 +178,75 @@ fn root_only_dmi_fields_are_reported_as_such() {
     assert_eq!(problems_for(&inv, "dmi/id/product_serial")[0]["kind"], "permission_denied");
     assert_eq!(inv["os"]["kiln_is_root"], false);
 }
+
+/// `--root` is a boundary: what a hostile snapshot links, plants or inflates never reaches past
+/// it, hangs kiln or exhausts its memory. Each row: what the snapshot's file becomes → the problem
+/// kind kiln must report for it (the run must succeed, quickly).
+#[test]
+fn the_snapshot_root_is_a_boundary() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "HOST-SECRET-1234\n").unwrap();
+    type Plant = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, &str, Plant, &str)> = vec![
+        (
+            "absolute link to a host file",
+            "sys/class/dmi/id/product_serial",
+            Box::new({
+                let secret = secret.clone();
+                move |p: &Path| std::os::unix::fs::symlink(&secret, p).unwrap()
+            }),
+            "",
+        ),
+        (
+            "relative link climbing out",
+            "sys/class/dmi/id/product_serial",
+            Box::new({
+                let secret = secret.clone();
+                move |p: &Path| {
+                    let up = "../".repeat(40);
+                    std::os::unix::fs::symlink(format!("{up}{}", secret.display()), p).unwrap()
+                }
+            }),
+            "",
+        ),
+        (
+            "link to /dev/zero",
+            "proc/cpuinfo",
+            Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
+            "not_present",
+        ),
+        (
+            "a FIFO",
+            "proc/cpuinfo",
+            Box::new(|p: &Path| nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()),
+            "unreadable",
+        ),
+        (
+            "a file larger than any /proc file",
+            "proc/meminfo",
+            Box::new(|p: &Path| {
+                let f = std::fs::File::create(p).unwrap();
+                f.set_len(40 << 20).unwrap();
+            }),
+            "unreadable",
+        ),
+        ("a link loop", "proc/cpuinfo", Box::new(|p: &Path| std::os::unix::fs::symlink("cpuinfo", p).unwrap()), ""),
+    ];
+    for (what, rel, plant, kind) in cases {
+        let (_dir, root) = damaged_copy("20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2", "20em64t-hybrid-1p6c2t+2ca4co1t");
+        let file = root.join(rel);
+        let _ = std::fs::remove_file(&file);
+        plant(&file);
+        let started = std::time::Instant::now();
+        let run = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]);
+        assert!(started.elapsed().as_secs() < 20, "{what}: took {:?}", started.elapsed());
+        assert!(!run.stdout().contains("HOST-SECRET"), "{what}: a host file leaked into the inventory");
+        let inv = run.success().json();
+        assert!(inv["system"]["product"]["serial"].is_null(), "{what}: {}", inv["system"]["product"]);
+        if !kind.is_empty() {
+            let found: Vec<&Value> = problems_for(&inv, rel);
+            assert!(found.iter().any(|p| p["kind"] == kind), "{what}: want a {kind} problem for {rel}: {found:?}");
+        }
+    }
+}

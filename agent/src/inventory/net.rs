@@ -62,12 +62,16 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
             mtu: attr("mtu").and_then(|m| m.parse().ok()),
             operstate: attr("operstate"),
             // Reading speed of a down link fails with EINVAL: that is "unknown", not a problem.
-            speed_mbps: std::fs::read_to_string(src.path(&format!("{base}/speed")))
+            speed_mbps: src
+                .open(&format!("{base}/speed"))
+                .and_then(std::io::read_to_string)
                 .ok()
                 .and_then(|s| s.trim().parse::<i64>().ok())
                 .filter(|&s| s > 0)
                 .map(|s| s as u32),
-            duplex: std::fs::read_to_string(src.path(&format!("{base}/duplex")))
+            duplex: src
+                .open(&format!("{base}/duplex"))
+                .and_then(std::io::read_to_string)
                 .ok()
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty() && s != "unknown"),

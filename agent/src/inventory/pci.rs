@@ -214,7 +214,7 @@ fn read_link(src: &Source, base: &str) -> Option<PciLink> {
 /// The ACS capability of a bridge, from its config space. Quiet on failure: without root only the
 /// first 64 bytes read, and they never hold ACS.
 fn read_acs(src: &Source, base: &str) -> Option<Acs> {
-    let f = std::fs::File::open(src.path(&format!("{base}/config"))).ok()?;
+    let f = src.open(&format!("{base}/config")).ok()?;
     use std::os::unix::fs::FileExt;
     find_acs(|off| {
         let mut b = [0u8; 4];
@@ -321,7 +321,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
 
 fn read_config(src: &Source, base: &str, offset: u64, len: usize) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(src.path(&format!("{base}/config"))).ok()?;
+    let file = src.open(&format!("{base}/config")).ok()?;
     let mut buf = vec![0u8; len];
     let n = file.read_at(&mut buf, offset).ok()?;
     buf.truncate(n);

@@ -1,5 +1,10 @@
 //! The thin I/O layer under the parsers: reads files below a root directory (`/` or a snapshot)
 //! and turns every failure into a [`Problem`] instead of an error.
+//!
+//! A snapshot root is a boundary: every path is resolved as if the root were `/` (an absolute
+//! link, or `..` past the top, stays inside it), files are opened `O_NOFOLLOW|O_NONBLOCK` (a FIFO
+//! cannot hang a read), only regular files are read, and no read takes more than
+//! [`MAX_FILE_BYTES`] (a link to `/dev/zero` cannot exhaust memory).
 
 use std::cell::RefCell;
 use std::io;
@@ -31,6 +36,13 @@ pub struct Problem {
     pub message: String,
 }
 
+/// The most a single file read takes: far above any `/proc` or `/sys` file of a real machine
+/// (`/proc/cpuinfo` of a 1,024-thread box is ~1.5 MB).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// How many symbolic links one path may cross, as the kernel's own limit.
+const MAX_LINKS: usize = 40;
+
 /// Reads below a root and collects problems. Not `Sync`: one inventory is taken on one thread.
 pub struct Source {
     root: PathBuf,
@@ -51,12 +63,80 @@ impl Source {
         self.root == Path::new("/")
     }
 
+    /// Where `rel` is on this machine: for a snapshot, its directories resolved inside the root
+    /// (the last component is left as it is, so that a link can be read as a link).
     pub fn path(&self, rel: &str) -> PathBuf {
-        self.root.join(rel)
+        if self.is_live() {
+            return self.root.join(rel);
+        }
+        let rel = Path::new(rel.trim_start_matches('/'));
+        match (rel.parent(), rel.file_name()) {
+            (Some(parent), Some(name)) => self.resolve(parent).join(name),
+            _ => self.resolve(rel),
+        }
+    }
+
+    /// `rel` with every symbolic link followed as if the root were `/`: an absolute target is taken
+    /// from the root, `..` stops at the root. A loop, or more than [`MAX_LINKS`] links, stops where
+    /// it is (the open that follows fails).
+    fn resolve(&self, rel: &Path) -> PathBuf {
+        use std::path::Component;
+        let mut done = PathBuf::new(); // below the root, never with `..`
+        let mut todo: Vec<std::ffi::OsString> = rel
+            .components()
+            .rev()
+            .filter_map(|c| (c != Component::RootDir).then(|| c.as_os_str().to_owned()))
+            .collect();
+        let mut links = 0;
+        while let Some(part) = todo.pop() {
+            match part.to_str() {
+                Some(".") => {}
+                Some("..") => {
+                    done.pop();
+                }
+                _ => {
+                    let here = self.root.join(&done).join(&part);
+                    match std::fs::read_link(&here) {
+                        Ok(target) if links < MAX_LINKS => {
+                            links += 1;
+                            if target.is_absolute() {
+                                done.clear();
+                            }
+                            todo.extend(
+                                target
+                                    .components()
+                                    .rev()
+                                    .filter(|c| *c != Component::RootDir)
+                                    .map(|c| c.as_os_str().to_owned()),
+                            );
+                        }
+                        _ => done.push(&part),
+                    }
+                }
+            }
+        }
+        self.root.join(done)
+    }
+
+    /// Opens a regular file below the root for reading: resolved inside the root, never through a
+    /// final link, never blocking on a FIFO, and never a device, FIFO or socket.
+    pub fn open(&self, rel: &str) -> io::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = if self.is_live() { self.root.join(rel) } else { self.resolve(Path::new(rel)) };
+        let flags = if self.is_live() { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
+        // The live /proc and /sys hold no FIFOs or devices: the extra fstat is for snapshots only.
+        if !self.is_live() && !file.metadata()?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+        }
+        Ok(file)
     }
 
     pub fn exists(&self, rel: &str) -> bool {
-        self.path(rel).exists()
+        if self.is_live() {
+            return self.root.join(rel).exists();
+        }
+        self.resolve(Path::new(rel)).symlink_metadata().is_ok()
     }
 
     /// Reads a file that may legitimately be absent: absence is silent, other failures are problems.
@@ -94,10 +174,16 @@ impl Source {
         // sysfs sizes are fictional anyway.
         let read = || -> io::Result<Vec<u8>> {
             use std::io::Read;
-            let mut file = std::fs::File::open(self.path(rel))?;
+            let mut file = self.open(rel)?;
             let mut buf = Vec::new();
             let mut chunk = [0u8; 4096];
             loop {
+                if buf.len() as u64 > MAX_FILE_BYTES {
+                    return Err(io::Error::new(
+                        io::ErrorKind::FileTooLarge,
+                        format!("larger than {} MiB: not a /proc or /sys file of a real machine", MAX_FILE_BYTES >> 20),
+                    ));
+                }
                 match file.read(&mut chunk) {
                     Ok(0) => return Ok(buf),
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -117,7 +203,8 @@ impl Source {
 
     /// Lists the entry names of a directory, sorted; absence is silent.
     pub fn list_dir(&self, rel: &str) -> Vec<String> {
-        let mut names: Vec<String> = match std::fs::read_dir(self.path(rel)) {
+        let dir = if self.is_live() { self.root.join(rel) } else { self.resolve(Path::new(rel)) };
+        let mut names: Vec<String> = match std::fs::read_dir(dir) {
             Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect(),
             Err(e) => {
                 self.io_problem(rel, &e, false);

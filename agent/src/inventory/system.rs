@@ -109,7 +109,7 @@ pub fn collect(src: &Source) -> System {
     let mut root_only = Vec::new();
     let mut field = |name: &str| -> Option<String> {
         let rel = format!("{DMI_ID}/{name}");
-        match std::fs::read(src.path(&rel)) {
+        match src.open(&rel).and_then(|mut f| std::io::Read::read(&mut f, &mut [0u8; 1])) {
             // Attributes are one line; a snapshot may carry stale bytes after it.
             Ok(_) => {
                 src.attr(&rel).and_then(|v| v.lines().next().map(|l| l.trim().to_string())).filter(|v| !v.is_empty())
