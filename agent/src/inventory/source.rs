@@ -82,11 +82,8 @@ impl Source {
     fn resolve(&self, rel: &Path) -> PathBuf {
         use std::path::Component;
         let mut done = PathBuf::new(); // below the root, never with `..`
-        let mut todo: Vec<std::ffi::OsString> = rel
-            .components()
-            .rev()
-            .filter_map(|c| (c != Component::RootDir).then(|| c.as_os_str().to_owned()))
-            .collect();
+        let mut todo: Vec<std::ffi::OsString> =
+            rel.components().rev().filter(|c| *c != Component::RootDir).map(|c| c.as_os_str().to_owned()).collect();
         let mut links = 0;
         while let Some(part) = todo.pop() {
             match part.to_str() {
