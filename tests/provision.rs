@@ -667,3 +667,51 @@ fn lint_finds_inconsistent_nvidia_pins() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `--root` is a boundary for writes too: a target whose `etc/` and `var/` are absolute links to
+/// directories outside it gets the files, the lock and the image record inside it, and nothing
+/// lands where the links point on this machine.
+#[test]
+fn apply_never_writes_outside_its_root() {
+    if !util::needs(
+        "apply_never_writes_outside_its_root",
+        &util::root("apply needs root").into_iter().collect::<Vec<_>>(),
+    ) {
+        return;
+    }
+    let lab = Lab::new();
+    let outside = tempfile::tempdir().unwrap();
+    let (etc, var) = (outside.path().join("etc"), outside.path().join("var"));
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&var).unwrap();
+    let root = lab.root();
+    std::fs::create_dir_all(&root).unwrap();
+    for d in ["etc", "var"] {
+        let _ = std::fs::remove_dir_all(root.join(d));
+    }
+    std::os::unix::fs::symlink(&etc, root.join("etc")).unwrap();
+    std::os::unix::fs::symlink(&var, root.join("var")).unwrap();
+    let spec = lab.spec(
+        "lab-boundary",
+        "[image]\nname = \"lab-boundary\"\nversion = \"1\"\n\n[[file]]\npath = \"/etc/kiln-boundary.conf\"\ncontent = \"inside\\n\"\n",
+    );
+    lab.provision("apply", &spec, &[]).success();
+    let escaped: Vec<_> = walk(outside.path());
+    assert!(escaped.iter().all(|p| p.is_dir()), "written outside the root: {escaped:?}");
+    // What the links name, taken inside the root.
+    let inside = kiln_provision::root::resolve_in_root(&root, Path::new("/etc/kiln-boundary.conf"));
+    assert!(inside.starts_with(&root), "{}", inside.display());
+    assert_eq!(std::fs::read_to_string(&inside).unwrap(), "inside\n");
+    lab.provision("verify", &spec, &[]).success();
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        out.push(e.path());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}

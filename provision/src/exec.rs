@@ -6,7 +6,7 @@
 //! `Recording` for tests (it records, and optionally passes through to `System`).
 
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -244,9 +244,16 @@ pub fn write_atomic(path: &Path, content: &[u8], mode: u32, owner: Option<(u32, 
     let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent directory"))?;
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.kiln-{}", std::process::id()));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".{name}.kiln-{}-{nanos:08x}", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        // A fresh file, never one planted at that name (a link to a victim, say).
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
         f.write_all(content)?;
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         if let Some((uid, gid)) = owner {
@@ -262,6 +269,13 @@ pub fn write_atomic(path: &Path, content: &[u8], mode: u32, owner: Option<(u32, 
 }
 
 fn set_attributes(path: &Path, mode: Option<u32>, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    // chown and chmod follow a link: the attributes would land on whatever it points at.
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other(format!(
+            "{} is a symbolic link; kiln sets no attributes through one",
+            path.display()
+        )));
+    }
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
     }

@@ -12,5 +12,6 @@ pub mod dpkg;
 pub mod exec;
 pub mod lint;
 pub mod plan;
+pub mod root;
 pub mod software;
 pub mod spec;

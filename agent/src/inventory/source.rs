@@ -40,9 +40,6 @@ pub struct Problem {
 /// (`/proc/cpuinfo` of a 1,024-thread box is ~1.5 MB).
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
-/// How many symbolic links one path may cross, as the kernel's own limit.
-const MAX_LINKS: usize = 40;
-
 /// Reads below a root and collects problems. Not `Sync`: one inventory is taken on one thread.
 pub struct Source {
     root: PathBuf,
@@ -69,50 +66,12 @@ impl Source {
         if self.is_live() {
             return self.root.join(rel);
         }
-        let rel = Path::new(rel.trim_start_matches('/'));
-        match (rel.parent(), rel.file_name()) {
-            (Some(parent), Some(name)) => self.resolve(parent).join(name),
-            _ => self.resolve(rel),
-        }
+        kiln_provision::root::parent_in_root(&self.root, Path::new(rel))
     }
 
-    /// `rel` with every symbolic link followed as if the root were `/`: an absolute target is taken
-    /// from the root, `..` stops at the root. A loop, or more than [`MAX_LINKS`] links, stops where
-    /// it is (the open that follows fails).
+    /// `rel` with every symbolic link followed as if the root were `/` (`kiln_provision::root`).
     fn resolve(&self, rel: &Path) -> PathBuf {
-        use std::path::Component;
-        let mut done = PathBuf::new(); // below the root, never with `..`
-        let mut todo: Vec<std::ffi::OsString> =
-            rel.components().rev().filter(|c| *c != Component::RootDir).map(|c| c.as_os_str().to_owned()).collect();
-        let mut links = 0;
-        while let Some(part) = todo.pop() {
-            match part.to_str() {
-                Some(".") => {}
-                Some("..") => {
-                    done.pop();
-                }
-                _ => {
-                    let here = self.root.join(&done).join(&part);
-                    match std::fs::read_link(&here) {
-                        Ok(target) if links < MAX_LINKS => {
-                            links += 1;
-                            if target.is_absolute() {
-                                done.clear();
-                            }
-                            todo.extend(
-                                target
-                                    .components()
-                                    .rev()
-                                    .filter(|c| *c != Component::RootDir)
-                                    .map(|c| c.as_os_str().to_owned()),
-                            );
-                        }
-                        _ => done.push(&part),
-                    }
-                }
-            }
-        }
-        self.root.join(done)
+        kiln_provision::root::resolve_in_root(&self.root, rel)
     }
 
     /// Opens a regular file below the root for reading: resolved inside the root, never through a

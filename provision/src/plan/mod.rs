@@ -42,9 +42,13 @@ impl Target {
     pub fn live(&self) -> bool {
         self.root == Path::new("/")
     }
-    /// An absolute path of the target, as seen from here.
+    /// An absolute path of the target, as seen from here: for another root, its directories
+    /// resolved inside that root (`crate::root`), so that a symlinked `etc/` cannot lead out.
     pub fn path(&self, abs: &str) -> PathBuf {
-        self.root.join(abs.trim_start_matches('/'))
+        if self.live() {
+            return self.root.join(abs.trim_start_matches('/'));
+        }
+        crate::root::parent_in_root(&self.root, Path::new(abs))
     }
     pub(crate) fn root_str(&self) -> String {
         self.root.display().to_string()
