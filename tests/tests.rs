@@ -12,6 +12,7 @@ mod fleet_gen;
 mod ghw;
 mod gpu;
 mod hwloc;
+mod kill;
 mod lab;
 mod provision;
 mod tidy;
