@@ -387,3 +387,21 @@ fn a_damaged_page_is_found_before_any_write() {
     let check = kiln(&["db", "check"], &[("KILN_DB", &db)]);
     assert_ne!(check.code(), Some(0), "{}", check.describe());
 }
+
+/// A writer that finds the database held past the busy timeout says so plainly, writes nothing.
+#[test]
+fn a_database_held_by_another_program_is_waited_for_then_named() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    kiln(&["commission", "--no-bench"], &[("KILN_DB", &db)]).success();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut holder = rt.block_on(sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))).unwrap();
+    rt.block_on(sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder)).unwrap();
+    let started = std::time::Instant::now();
+    let run = kiln(&["inventory", "--save"], &[("KILN_DB", &db)]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    assert!(run.stderr().contains("another program has held the database"), "{}", run.describe());
+    assert!(started.elapsed().as_secs() >= 9, "it waited for the busy timeout first");
+    rt.block_on(sqlx::query("ROLLBACK").execute(&mut holder)).unwrap();
+}

@@ -482,7 +482,7 @@ impl Store {
         let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
         // A page cache large enough that a big import does not spill pages mid-transaction.
         sqlx::query("PRAGMA cache_size = -262144").execute(&mut self.conn).await.map_err(&err)?;
-        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
         let parents =
             import_parents(&mut tx, &records, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
         let fresh =

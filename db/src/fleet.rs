@@ -203,7 +203,7 @@ impl Store {
     /// introduced them, or to repair them).
     pub async fn rebuild_series(&mut self) -> Result<()> {
         let err = self.sql_err();
-        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
         sqlx::query("DELETE FROM host_series").execute(&mut *tx).await.map_err(&err)?;
         let rows = sqlx::query(
             "SELECT r.id, r.host_id, r.started_at, COALESCE(i.config_fingerprint, h.config_fingerprint), COALESCE(i.config_name, h.config_name), \

@@ -100,7 +100,7 @@ impl Store {
     /// the next step number.
     pub async fn resume_apply(&mut self, id: &str, image_hash: &str) -> Result<(Vec<StepRow>, i64)> {
         let err = self.sql_err();
-        let mut tx = sqlx::Connection::begin(&mut self.conn).await.map_err(&err)?;
+        let mut tx = sqlx::Connection::begin_with(&mut self.conn, crate::WRITE).await.map_err(&err)?;
         let dangling = sqlx::query(&format!(
             "UPDATE provision_steps SET status = 'interrupted', finished_at = {NOW} WHERE apply_id = ? AND status = 'started' \
              RETURNING seq, step_key, summary, command, image_hash, started_at, finished_at, status, exit_code, duration_ms, output_tail"

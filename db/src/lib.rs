@@ -26,6 +26,11 @@ pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
+/// How every write transaction starts: taking the write lock at once, so that a busy database is
+/// waited for (the busy timeout) instead of failing when a transaction that has read tries to
+/// write (SQLite refuses that upgrade at once to avoid a deadlock).
+pub(crate) const WRITE: &str = "BEGIN IMMEDIATE";
+
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +57,10 @@ pub enum DbError {
     NoDirectory { dir: PathBuf },
     #[error("{path}: the database failed its integrity check ({detail}); the file was left untouched: restore it from a backup, or move it away to start a new one (`kiln db check` lists every problem)")]
     Damaged { path: PathBuf, detail: String },
+    #[error("{path}: another program has held the database for 10 s (another kiln writing, say); nothing was written: try again when it is done")]
+    Busy { path: PathBuf },
+    #[error("{path}: the database or its directory is read-only for this user; nothing was written (run as a user who may write it, or point --db elsewhere)")]
+    ReadOnly { path: PathBuf },
     #[error("no {what} matches {id:?}")]
     NotFound { what: &'static str, id: String },
     #[error("{id:?} matches {count} {what}s; give more characters")]
@@ -279,12 +288,17 @@ impl OpenLock {
     }
 }
 
+/// SQLite's primary result code of a database error (extended codes folded).
+fn sqlite_code(e: &sqlx::Error) -> Option<i64> {
+    match e {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i64>().ok()).map(|c| c & 0xff),
+        _ => None,
+    }
+}
+
 fn is_corruption(e: &sqlx::Error) -> bool {
-    // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), with or without extended codes.
-    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| {
-        let code: i64 = c.parse().unwrap_or(0);
-        matches!(code & 0xff, 11 | 26)
-    }))
+    // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26).
+    matches!(sqlite_code(e), Some(11 | 26))
 }
 
 /// A LIKE pattern matching ids that start with `id`, its wildcards escaped (ESCAPE '\\') so that an
@@ -296,6 +310,11 @@ fn like_prefix(id: &str) -> String {
 fn classify(path: &Path, cause: sqlx::Error) -> DbError {
     if is_corruption(&cause) {
         DbError::Corrupt { path: path.to_owned(), cause }
+    } else if matches!(sqlite_code(&cause), Some(5 | 6)) {
+        // SQLITE_BUSY, SQLITE_LOCKED: still so after the busy timeout.
+        DbError::Busy { path: path.to_owned() }
+    } else if sqlite_code(&cause) == Some(8) {
+        DbError::ReadOnly { path: path.to_owned() }
     } else {
         DbError::Sql { path: path.to_owned(), cause }
     }
@@ -486,7 +505,7 @@ impl Store {
     /// Stores an inventory and creates or updates its host, in one transaction.
     pub async fn save_inventory(&mut self, inv: &NewInventory) -> Result<SavedInventory> {
         let err = self.sql_err();
-        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
         let existing: Option<String> = sqlx::query_scalar("SELECT id FROM hosts WHERE identity = ?")
             .bind(&inv.host_identity)
             .fetch_optional(&mut *tx)
@@ -557,7 +576,7 @@ impl Store {
     pub async fn save_run(&mut self, run: &NewRun) -> Result<String> {
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
-        let mut tx = self.conn.begin().await.map_err(&err)?;
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
         let software_id = match &run.software {
             Some((fingerprint, document)) => {
                 let existing: Option<String> =
