@@ -11,6 +11,11 @@ use crate::fleet_gen::{config_fp, generate, hostname, FleetSpec};
 use crate::util::{kiln, Run};
 
 fn spec() -> FleetSpec {
+    spec_seeded(42)
+}
+
+/// The test fleet (40 hosts, 4 configurations, 30 nights) from `seed`.
+pub fn spec_seeded(seed: u64) -> FleetSpec {
     FleetSpec {
         hosts: 40,
         configs: 4,
@@ -21,7 +26,7 @@ fn spec() -> FleetSpec {
         gpus: 2,
         telemetry_points: 3,
         end: kiln::timefmt::now_unix() - 3600,
-        seed: 42,
+        seed,
     }
 }
 

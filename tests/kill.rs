@@ -82,18 +82,7 @@ fn killed_suites_and_commissions_keep_what_finished() {
 #[test]
 fn a_killed_import_imports_all_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = crate::fleet_gen::FleetSpec {
-        hosts: 40,
-        configs: 4,
-        nights: 30,
-        metrics: 6,
-        samples_per_metric: 3,
-        sampled_metrics: 2,
-        gpus: 2,
-        telemetry_points: 3,
-        end: kiln::timefmt::now_unix() - 3600,
-        seed: 7,
-    };
+    let spec = crate::fleet::spec_seeded(7);
     let (text, _, _, _) = crate::fleet_gen::generate(&spec);
     let file = dir.path().join("fleet.jsonl");
     std::fs::write(&file, text).unwrap();
