@@ -18,7 +18,7 @@ fn main() -> ExitCode {
     }
     let args = Cli::parse();
     init_logging();
-    let ctx = Ctx::new(args.db, args.json);
+    let ctx = Ctx::new(args.db, args.json, cli::access(&args.command));
     let outcome = cli::run(args.command, &ctx).and_then(|out| {
         ctx.finish()?;
         out.print()?;

@@ -260,10 +260,16 @@ struct OpenLock {
     _file: Option<std::fs::File>,
 }
 
+/// A file beside the database: `<database><suffix>` (SQLite's `-wal` and `-shm`, kiln's `.lock`).
+fn beside(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 impl OpenLock {
     fn take(db: &Path) -> Result<OpenLock> {
-        let mut name = db.as_os_str().to_owned();
-        name.push(".lock");
+        let name = beside(db, ".lock");
         let file = match std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&name) {
             Ok(f) => f,
             Err(e)
@@ -274,14 +280,14 @@ impl OpenLock {
             {
                 return Ok(OpenLock { _file: None })
             }
-            Err(source) => return Err(DbError::Open { path: PathBuf::from(name), source }),
+            Err(source) => return Err(DbError::Open { path: name, source }),
         };
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a descriptor we own; blocks until the other opener has finished.
         while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(DbError::Open { path: PathBuf::from(name), source: e });
+                return Err(DbError::Open { path: name.clone(), source: e });
             }
         }
         Ok(OpenLock { _file: Some(file) })
@@ -305,6 +311,16 @@ fn is_corruption(e: &sqlx::Error) -> bool {
 /// id never matches more than its prefix says.
 fn like_prefix(id: &str) -> String {
     format!("{}%", id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
+}
+
+/// What every connection to the database at `path` shares: the file, the busy timeout (10 s), no
+/// statement logging.
+fn connect_options(path: &Path) -> Result<SqliteConnectOptions> {
+    Ok(SqliteConnectOptions::from_str("sqlite://")
+        .map_err(|source| classify(path, source))?
+        .filename(path)
+        .busy_timeout(std::time::Duration::from_secs(10))
+        .disable_statement_logging())
 }
 
 fn classify(path: &Path, cause: sqlx::Error) -> DbError {
@@ -366,13 +382,7 @@ impl Store {
             None => false,
         };
         let sql_err = |source| classify(path, source);
-        let base = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(sql_err)?
-            .filename(path)
-            .foreign_keys(true)
-            .busy_timeout(std::time::Duration::from_secs(10))
-            .synchronous(SqliteSynchronous::Normal)
-            .disable_statement_logging();
+        let base = connect_options(path)?.foreign_keys(true).synchronous(SqliteSynchronous::Normal);
         if existing {
             // Look before touching: a read-only connection cannot write, checkpoint or convert
             // a file that turns out to be corrupt, foreign or from a newer kiln.
@@ -443,12 +453,7 @@ impl Store {
     /// write-ahead log's index (a read-only one), the file is read as immutable.
     async fn open_read_only(path: &Path) -> Result<Option<Store>> {
         let sql_err = |source| classify(path, source);
-        let base = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(sql_err)?
-            .filename(path)
-            .read_only(true)
-            .busy_timeout(std::time::Duration::from_secs(10))
-            .disable_statement_logging();
+        let base = connect_options(path)?.read_only(true);
         let mut conn = match base.clone().connect().await {
             Ok(mut c) => match sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut c).await {
                 Ok(_) => c,
@@ -490,6 +495,23 @@ impl Store {
     /// Whether this open created the database.
     pub fn created(&self) -> bool {
         self.created
+    }
+
+    /// Closes a database this open created and removes it with its log, index and lock files: for
+    /// a command that failed before storing anything (nothing is created by mistake). A database
+    /// that was already there is only closed.
+    ///
+    /// # Errors
+    /// Closing fails.
+    pub async fn discard(self) -> Result<()> {
+        let (path, created) = (self.path.clone(), self.created);
+        self.close().await?;
+        if created {
+            for suffix in ["", "-wal", "-shm", ".lock"] {
+                let _ = std::fs::remove_file(beside(&path, suffix));
+            }
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {

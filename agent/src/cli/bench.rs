@@ -187,9 +187,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 fn serve_net(addr: &str, idle: u64) -> Result<Output> {
     let listener = std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
     // The address first, flushed: a script (or a test) reads it to learn the port.
-    let listening =
-        Output { text: format!("listening on {}", listener.local_addr()?), exit: Exit::Ok, to_stderr: false };
-    listening.print()?;
+    Output::new(format!("listening on {}", listener.local_addr()?)).print()?;
     kiln_bench::net::serve(listener, Duration::from_secs(idle)).context("serving")?;
     Ok(Output::empty(Exit::Ok))
 }

@@ -86,9 +86,14 @@ pub struct Output {
 }
 
 impl Output {
+    /// Text for stdout, exit 0.
+    pub fn new(text: String) -> Output {
+        Output { text, exit: Exit::Ok, to_stderr: false }
+    }
+
     /// Nothing to print.
     pub fn empty(exit: Exit) -> Output {
-        Output { text: String::new(), exit, to_stderr: false }
+        Output::new(String::new()).with_exit(exit)
     }
 
     pub fn with_exit(mut self, exit: Exit) -> Output {
@@ -124,20 +129,15 @@ pub struct Ctx {
     db: Option<PathBuf>,
     pub json: bool,
     /// How the command uses the database: read-only commands never create, migrate or write it.
-    access: std::cell::Cell<kiln_db::Access>,
+    access: kiln_db::Access,
     runtime: OnceCell<tokio::runtime::Runtime>,
     store: RefCell<Option<Store>>,
 }
 
 impl Ctx {
-    pub fn new(db: Option<PathBuf>, json: bool) -> Ctx {
-        Ctx {
-            db,
-            json,
-            access: std::cell::Cell::new(kiln_db::Access::Write),
-            runtime: OnceCell::new(),
-            store: RefCell::new(None),
-        }
+    /// The context of one command; `access` is what [`access`] says of it.
+    pub fn new(db: Option<PathBuf>, json: bool, access: kiln_db::Access) -> Ctx {
+        Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None) }
     }
 
     /// The command's result in the format asked for (`--json` or text).
@@ -147,7 +147,7 @@ impl Ctx {
             (true, true) => serde_json::to_string_pretty(&Envelope { schema_version: SCHEMA_VERSION, value })?,
             (true, false) => serde_json::to_string_pretty(value)?,
         };
-        Ok(Output { text, exit: Exit::Ok, to_stderr: false })
+        Ok(Output::new(text))
     }
 
     /// `--db`/`KILN_DB`, else the system location as root, else the user's data directory.
@@ -197,7 +197,7 @@ impl Ctx {
         let mut slot = self.store.borrow_mut();
         if slot.is_none() {
             let path = self.db_path()?;
-            let access = self.access.get();
+            let access = self.access;
             if access == kiln_db::Access::Write && self.db.is_none() {
                 // The default location is kiln's own: its directory is made; an explicit --db's is not.
                 if let Some(dir) = path.parent() {
@@ -213,14 +213,7 @@ impl Ctx {
     /// anything in it (a refused import): nothing is created by mistake.
     pub fn discard_created(&self) -> Result<()> {
         let Some(store) = self.store.borrow_mut().take_if(|s| s.created()) else { return Ok(()) };
-        let path = store.path().to_path_buf();
-        self.block_on(store.close())??;
-        for suffix in ["", "-wal", "-shm", ".lock"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-        Ok(())
+        Ok(self.block_on(store.discard())??)
     }
 
     /// Closes the store if one was opened (checkpointing its write-ahead log).
@@ -243,9 +236,6 @@ impl Ctx {
 /// # Errors
 /// Anything that stops the command; `main` prints it and exits 2.
 pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
-    if reads_only(&command) {
-        ctx.access.set(kiln_db::Access::Read);
-    }
     match command {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
@@ -273,10 +263,11 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
     }
 }
 
-/// Commands that only read the database: they open it read-only and never create it.
-fn reads_only(command: &Command) -> bool {
+/// How `command` uses the database: the commands that only read open it read-only and never
+/// create it.
+pub fn access(command: &Command) -> kiln_db::Access {
     use args::Provision;
-    matches!(
+    let reads = matches!(
         command,
         Command::Runs { .. }
             | Command::Hosts
@@ -288,7 +279,12 @@ fn reads_only(command: &Command) -> bool {
             | Command::Report { .. }
             | Command::Db { .. }
             | Command::Provision { what: Provision::Log { .. } }
-    )
+    );
+    if reads {
+        kiln_db::Access::Read
+    } else {
+        kiln_db::Access::Write
+    }
 }
 
 /// The start of a `--since` window (`30d`, `12h`, `2w`), in seconds since the epoch.

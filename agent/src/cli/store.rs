@@ -201,7 +201,7 @@ pub fn show(what: Show, ctx: &Ctx) -> Result<Output> {
             let row = ctx.with_store(async |store| store.inventory(&id).await)?;
             if ctx.json {
                 // The document carries its own schema_version; printed exactly as stored.
-                return Ok(Output { text: row.document, exit: Exit::Ok, to_stderr: false });
+                return Ok(Output::new(row.document));
             }
             let inv: Inventory = serde_json::from_str(&row.document).with_context(|| {
                 format!(
@@ -212,7 +212,7 @@ pub fn show(what: Show, ctx: &Ctx) -> Result<Output> {
             })?;
             let text =
                 format!("inventory {} (collected {})\n{}", row.id, row.collected_at, crate::render::summary(&inv));
-            Ok(Output { text, exit: Exit::Ok, to_stderr: false })
+            Ok(Output::new(text))
         }
     }
 }
