@@ -117,7 +117,8 @@ fn config_tag(config: &str) -> String {
     sha2::Sha256::digest(config.as_bytes()).iter().take(3).map(|b| format!("{b:02x}")).collect()
 }
 
-fn short6(s: &str) -> &str {
+/// The first six characters of a fingerprint, as the tables show a software stack.
+pub fn short6(s: &str) -> &str {
     &s[..s.len().min(6)]
 }
 
@@ -186,7 +187,14 @@ pub async fn outlier_telemetry(store: &mut Store, o: &Outlier) -> kiln_db::Resul
     Ok(out)
 }
 
-pub fn render_outliers(outliers: &[(Outlier, Vec<String>)], threshold: f64, min_deviation: f64) -> String {
+/// An outlier host with the telemetry of its last run that differs from typical hosts'.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OutlierEntry {
+    pub outlier: Outlier,
+    pub telemetry: Vec<String>,
+}
+
+pub fn render_outliers(outliers: &[OutlierEntry], threshold: f64, min_deviation: f64) -> String {
     if outliers.is_empty() {
         return format!(
             "no outliers: no host beyond |z| {threshold} and {:.0} % from its configuration's median (groups of 5 hosts or more)\n",
@@ -194,7 +202,7 @@ pub fn render_outliers(outliers: &[(Outlier, Vec<String>)], threshold: f64, min_
         );
     }
     let mut out = String::new();
-    for (o, telemetry) in outliers {
+    for OutlierEntry { outlier: o, telemetry } in outliers {
         let _ = writeln!(
             out,
             "{} {:<24} {}:{} = {} {} vs median {} of {} hosts ({}, z {:+.1}) — {}",

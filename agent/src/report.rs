@@ -11,7 +11,7 @@ use kiln_bench::stats::{median, percentile_sorted};
 use kiln_db::{Direction, Fleet, RunDetail, Store};
 
 use crate::fleet::{self, by_group, detect, Filter, FleetError, HostValues, Subject};
-use crate::fleet_view::{num, pct, short};
+use crate::fleet_view::{num, pct, short, short6};
 
 #[derive(Debug, Clone)]
 pub enum Chart {
@@ -348,10 +348,6 @@ fn config_report(e: &Evidence, fp: &str, groups: &Groups, filter: &Filter) -> (S
     }
     let sections = vec![overview, results, history, outlier_section(fleet, fp, filter)];
     (format!("Configuration {name}"), sections)
-}
-
-fn short6(s: &str) -> &str {
-    &s[..s.len().min(6)]
 }
 
 /// Every (time, value) of a group's hosts since `since`.

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use super::args::{By, Window};
 use super::{window_start, Ctx, Exit, Output, View};
-use crate::fleet::{self, Comparison, ConfigSummary, Filter, Outlier, Regression};
-use crate::fleet_view;
+use crate::fleet::{self, Comparison, ConfigSummary, Filter, Regression};
+use crate::fleet_view::{self, OutlierEntry};
 
 /// The filter of `--since`, `--metric` and `--across-software`.
 pub fn filter(window: &Window, metric: Option<String>, across_software: bool) -> Result<Filter> {
@@ -73,18 +73,9 @@ pub struct Outliers {
     pub outliers: Vec<OutlierEntry>,
 }
 
-#[derive(Serialize)]
-pub struct OutlierEntry {
-    pub outlier: Outlier,
-    /// Telemetry of its last run that differs from typical hosts'.
-    pub telemetry: Vec<String>,
-}
-
 impl View for Outliers {
     fn render(&self) -> String {
-        let found: Vec<(Outlier, Vec<String>)> =
-            self.outliers.iter().map(|e| (e.outlier.clone(), e.telemetry.clone())).collect();
-        fleet_view::render_outliers(&found, self.threshold, self.min_deviation)
+        fleet_view::render_outliers(&self.outliers, self.threshold, self.min_deviation)
     }
 }
 

@@ -69,16 +69,20 @@ impl Source {
         kiln_provision::root::parent_in_root(&self.root, Path::new(rel))
     }
 
-    /// `rel` with every symbolic link followed as if the root were `/` (`kiln_provision::root`).
-    fn resolve(&self, rel: &Path) -> PathBuf {
-        kiln_provision::root::resolve_in_root(&self.root, rel)
+    /// `rel` with every symbolic link followed as if the root were `/` (`kiln_provision::root`);
+    /// on the live system, simply below `/`.
+    fn resolved(&self, rel: &str) -> PathBuf {
+        if self.is_live() {
+            return self.root.join(rel);
+        }
+        kiln_provision::root::resolve_in_root(&self.root, Path::new(rel))
     }
 
     /// Opens a regular file below the root for reading: resolved inside the root, never through a
     /// final link, never blocking on a FIFO, and never a device, FIFO or socket.
     pub fn open(&self, rel: &str) -> io::Result<std::fs::File> {
         use std::os::unix::fs::OpenOptionsExt;
-        let path = if self.is_live() { self.root.join(rel) } else { self.resolve(Path::new(rel)) };
+        let path = self.resolved(rel);
         let flags = if self.is_live() { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
         let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
         // The live /proc and /sys hold no FIFOs or devices: the extra fstat is for snapshots only.
@@ -89,10 +93,13 @@ impl Source {
     }
 
     pub fn exists(&self, rel: &str) -> bool {
+        let path = self.resolved(rel);
+        // In a snapshot a link left unresolved (a loop) is not followed out of the root.
         if self.is_live() {
-            return self.root.join(rel).exists();
+            path.exists()
+        } else {
+            path.symlink_metadata().is_ok()
         }
-        self.resolve(Path::new(rel)).symlink_metadata().is_ok()
     }
 
     /// Reads a file that may legitimately be absent: absence is silent, other failures are problems.
@@ -159,7 +166,7 @@ impl Source {
 
     /// Lists the entry names of a directory, sorted; absence is silent.
     pub fn list_dir(&self, rel: &str) -> Vec<String> {
-        let dir = if self.is_live() { self.root.join(rel) } else { self.resolve(Path::new(rel)) };
+        let dir = self.resolved(rel);
         let mut names: Vec<String> = match std::fs::read_dir(dir) {
             Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect(),
             Err(e) => {

@@ -100,8 +100,17 @@ impl State {
             ..State::default()
         };
         state.read_sources(image, target, exec);
-        let mut kiln_files =
-            vec![preferences_path(name), modules_load_path(name), modprobe_path(name), sysctl_path(name)];
+        // kiln's own files only where the image has the section that writes them.
+        let mut kiln_files = Vec::new();
+        if !spec.apt.packages.is_empty() {
+            kiln_files.push(preferences_path(name));
+        }
+        if !spec.modules.is_empty() {
+            kiln_files.extend([modules_load_path(name), modprobe_path(name)]);
+        }
+        if !spec.sysctl.is_empty() {
+            kiln_files.push(sysctl_path(name));
+        }
         kiln_files.extend(spec.files.iter().map(|f| f.get_ref().path.get_ref().clone()));
         for abs in kiln_files {
             state.files.insert(abs.clone(), file_state(&target.path(&abs)));
@@ -229,7 +238,7 @@ impl State {
 /// What is at `path`: its content when readable, its mode and owner when anything is there.
 pub fn file_state(path: &Path) -> FileState {
     let meta = std::fs::metadata(path).ok().map(|m| (m.permissions().mode() & 0o7777, m.uid(), m.gid()));
-    FileState { content: meta.and(std::fs::read(path).ok()), meta }
+    FileState { content: meta.and_then(|_| std::fs::read(path).ok()), meta }
 }
 
 /// A command's guard, checked now.
