@@ -24,7 +24,7 @@ impl SmiGpu {
     }
 }
 
-struct Smi {
+pub struct Smi {
     driver: String,
     cuda: String,
     gpus: Vec<SmiGpu>,
@@ -84,7 +84,7 @@ fn parse_smi_q(text: &str) -> Smi {
 
 /// How a machine's NVLinks are wired; the captures do not record the far ends.
 #[derive(Clone, Copy)]
-enum Wiring {
+pub enum Wiring {
     None,
     /// HGX H100: 18 links per GPU to NVSwitches. The switches' bus ids are not in the captures;
     /// the four used here only need to be distinct.
@@ -120,7 +120,7 @@ fn enabled(v: Option<&str>) -> u32 {
 }
 
 /// Writes the fake's fixture for a capture; `tweak(gpu index, lines)` injects faults.
-fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>)) -> String {
+pub fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>)) -> String {
     let (major, minor) = smi.cuda.split_once('.').unwrap();
     let mut out = vec![
         format!("driver {}", smi.driver),
@@ -215,24 +215,24 @@ fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>)) -
     out.join("\n") + "\n"
 }
 
-fn capture(name: &str) -> Smi {
+pub fn capture(name: &str) -> Smi {
     parse_smi_q(&std::fs::read_to_string(fixtures().join("nvidia/nvidia-smi").join(name)).unwrap())
 }
 
-struct FakeMachine {
+pub struct FakeMachine {
     _dir: tempfile::TempDir,
     fixture: PathBuf,
 }
 
 impl FakeMachine {
-    fn new(text: &str) -> Self {
+    pub fn new(text: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let fixture = dir.path().join("machine.txt");
         std::fs::write(&fixture, text).unwrap();
         FakeMachine { _dir: dir, fixture }
     }
 
-    fn kiln(&self, args: &[&str]) -> Run {
+    pub fn kiln(&self, args: &[&str]) -> Run {
         let lib = fake_nvml();
         let mut all = args.to_vec();
         all.extend(["--nvml-lib", lib.to_str().unwrap()]);
@@ -498,12 +498,12 @@ fn no_library_on_a_cpu_only_snapshot_is_not_a_problem() {
 
 /// A minimal `/sys` of an HGX box: each GPU behind a PCIe switch under its own root port, on
 /// the bus ids of the capture, two NUMA nodes. Only what the PCI reader needs.
-struct SyntheticPci {
+pub struct SyntheticPci {
     dir: tempfile::TempDir,
 }
 
 impl SyntheticPci {
-    fn root(&self) -> &Path {
+    pub fn root(&self) -> &Path {
         self.dir.path()
     }
 
@@ -548,7 +548,13 @@ impl SyntheticPci {
 
     /// Each GPU and one ConnectX-7 share a PCIe switch under their own root port, as on HGX
     /// H100 boards; GPUs 0-3 on NUMA node 0, 4-7 on node 1. `x8_port` trains one switch port at x8.
-    fn hgx_with(smi: &Smi, x8_port: Option<usize>) -> SyntheticPci {
+    pub fn hgx_with(smi: &Smi, x8_port: Option<usize>) -> SyntheticPci {
+        Self::hgx_degraded(smi, x8_port.map(|i| (i, ("32.0 GT/s PCIe", 8, "32.0 GT/s PCIe", 16))))
+    }
+
+    /// [`SyntheticPci::hgx_with`], with the switch downstream port above GPU `i` at `link`
+    /// (current speed, width, max speed, width).
+    pub fn hgx_degraded(smi: &Smi, degraded: Option<(usize, (&str, u32, &str, u32))>) -> SyntheticPci {
         let tree = SyntheticPci { dir: tempfile::tempdir().unwrap() };
         std::fs::create_dir_all(tree.root().join("proc")).unwrap();
         let gen5 = ("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16);
@@ -562,7 +568,10 @@ impl SyntheticPci {
             let down_nic = format!("0000:{:02x}:01.0", b - 1);
             let nic = format!("0000:{:02x}:00.0", b + 1);
             let numa = if i < 4 { 0 } else { 1 };
-            let port_link = if x8_port == Some(i) { ("32.0 GT/s PCIe", 8, "32.0 GT/s PCIe", 16) } else { gen5 };
+            let port_link = match degraded {
+                Some((at, link)) if at == i => link,
+                _ => gen5,
+            };
             tree.device(&[&root_port], "8086", "352a", "060400", numa, gen5);
             tree.device(&[&root_port, &up], "1000", "c030", "060400", numa, gen5);
             tree.device(&[&root_port, &up, &down], "1000", "c030", "060400", numa, port_link);
@@ -574,7 +583,7 @@ impl SyntheticPci {
         tree
     }
 
-    fn hgx(smi: &Smi) -> SyntheticPci {
+    pub fn hgx(smi: &Smi) -> SyntheticPci {
         Self::hgx_with(smi, None)
     }
 }

@@ -16,3 +16,4 @@ mod kill;
 mod lab;
 mod provision;
 mod tidy;
+mod verdict;

@@ -10,5 +10,7 @@ pub mod provisioning;
 pub mod render;
 pub mod report;
 pub mod runs;
+pub mod spec;
 pub mod telemetry;
 pub mod timefmt;
+pub mod verdict;

@@ -359,3 +359,33 @@ impl Default for Progress {
 pub fn progress(message: &str) {
     Progress::new().say(message);
 }
+
+/// A plain text table: a header row and rows, columns padded to their widest cell; the last
+/// column is not padded.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i + 1 == widths.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(cell);
+                text.extend(std::iter::repeat_n(' ', widths[i] - cell.chars().count() + 2));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}

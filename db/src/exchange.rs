@@ -96,6 +96,24 @@ struct RunRec {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct VerdictRec<'a> {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    id: String,
+    host_id: String,
+    inventory_id: String,
+    judged_at: String,
+    spec_name: String,
+    spec_hash: String,
+    spec: String,
+    verdict: String,
+    failed: i64,
+    #[serde(borrow)]
+    document: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct EndRec {
     #[serde(rename = "type")]
     _kind: serde::de::IgnoredAny,
@@ -109,6 +127,7 @@ enum Record<'a> {
     Inventory(InventoryRec<'a>),
     Software(SoftwareRec<'a>),
     Run(RunRec),
+    Verdict(VerdictRec<'a>),
     End(EndRec),
 }
 
@@ -240,6 +259,22 @@ fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
             }
             Ok(())
         }
+        Record::Verdict(v) => {
+            id("verdict id", &v.id)?;
+            id("host id", &v.host_id)?;
+            id("inventory id", &v.inventory_id)?;
+            time("judged_at", &v.judged_at)?;
+            name("spec name", &v.spec_name)?;
+            id("spec hash", &v.spec_hash)?;
+            if v.spec.len() > MAX_DOCUMENT {
+                return Err(format!("the spec is {} bytes (at most {MAX_DOCUMENT})", v.spec.len()));
+            }
+            if !matches!(v.verdict.as_str(), "accept" | "reject" | "inconclusive") {
+                return Err(format!("verdict {:?} is not accept, reject or inconclusive", v.verdict));
+            }
+            count("failed", Some(v.failed))?;
+            document("the verdict document", v.document.get())
+        }
         Record::End(_) => Ok(()),
     }
 }
@@ -261,10 +296,11 @@ fn parse_record(line: &str) -> std::result::Result<Record<'_>, serde_json::Error
         "inventory" => Record::Inventory(serde_json::from_str(line)?),
         "software" => Record::Software(serde_json::from_str(line)?),
         "run" => Record::Run(serde_json::from_str(line)?),
+        "verdict" => Record::Verdict(serde_json::from_str(line)?),
         "end" => Record::End(serde_json::from_str(line)?),
         other => {
             return Err(serde::de::Error::custom(format!(
-                "unknown record type {other:?} (host, inventory, software, run or end)"
+                "unknown record type {other:?} (host, inventory, software, run, verdict or end)"
             )))
         }
     })
@@ -279,6 +315,7 @@ pub struct ExportStats {
     pub metrics: u64,
     pub samples: u64,
     pub telemetry: u64,
+    pub verdicts: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -289,6 +326,7 @@ pub struct ImportStats {
     pub software_new: u64,
     pub runs_new: u64,
     pub runs_known: u64,
+    pub verdicts_new: u64,
     pub metrics: u64,
     pub samples: u64,
     pub telemetry: u64,
@@ -317,7 +355,7 @@ struct ExportKind {
 }
 
 /// In the order an import needs them: hosts, then what names them.
-const EXPORTS: [ExportKind; 4] = [
+const EXPORTS: [ExportKind; 5] = [
     // Hosts with a run in the window (or an inventory, when there is no window).
     ExportKind {
         sql: "SELECT json_object('type', 'host', 'id', id, 'identity', identity, 'hostname', hostname, \
@@ -361,6 +399,15 @@ const EXPORTS: [ExportKind; 4] = [
             s.telemetry += row.get::<i64, _>(3) as u64;
         },
     },
+    // Verdicts of the exported inventories.
+    ExportKind {
+        sql: "SELECT json_object('type', 'verdict', 'id', v.id, 'host_id', v.host_id, 'inventory_id', v.inventory_id, \
+              'judged_at', v.judged_at, 'spec_name', v.spec_name, 'spec_hash', v.spec_hash, 'spec', v.spec, \
+              'verdict', v.verdict, 'failed', v.failed, 'document', json(v.document)) FROM verdicts v \
+              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = v.inventory_id AND r.started_at >= ?1) \
+              ORDER BY v.judged_at, v.id",
+        count: |s, _| s.verdicts += 1,
+    },
 ];
 
 impl Store {
@@ -387,7 +434,7 @@ impl Store {
                 (kind.count)(&mut stats, &row);
             }
         }
-        let records = stats.hosts + stats.inventories + stats.software + stats.runs;
+        let records = stats.hosts + stats.inventories + stats.software + stats.runs + stats.verdicts;
         json_line(out, &serde_json::json!({ "type": "end", "records": records })).map_err(io)?;
         out.flush().map_err(io)?;
         Ok(stats)
@@ -489,9 +536,67 @@ impl Store {
             fresh_runs(&mut tx, &records, &parents, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
         insert_runs(&mut tx, &fresh, &mut stats).await.map_err(&err)?;
         index_fresh(&mut tx, &fresh, &parents).await.map_err(&err)?;
+        import_verdicts(&mut tx, &records, &parents, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
         tx.commit().await.map_err(&err)?;
         Ok(stats)
     }
+}
+
+/// Verdicts, under the host and inventory earlier records gave (or that this database holds).
+async fn import_verdicts(
+    tx: &mut SqliteConnection,
+    records: &[(usize, Record<'_>)],
+    p: &Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    for (n, rec) in records {
+        let Record::Verdict(v) = rec else { continue };
+        let host = match p.host_ids.get(&v.host_id) {
+            Some(h) => h.clone(),
+            None => {
+                let here: Option<String> = sqlx::query_scalar("SELECT host_id FROM inventories WHERE id = ?")
+                    .bind(&v.inventory_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                here.ok_or_else(|| {
+                    Failed::File(malformed(
+                        *n,
+                        format!("verdict {} names host {}, which no record gives", v.id, v.host_id),
+                    ))
+                })?
+            }
+        };
+        let known: Option<i64> = sqlx::query_scalar("SELECT 1 FROM inventories WHERE id = ?")
+            .bind(&v.inventory_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_none() {
+            let why = format!(
+                "verdict {} names inventory {}, which neither the file nor the database holds",
+                v.id, v.inventory_id
+            );
+            return Err(Failed::File(malformed(*n, why)));
+        }
+        let done = sqlx::query(
+            "INSERT OR IGNORE INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, \
+             failed, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&v.id)
+        .bind(&host)
+        .bind(&v.inventory_id)
+        .bind(&v.judged_at)
+        .bind(&v.spec_name)
+        .bind(&v.spec_hash)
+        .bind(&v.spec)
+        .bind(&v.verdict)
+        .bind(v.failed)
+        .bind(v.document.get())
+        .execute(&mut *tx)
+        .await?;
+        stats.verdicts_new += done.rows_affected();
+    }
+    Ok(())
 }
 
 /// A failure inside an import: the database's (converted by the caller, who knows its path) or the
@@ -559,7 +664,7 @@ async fn import_parents(
                 stats.software_new += 1;
             }
             Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, stats).await?,
-            Record::Run(_) | Record::End(_) => {}
+            Record::Run(_) | Record::Verdict(_) | Record::End(_) => {}
         }
     }
     Ok(p)

@@ -18,11 +18,13 @@ mod journal;
 mod series;
 mod status;
 mod values;
+mod verdicts;
 pub use exchange::{ExportStats, ImportError, ImportStats, EXPORT_VERSION};
 pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
+pub use verdicts::{NewVerdict, VerdictRow};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
@@ -519,7 +521,7 @@ impl Store {
     }
 
     /// Maps an sqlx error to a `DbError` naming this store's file.
-    fn sql_err(&self) -> impl Fn(sqlx::Error) -> DbError {
+    pub(crate) fn sql_err(&self) -> impl Fn(sqlx::Error) -> DbError {
         let path = self.path.clone();
         move |source| classify(&path, source)
     }
@@ -687,7 +689,7 @@ impl Store {
         Ok(id)
     }
 
-    async fn metrics_of(&mut self, run_id: &str) -> Result<Vec<Metric>> {
+    pub(crate) async fn metrics_of(&mut self, run_id: &str) -> Result<Vec<Metric>> {
         let err = self.sql_err();
         let rows = sqlx::query("SELECT name, value, unit, direction FROM metrics WHERE run_id = ? ORDER BY name")
             .bind(run_id)

@@ -10,8 +10,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "kiln",
     version,
     about = "Inventory, provision, benchmark and compare AI training servers",
-    after_help = "Exit codes: 0 success, 1 a check failed (a regression, drift, lint findings, training that \
-                  did not learn), 2 an error (bad arguments, an unreadable snapshot, a corrupt database)."
+    after_help = "Exit codes: 0 success (a verdict: ACCEPT), 1 a check failed (a verdict: REJECT; a regression, drift, \
+                  lint findings, training that did not learn), 2 an error (bad arguments, an unreadable snapshot, a \
+                  malformed spec, a corrupt database), 3 a verdict is INCONCLUSIVE (a check the spec requires could \
+                  not run, or no spec applies)."
 )]
 pub struct Cli {
     /// The results database [default: /var/lib/kiln/kiln.db as root, else ~/.local/share/kiln/kiln.db]
@@ -46,12 +48,64 @@ pub struct Store {
     pub no_save: bool,
 }
 
+/// How a box is judged: which spec, and what a verdict may leave out.
+#[derive(Args, Clone, Default)]
+pub struct Judge {
+    /// The SKU spec to judge against [default: the one spec whose [match] fits this box, among the
+    /// built-in specs and those in --specs]
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+    /// More specs to choose from (a file there replaces a built-in spec of the same name)
+    #[arg(long, value_name = "DIR", default_value = "/etc/kiln/specs")]
+    pub specs: Vec<PathBuf>,
+    /// ACCEPT even when checks the spec requires could not run (they stay listed as skipped)
+    #[arg(long)]
+    pub allow_skip: bool,
+    /// Also write the verdict as OCP Test & Validation JSON lines to FILE (`-` for stdout)
+    #[arg(long, value_name = "FILE")]
+    pub ocp: Option<PathBuf>,
+    /// Do not judge (inventory and benchmarks only)
+    #[arg(long, conflicts_with_all = ["spec", "allow_skip", "ocp"])]
+    pub no_verdict: bool,
+}
+
 /// A `--since` window: 30d, 12h, 2w.
 #[derive(Args, Clone)]
 pub struct Window {
     /// Only runs within this window (30d, 12h, 2w)
     #[arg(long, value_name = "DURATION")]
     pub since: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum SpecCmd {
+    /// Load specs strictly (units, dimensions, sources, metrics): exit 1 on any finding
+    Lint {
+        /// Spec files [default: the built-in specs]
+        files: Vec<PathBuf>,
+    },
+    /// Write a spec from this box (or --root), or from the accepted boxes of one configuration in
+    /// the database, with performance floors at a fraction of the measured medians
+    Capture {
+        #[command(flatten)]
+        source: Source,
+        /// Take the performance figures from this stored inventory's runs (default: the newest
+        /// inventory of this box in the database, if any)
+        #[arg(long, value_name = "ID", conflicts_with = "config")]
+        inventory: Option<String>,
+        /// Use the accepted boxes of this configuration fingerprint (prefix) instead of one box
+        #[arg(long, value_name = "FINGERPRINT")]
+        config: Option<String>,
+        /// Floors at this fraction of the measured medians
+        #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
+        fraction: f64,
+        /// The spec's name [default: from the configuration]
+        #[arg(long)]
+        name: Option<String>,
+        /// Write to FILE instead of stdout
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -74,6 +128,32 @@ pub enum Command {
         /// Time budget of the benchmark suite, in seconds
         #[arg(long, value_name = "SECONDS")]
         budget: Option<u64>,
+        #[command(flatten)]
+        judge: Judge,
+    },
+    /// Judge a stored inventory (and the benchmark runs taken with it) against a spec again, without
+    /// touching the box: exit 0 ACCEPT, 1 REJECT, 3 INCONCLUSIVE
+    Verdict {
+        /// The inventory's id (or a unique prefix), as `kiln hosts` and `kiln commission` show it
+        #[arg(long, value_name = "ID")]
+        inventory: String,
+        /// Judge performance too only when runs were taken with the inventory (default); with this
+        /// flag, hardware and health only
+        #[arg(long)]
+        no_perf: bool,
+        /// Do not store the verdict
+        #[arg(long)]
+        no_save: bool,
+        /// Every check, not only those that did not pass
+        #[arg(long, short)]
+        verbose: bool,
+        #[command(flatten)]
+        judge: Judge,
+    },
+    /// SKU specs: check them, or write one from a golden box
+    Spec {
+        #[command(subcommand)]
+        what: SpecCmd,
     },
     /// The GPU and NIC connection matrix, like `nvidia-smi topo -m`
     Topo {

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use kiln_db::{RunStatus, SavedInventory};
 use serde::Serialize;
 
-use super::args::{self, Bench, Dtype, Source};
+use super::args::{self, Bench, Dtype, Judge, Source};
 use super::inventory::{is_live, live_inventory, store_inventory, take_inventory};
 use super::{Ctx, Exit, Output, View};
 use crate::inventory::Inventory;
@@ -323,6 +323,13 @@ pub struct Commission {
     pub inventory: Inventory,
     pub benchmarks: Vec<CommissionRun>,
     pub stored: Stored,
+    /// The verdict (`verdict`, `spec`, `counts`, `checks` at the top level), when one was reached.
+    #[serde(flatten)]
+    pub judgement: Option<crate::verdict::Verdict>,
+    /// Why there is no verdict (no spec applies, or `--no-verdict`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_verdict: Option<String>,
+    pub verdict_id: Option<String>,
     #[serde(skip)]
     pub live: bool,
 }
@@ -368,16 +375,27 @@ impl View for Commission {
             s.host_id,
             s.database.display()
         ));
+        match (&self.judgement, &self.no_verdict) {
+            (Some(v), _) => {
+                text.push('\n');
+                text.push_str(&v.render(false));
+            }
+            (None, Some(why)) => text.push_str(&format!("\nno verdict: {why}\n")),
+            (None, None) => {}
+        }
         text
     }
 }
 
 /// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
 /// run stored as it finishes), the summary.
-pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, ctx: &Ctx) -> Result<Output> {
+pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, judge: &Judge, ctx: &Ctx) -> Result<Output> {
     ctx.open_store()?;
     progress("taking the inventory");
     let inv = take_inventory(source)?;
+    // The spec is chosen (and a malformed one refused) before minutes of benchmarks.
+    let spec =
+        if judge.no_verdict { Err("--no-verdict".to_string()) } else { super::verdict::choose_spec(judge, &inv)? };
     let saved = store_inventory(ctx, &inv)?;
     let live = is_live(source);
     let done = if no_bench || !live {
@@ -387,6 +405,7 @@ pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, ctx: &Ct
         stored_suite(ctx, &inv, Some(&saved), true, budget, None)?
     };
     let failed = done.iter().any(|(o, _)| o.failed_check());
+    let benchmarked = !done.is_empty();
     let benchmarks = done
         .into_iter()
         .map(|(o, id)| CommissionRun {
@@ -396,12 +415,29 @@ pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, ctx: &Ct
             headline: o.headline,
         })
         .collect();
+    let (judgement, verdict_id, no_verdict) = match spec {
+        Ok(spec) => {
+            let stored = super::verdict::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
+            let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, benchmarked, true)?;
+            (Some(v), id, None)
+        }
+        Err(why) => (None, None, Some(why)),
+    };
+    // The verdict decides the exit; without one (no spec applies), the box is not judged: 3,
+    // unless --no-verdict asked for none.
+    let exit = match (&judgement, judge.no_verdict) {
+        (Some(v), _) => super::verdict::exit_of(v.verdict),
+        (None, true) => Exit::check(failed),
+        (None, false) => Exit::Inconclusive,
+    };
     let stored = Stored {
         database: ctx.db_path()?,
         inventory_id: saved.inventory_id,
         host_id: saved.host_id,
         new_host: saved.new_host,
     };
-    let view = Commission { kind: "commission", inventory: inv, benchmarks, stored, live };
-    Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
+    let view =
+        Commission { kind: "commission", inventory: inv, benchmarks, stored, judgement, no_verdict, verdict_id, live };
+    let exit = if failed && exit == Exit::Ok { Exit::CheckFailed } else { exit };
+    Ok(ctx.output(&view)?.with_exit(exit))
 }

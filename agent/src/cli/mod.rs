@@ -13,6 +13,7 @@ pub mod inventory;
 pub mod outfile;
 pub mod provision;
 pub mod store;
+pub mod verdict;
 
 use std::cell::{OnceCell, RefCell};
 use std::io::Write;
@@ -38,6 +39,8 @@ pub enum Exit {
     CheckFailed,
     /// Exit 2 after the command has said what went wrong itself (a failed apply's story).
     Error,
+    /// Exit 3: a verdict is inconclusive (a check the spec requires could not run).
+    Inconclusive,
 }
 
 impl Exit {
@@ -55,6 +58,7 @@ impl Exit {
             Exit::Ok => 0,
             Exit::CheckFailed => 1,
             Exit::Error => 2,
+            Exit::Inconclusive => 3,
         }
     }
 }
@@ -239,7 +243,16 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
     match command {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
-        Command::Commission { source, no_bench, budget } => bench::commission(&source, no_bench, budget, ctx),
+        Command::Commission { source, no_bench, budget, judge } => {
+            bench::commission(&source, no_bench, budget, &judge, ctx)
+        }
+        Command::Verdict { inventory, no_perf, no_save, verbose, judge } => {
+            verdict::rejudge(&inventory, no_perf, no_save, verbose, &judge, ctx)
+        }
+        Command::Spec { what: args::SpecCmd::Lint { files } } => verdict::lint(&files, ctx),
+        Command::Spec { what: args::SpecCmd::Capture { source, inventory, config, fraction, name, output } } => {
+            verdict::capture(&source, inventory.as_deref(), config.as_deref(), fraction, name, output.as_deref(), ctx)
+        }
         Command::Bench { what } => bench::run(what, ctx),
         Command::Runs { limit } => store::runs(limit, ctx),
         Command::Hosts => store::hosts(ctx),
@@ -278,6 +291,8 @@ pub fn access(command: &Command) -> kiln_db::Access {
             | Command::Regressions { .. }
             | Command::Report { .. }
             | Command::Db { .. }
+            | Command::Spec { .. }
+            | Command::Verdict { no_save: true, .. }
             | Command::Provision { what: Provision::Log { .. } }
     );
     if reads {

@@ -48,9 +48,17 @@ pub fn runs(limit: i64, ctx: &Ctx) -> Result<Output> {
 /// `kiln hosts`.
 #[derive(Serialize)]
 pub struct Hosts {
-    pub hosts: Vec<HostRow>,
+    pub hosts: Vec<HostEntry>,
     #[serde(skip)]
     pub database: PathBuf,
+}
+
+/// A host with its newest verdict.
+#[derive(Serialize)]
+pub struct HostEntry {
+    #[serde(flatten)]
+    pub host: HostRow,
+    pub verdict: Option<kiln_db::VerdictRow>,
 }
 
 impl View for Hosts {
@@ -61,24 +69,37 @@ impl View for Hosts {
                 self.database.display()
             );
         }
-        let mut text = format!("{:<36}  {:<16}  {:<20}  {:>4}  NAME\n", "HOST", "CONFIG", "LAST SEEN", "INV");
-        for h in &self.hosts {
-            text.push_str(&format!(
-                "{:<36}  {:<16}  {:<20}  {:>4}  {} ({})\n",
-                h.id,
-                h.config_fingerprint,
-                h.last_seen,
-                h.inventories,
-                h.hostname.as_deref().unwrap_or("-"),
-                h.config_name
-            ));
-        }
-        text
+        let rows: Vec<Vec<String>> = self
+            .hosts
+            .iter()
+            .map(|e| {
+                let h = &e.host;
+                let verdict = e.verdict.as_ref().map_or("-".to_string(), |v| {
+                    format!(
+                        "{} ({}, {})",
+                        v.verdict.to_uppercase(),
+                        v.spec_name,
+                        &v.judged_at[..v.judged_at.len().min(10)]
+                    )
+                });
+                vec![
+                    h.id.clone(),
+                    h.config_fingerprint.clone(),
+                    h.last_seen.clone(),
+                    h.inventories.to_string(),
+                    verdict,
+                    format!("{} ({})", h.hostname.as_deref().unwrap_or("-"), h.config_name),
+                ]
+            })
+            .collect();
+        crate::render::table(&["HOST", "CONFIG", "LAST SEEN", "INV", "LAST VERDICT", "NAME"], &rows)
     }
 }
 
 pub fn hosts(ctx: &Ctx) -> Result<Output> {
-    let hosts = ctx.with_store(async |store| store.hosts().await)?;
+    let (hosts, mut verdicts) =
+        ctx.with_store(async |store| Ok((store.hosts().await?, store.latest_verdicts().await?)))?;
+    let hosts = hosts.into_iter().map(|host| HostEntry { verdict: verdicts.remove(&host.id), host }).collect();
     ctx.output(&Hosts { hosts, database: ctx.db_path()? })
 }
 

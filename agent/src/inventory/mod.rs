@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cpulist;
 pub mod fingerprint;
 pub mod gpu;
+pub mod kmsg;
 pub mod memory;
 pub mod net;
 pub mod numa;
@@ -54,6 +55,9 @@ pub struct Inventory {
     pub rdma: Vec<rdma::RdmaDevice>,
     pub topology: topology::Topology,
     pub fingerprints: Fingerprints,
+    /// GPU XID events from the kernel log since boot (absent in documents from before it was read).
+    #[serde(default)]
+    pub kernel_log: kmsg::KernelLog,
     pub problems: Vec<Problem>,
 }
 
@@ -108,6 +112,7 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
     let nics = net::collect(&src, options.all_nics);
     let rdma = rdma::collect(&src);
     let topology = topology::compute(&pci, &gpus, &nics, &rdma, &numa);
+    let kernel_log = kmsg::collect(&src);
     let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os, &gpus, &pci, &nvme, &nics);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,
@@ -127,6 +132,7 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
         rdma,
         topology,
         fingerprints,
+        kernel_log,
         problems: src.take_problems(),
     })
 }

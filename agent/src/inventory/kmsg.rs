@@ -1,0 +1,155 @@
+//! GPU XID events from the kernel log since boot (`NVRM: Xid (PCI:0000:1b:00): 79, pid=…, …`),
+//! classified from NVIDIA's XID catalogue. On the live system the log is `/dev/kmsg` (root, or
+//! `kernel.dmesg_restrict=0`); a snapshot may carry it as `dmesg.txt` at its top (`dmesg >
+//! dmesg.txt`). Where neither can be read, `error` says why and verdicts skip the XID check.
+
+use std::io::Read;
+
+use serde::{Deserialize, Serialize};
+
+use super::source::Source;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelLog {
+    /// Where the log was read from; `None` when it could not be.
+    pub source: Option<String>,
+    pub error: Option<String>,
+    pub xids: Vec<XidEvent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidEvent {
+    /// The GPU's PCI address as the driver prints it ("0000:1b:00").
+    pub pci: String,
+    pub xid: u32,
+    /// The rest of the line, for a person.
+    pub text: String,
+}
+
+/// NVIDIA's XID catalogue (the XID Errors document of the driver): the events a commissioning
+/// technician acts on, with their names. Unknown XIDs are reported by number.
+pub const XID_CATALOGUE: &[(u32, &str)] = &[
+    (13, "graphics engine exception"),
+    (31, "GPU memory page fault"),
+    (32, "invalid or corrupted push buffer stream"),
+    (38, "driver firmware error"),
+    (43, "GPU stopped processing"),
+    (45, "preemptive cleanup, due to previous errors"),
+    (48, "double-bit ECC error"),
+    (61, "internal micro-controller breakpoint/warning"),
+    (62, "internal micro-controller halt"),
+    (63, "ECC page retirement or row remapping recording event"),
+    (64, "ECC page retirement or row remapper recording failure"),
+    (68, "NVDEC0 exception"),
+    (69, "graphics engine class error"),
+    (74, "NVLink error"),
+    (79, "GPU has fallen off the bus"),
+    (92, "high single-bit ECC error rate"),
+    (94, "contained ECC error"),
+    (95, "uncontained ECC error"),
+    (109, "context switch timeout"),
+    (119, "GSP RPC timeout"),
+    (120, "GSP error"),
+    (121, "C2C link corrected error"),
+    (122, "SPI PMU RPC read failure"),
+    (123, "SPI PMU RPC write failure"),
+    (140, "unrecovered ECC error"),
+    (143, "GPU initialisation failure"),
+    (149, "NVLink fatal error (NETIR)"),
+    (154, "GPU recovery action changed"),
+];
+
+pub fn xid_name(xid: u32) -> &'static str {
+    XID_CATALOGUE.iter().find(|(x, _)| *x == xid).map_or("not in kiln's catalogue", |(_, n)| n)
+}
+
+/// The XID events in kernel log text (dmesg or /dev/kmsg records).
+pub fn parse_xids(text: &str) -> Vec<XidEvent> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(at) = line.find("NVRM: Xid (") else { continue };
+        let rest = &line[at + "NVRM: Xid (".len()..];
+        let Some((pci, rest)) = rest.split_once("):") else { continue };
+        let pci = pci.trim_start_matches("PCI:").trim().to_string();
+        let rest = rest.trim_start();
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let Ok(xid) = digits.parse() else { continue };
+        let text: String = rest[digits.len()..].trim_start_matches(',').trim().chars().take(240).collect();
+        out.push(XidEvent { pci, xid, text });
+    }
+    out
+}
+
+/// Reads the kernel log of the system below `src`.
+pub fn collect(src: &Source) -> KernelLog {
+    if src.is_live() {
+        return match read_kmsg() {
+            Ok(text) => KernelLog { source: Some("/dev/kmsg".into()), error: None, xids: parse_xids(&text) },
+            Err(e) => KernelLog {
+                source: None,
+                error: Some(format!(
+                    "/dev/kmsg: {e}{}",
+                    if e.kind() == std::io::ErrorKind::PermissionDenied { " (needs root)" } else { "" }
+                )),
+                xids: Vec::new(),
+            },
+        };
+    }
+    match src.read_optional("dmesg.txt") {
+        Some(text) => KernelLog { source: Some("dmesg.txt".into()), error: None, xids: parse_xids(&text) },
+        None => KernelLog {
+            source: None,
+            error: Some("the snapshot holds no dmesg.txt (the kernel log)".into()),
+            xids: Vec::new(),
+        },
+    }
+}
+
+/// Every record in the kernel's ring buffer: `/dev/kmsg` opened non-blocking, read one record per
+/// `read` until it would block.
+fn read_kmsg() -> std::io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg")?;
+    let mut text = String::new();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let record = String::from_utf8_lossy(&buf[..n]);
+                // "prio,seq,usec,flags;message\n continuation lines"
+                let message = record.split_once(';').map_or(&*record, |(_, m)| m);
+                text.push_str(message.lines().next().unwrap_or(""));
+                text.push('\n');
+                if text.len() > 64 << 20 {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // A record overwritten while reading: carry on from the next one.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xid_lines_parse() {
+        let log = "[  12.3] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15\n\
+                   [ 812.1] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n\
+                   [ 900.0] NVRM: Xid (PCI:0000:43:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1).\n\
+                   [ 901.0] NVRM: Xid (PCI:0000:43:00): garbage\n";
+        let x = parse_xids(log);
+        assert_eq!(x.len(), 2);
+        assert_eq!((x[0].pci.as_str(), x[0].xid), ("0000:1b:00", 79));
+        assert!(x[0].text.starts_with("pid=1234"));
+        assert_eq!((x[1].pci.as_str(), x[1].xid), ("0000:43:00", 94));
+        assert_eq!(xid_name(79), "GPU has fallen off the bus");
+    }
+}

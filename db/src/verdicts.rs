@@ -1,0 +1,175 @@
+//! Stored commissioning verdicts, and the evidence a verdict is re-judged from: the runs taken
+//! with an inventory, and the metric values of a configuration's accepted boxes.
+
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+
+use crate::{like_prefix, DbError, Metric, Result, RunRow, Store};
+
+/// A verdict to store. `document` is the verdict JSON; the agent owns its shape.
+#[derive(Debug, Clone)]
+pub struct NewVerdict {
+    pub host_id: String,
+    pub inventory_id: String,
+    pub judged_at: String,
+    pub spec_name: String,
+    pub spec_hash: String,
+    pub spec: String,
+    /// "accept", "reject" or "inconclusive".
+    pub verdict: String,
+    pub failed: i64,
+    pub document: String,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VerdictRow {
+    pub id: String,
+    pub host_id: String,
+    pub inventory_id: String,
+    pub judged_at: String,
+    pub spec_name: String,
+    pub spec_hash: String,
+    pub verdict: String,
+    pub failed: i64,
+    #[serde(skip)]
+    pub document: String,
+}
+
+const COLUMNS: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed, document";
+
+fn row(r: &sqlx::sqlite::SqliteRow) -> VerdictRow {
+    VerdictRow {
+        id: r.get(0),
+        host_id: r.get(1),
+        inventory_id: r.get(2),
+        judged_at: r.get(3),
+        spec_name: r.get(4),
+        spec_hash: r.get(5),
+        verdict: r.get(6),
+        failed: r.get(7),
+        document: r.get(8),
+    }
+}
+
+impl Store {
+    /// Stores a verdict (one statement, committed at once).
+    pub async fn save_verdict(&mut self, v: &NewVerdict) -> Result<String> {
+        let err = self.sql_err();
+        let id = uuid::Uuid::new_v4().to_string();
+        sqlx::query(
+            "INSERT INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, failed, document) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(&v.host_id)
+        .bind(&v.inventory_id)
+        .bind(&v.judged_at)
+        .bind(&v.spec_name)
+        .bind(&v.spec_hash)
+        .bind(&v.spec)
+        .bind(&v.verdict)
+        .bind(v.failed)
+        .bind(&v.document)
+        .execute(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(id)
+    }
+
+    /// The newest verdict of every host that has one.
+    pub async fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>> {
+        let err = self.sql_err();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM verdicts v WHERE v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id \
+             ORDER BY judged_at DESC, rowid DESC LIMIT 1)"
+        );
+        let rows = sqlx::query(&sql).fetch_all(&mut self.conn).await.map_err(err)?;
+        Ok(rows.iter().map(row).map(|v| (v.host_id.clone(), v)).collect())
+    }
+
+    /// The verdicts of one inventory, newest first.
+    pub async fn verdicts_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<VerdictRow>> {
+        let err = self.sql_err();
+        let sql = format!("SELECT {COLUMNS} FROM verdicts WHERE inventory_id = ? ORDER BY judged_at DESC, rowid DESC");
+        let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
+        Ok(rows.iter().map(row).collect())
+    }
+
+    /// One verdict by id or unique prefix.
+    pub async fn verdict(&mut self, id: &str) -> Result<VerdictRow> {
+        let err = self.sql_err();
+        let sql = format!("SELECT {COLUMNS} FROM verdicts WHERE id LIKE ? ESCAPE '\\' LIMIT 2");
+        let rows = sqlx::query(&sql).bind(like_prefix(id)).fetch_all(&mut self.conn).await.map_err(err)?;
+        match rows.len() {
+            0 => Err(DbError::NotFound { what: "verdict", id: id.to_string() }),
+            1 => Ok(row(&rows[0])),
+            count => Err(DbError::Ambiguous { what: "verdict", id: id.to_string(), count }),
+        }
+    }
+
+    /// The runs taken with one inventory, oldest first, with their metrics.
+    pub async fn runs_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<RunRow>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status \
+             FROM runs r JOIN hosts h ON h.id = r.host_id WHERE r.inventory_id = ? ORDER BY r.started_at, r.rowid",
+        )
+        .bind(inventory_id)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let id: String = r.get(0);
+            let metrics: Vec<Metric> = self.metrics_of(&id).await?;
+            out.push(RunRow {
+                id,
+                host_id: r.get(1),
+                hostname: r.get(2),
+                benchmark: r.get(3),
+                config: r.get(4),
+                started_at: r.get(5),
+                finished_at: r.get(6),
+                status: r.get(7),
+                metrics,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Per metric, one value per accepted box of configuration `config` (other than `except_host`):
+    /// from the runs of the inventory its newest verdict accepted.
+    pub async fn accepted_metric_values(
+        &mut self,
+        config: &str,
+        except_host: &str,
+    ) -> Result<BTreeMap<String, Vec<f64>>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "WITH latest AS (SELECT v.host_id, v.inventory_id, v.verdict FROM verdicts v \
+               WHERE v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id ORDER BY judged_at DESC, rowid DESC LIMIT 1)) \
+             SELECT l.host_id, m.name, m.value FROM latest l \
+             JOIN inventories i ON i.id = l.inventory_id \
+             JOIN runs r ON r.inventory_id = l.inventory_id AND r.status IN ('ok', 'unstable') \
+             JOIN metrics m ON m.run_id = r.id \
+             WHERE l.verdict = 'accept' AND i.config_fingerprint = ? AND l.host_id <> ? \
+             ORDER BY l.host_id, m.name, r.started_at",
+        )
+        .bind(config)
+        .bind(except_host)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        // The last value of each (host, metric).
+        let mut last: BTreeMap<(String, String), f64> = BTreeMap::new();
+        for r in rows {
+            last.insert((r.get(0), r.get(1)), r.get(2));
+        }
+        let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for ((_, metric), value) in last {
+            out.entry(metric).or_default().push(value);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,412 @@
+//! Commissioning verdicts end to end: the built `kiln` judges an 8× H100 HGX box (a synthetic
+//! `/sys` tree of switches, GPUs and ConnectX-7 NICs, served with the fake NVML) against the
+//! shipped spec — clean, and with one fault injected at a time — and re-judges stored evidence.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::gpu::{capture, fixture, FakeMachine, Smi, SyntheticPci, Wiring};
+use crate::util::kiln;
+
+const H100_SPEC: &str = "specs/hgx-h100-sxm5-80gb-8x.toml";
+
+fn spec_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// What the shipped H100 spec needs of a box beyond its PCI tree: the kernel command line, the CPU
+/// governor, the kernel log and AER counters on every PCI function.
+fn finish_root(tree: &SyntheticPci, dmesg: &str) {
+    let root = tree.root();
+    std::fs::write(root.join("proc/cmdline"), "BOOT_IMAGE=/vmlinuz root=/dev/sda1 iommu=pt\n").unwrap();
+    let cpu = root.join("sys/devices/system/cpu");
+    // Two sockets, one CPU shown of each.
+    for (n, package) in [(0, 0), (1, 1)] {
+        std::fs::create_dir_all(cpu.join(format!("cpu{n}/cpufreq"))).unwrap();
+        std::fs::create_dir_all(cpu.join(format!("cpu{n}/topology"))).unwrap();
+        std::fs::write(cpu.join(format!("cpu{n}/cpufreq/scaling_governor")), "performance\n").unwrap();
+        std::fs::write(cpu.join(format!("cpu{n}/topology/physical_package_id")), format!("{package}\n")).unwrap();
+        std::fs::write(cpu.join(format!("cpu{n}/topology/core_id")), "0\n").unwrap();
+    }
+    std::fs::write(cpu.join("online"), "0-1\n").unwrap();
+    std::fs::write(root.join("dmesg.txt"), dmesg).unwrap();
+    for entry in std::fs::read_dir(root.join("sys/bus/pci/devices")).unwrap() {
+        let dev = std::fs::canonicalize(entry.unwrap().path()).unwrap();
+        for kind in ["correctable", "nonfatal", "fatal"] {
+            std::fs::write(
+                dev.join(format!("aer_dev_{kind}")),
+                "RxErr 0\nTOTAL_ERR_COR 0\nTOTAL_ERR_FATAL 0\nTOTAL_ERR_NONFATAL 0\n",
+            )
+            .unwrap();
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    /// Changes GPU `i`'s lines of the fake NVML fixture.
+    tweak: fn(usize, &mut Vec<String>),
+    /// The switch port above this GPU trains at this link.
+    port: Option<(usize, (&'static str, u32, &'static str, u32))>,
+    dmesg: &'static str,
+    /// Extra lines for the spec's [gpu] table.
+    spec_gpu: &'static str,
+    verdict: &'static str,
+    /// The first failing check: (id, subject).
+    first: Option<(&'static str, &'static str)>,
+}
+
+fn set(lines: &mut [String], key: &str, value: &str) {
+    let at = lines.iter().position(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no {key} line"));
+    lines[at] = format!("{key} {value}");
+}
+
+const CLEAN_DMESG: &str = "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  565.57.01\n";
+
+// Long: the fault table, one row per fault, reads best whole.
+fn cases() -> Vec<Case> {
+    let no_tweak: fn(usize, &mut Vec<String>) = |_, _| ();
+    let case = |name, tweak, verdict, first| Case {
+        name,
+        tweak,
+        port: None,
+        dmesg: CLEAN_DMESG,
+        spec_gpu: "",
+        verdict,
+        first,
+    };
+    vec![
+        case("clean", no_tweak, "accept", None),
+        Case {
+            port: Some((3, ("32.0 GT/s PCIe", 8, "32.0 GT/s PCIe", 16))),
+            ..case(
+                "switch port trained at x8",
+                no_tweak,
+                "reject",
+                Some(("gpu.pcie.path", "upstream port 0000:5c:00.0 (GPU 3 0000:5d:00.0)")),
+            )
+        },
+        Case {
+            port: Some((5, ("16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16))),
+            ..case(
+                "switch port that cannot reach Gen5",
+                no_tweak,
+                "reject",
+                Some(("gpu.pcie.path", "upstream port 0000:aa:00.0 (GPU 5 0000:ab:00.0)")),
+            )
+        },
+        case(
+            "inactive NVLink",
+            |i, l| {
+                if i == 2 {
+                    set(l, "nvlink 5", "0 4 00000000:06:00.0 2")
+                }
+            },
+            "reject",
+            Some(("nvlink.active", "GPU 2 0000:3a:00.0")),
+        ),
+        case(
+            "uncorrectable ECC",
+            |i, l| {
+                if i == 5 {
+                    set(l, "ecc_errors", "0 3 0 3")
+                }
+            },
+            "reject",
+            Some(("gpu.ecc.uncorrectable", "GPU 5 0000:ab:00.0")),
+        ),
+        case(
+            "remapped rows pending",
+            |i, l| {
+                if i == 1 {
+                    set(l, "remapped", "0 0 1 0")
+                }
+            },
+            "reject",
+            Some(("gpu.remapped_rows", "GPU 1 0000:2a:00.0")),
+        ),
+        case(
+            "row remapping failed",
+            |i, l| {
+                if i == 7 {
+                    set(l, "remapped", "0 1 0 1")
+                }
+            },
+            "reject",
+            Some(("gpu.remapped_rows", "GPU 7 0000:db:00.0")),
+        ),
+        case(
+            "ECC mode off",
+            |i, l| {
+                if i == 0 {
+                    set(l, "ecc", "0 0")
+                }
+            },
+            "reject",
+            Some(("gpu.ecc.mode", "GPU 0 0000:18:00.0")),
+        ),
+        case(
+            "a GPU on PCI but not in NVML",
+            |i, l| {
+                if i == 4 {
+                    l.clear()
+                }
+            },
+            "reject",
+            Some(("gpu.count", "GPUs")),
+        ),
+        case(
+            "wrong model in one slot",
+            |i, l| {
+                if i == 6 {
+                    set(l, "name", "NVIDIA H100 PCIe")
+                }
+            },
+            "reject",
+            Some(("gpu.model", "GPU 6 0000:ba:00.0")),
+        ),
+        case(
+            "MIG on",
+            |i, l| {
+                if i == 3 {
+                    set(l, "mig", "1 1")
+                }
+            },
+            "reject",
+            Some(("gpu.mig", "GPU 3 0000:5d:00.0")),
+        ),
+        case(
+            "persistence off",
+            |i, l| {
+                if i == 2 {
+                    set(l, "persistence", "0")
+                }
+            },
+            "reject",
+            Some(("gpu.persistence", "GPU 2 0000:3a:00.0")),
+        ),
+        case(
+            "lowered power limit",
+            |i, l| {
+                if i == 1 {
+                    set(l, "power", "700000 500000 200000 700000")
+                }
+            },
+            "reject",
+            Some(("gpu.power_limit", "GPU 1 0000:2a:00.0")),
+        ),
+        Case {
+            spec_gpu: "vbios = [\"96.00.99.00.01\"]\n",
+            ..case("a VBIOS not allowed", no_tweak, "reject", Some(("gpu.vbios", "GPU 0 0000:18:00.0")))
+        },
+        Case {
+            dmesg: "[ 812.1] NVRM: Xid (PCI:0000:2a:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n",
+            ..case("XID 79 in the kernel log", no_tweak, "reject", Some(("gpu.xid", "GPU 1 0000:2a:00.0")))
+        },
+        Case {
+            dmesg: "[ 812.1] NVRM: Xid (PCI:0000:2a:00): 13, pid=1234, name=python, Graphics Exception\n",
+            ..case("an application XID only warns", no_tweak, "accept", None)
+        },
+    ]
+}
+
+/// The machine, its tree and the spec for one case; returns the verdict JSON of
+/// `commission --no-bench --spec` and the exit code.
+fn judge(smi: &Smi, c: &Case, db: &Path, extra: &[&str]) -> (Value, i32) {
+    let tree = SyntheticPci::hgx_degraded(smi, c.port);
+    finish_root(&tree, c.dmesg);
+    let machine = FakeMachine::new(&fixture(smi, Wiring::NvSwitch18, c.tweak));
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.toml");
+    let text = std::fs::read_to_string(spec_path(H100_SPEC)).unwrap();
+    std::fs::write(&spec, text.replace("mig = false\n", &format!("mig = false\n{}", c.spec_gpu))).unwrap();
+    let mut args = vec![
+        "--db",
+        db.to_str().unwrap(),
+        "commission",
+        "--no-bench",
+        "--json",
+        "--root",
+        tree.root().to_str().unwrap(),
+        "--spec",
+        spec.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let run = machine.kiln(&args);
+    let code = run.code().unwrap_or(-1);
+    (run.json(), code)
+}
+
+fn first_failure(v: &Value) -> Option<(String, String)> {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["status"] == "fail")
+        .map(|c| (c["id"].as_str().unwrap().to_string(), c["subject"].as_str().unwrap().to_string()))
+}
+
+/// The fault table: each injected fault gives the exact verdict and names the first failing
+/// check and its subject; the clean box is accepted with exit 0, a rejected one exits 1.
+#[test]
+fn hgx_h100_faults_give_exact_verdicts() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    for c in cases() {
+        let (v, code) = judge(&smi, &c, &db, &[]);
+        let failures: Vec<String> = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["status"] != "pass")
+            .map(|c| format!("{} {} {} {}: {}", c["status"], c["id"], c["subject"], c["measured"], c["reason"]))
+            .collect();
+        assert_eq!(v["verdict"], c.verdict, "{}: {failures:#?}", c.name);
+        assert_eq!(code, if c.verdict == "accept" { 0 } else { 1 }, "{}", c.name);
+        let want = c.first.map(|(id, subject)| (id.to_string(), subject.to_string()));
+        assert_eq!(first_failure(&v), want, "{}: {failures:#?}", c.name);
+        assert_eq!(v["spec"]["name"], "hgx-h100-sxm5-80gb-8x");
+    }
+}
+
+/// The verdict of stored evidence does not change when judged again: 100 re-judgings give the same
+/// JSON, byte for byte, and the stored verdict is listed by `kiln hosts` and carried by export.
+#[test]
+fn stored_evidence_rejudged_is_identical() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let fault = &cases()[3];
+    let (v, _) = judge(&smi, fault, &db, &[]);
+    let inventory = v["stored"]["inventory_id"].as_str().unwrap().to_string();
+    let spec = spec_path(H100_SPEC);
+    let args = [
+        "--db",
+        db.to_str().unwrap(),
+        "verdict",
+        "--inventory",
+        &inventory,
+        "--spec",
+        spec.to_str().unwrap(),
+        "--no-save",
+        "--json",
+    ];
+    let first = kiln(&args, &[]).stdout();
+    let parsed: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(parsed["verdict"], "reject");
+    assert_eq!(parsed["checks"], v["checks"], "the commission's verdict and the re-judged one agree");
+    for _ in 0..99 {
+        assert_eq!(kiln(&args, &[]).stdout(), first);
+    }
+    let hosts = kiln(&["--db", db.to_str().unwrap(), "hosts", "--json"], &[]).success().json();
+    assert_eq!(hosts["hosts"][0]["verdict"]["verdict"], "reject", "{hosts}");
+    // Export carries the verdict; an import into a fresh database holds it.
+    let export = dir.path().join("export.jsonl");
+    kiln(&["--db", db.to_str().unwrap(), "export", "-o", export.to_str().unwrap()], &[]).success();
+    let text = std::fs::read_to_string(&export).unwrap();
+    assert_eq!(text.lines().filter(|l| l.starts_with("{\"type\":\"verdict\"")).count(), 1);
+    let other = dir.path().join("other.db");
+    kiln(&["--db", other.to_str().unwrap(), "import", export.to_str().unwrap()], &[]).success();
+    let hosts = kiln(&["--db", other.to_str().unwrap(), "hosts", "--json"], &[]).success().json();
+    assert_eq!(hosts["hosts"][0]["verdict"]["verdict"], "reject");
+}
+
+/// `--ocp FILE`: OCP Test & Validation 2.0 JSON lines — each artifact with its sequence number and
+/// time, exactly one kind of artifact per line, the run's start with its DUT, a diagnosis per check
+/// of a known type, the run's end with the verdict as its result.
+#[test]
+fn ocp_output_follows_the_schema() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let ocp = dir.path().join("out.jsonl");
+    let (v, _) = judge(&smi, &cases()[4], &db, &["--ocp", ocp.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&ocp).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for (i, a) in lines.iter().enumerate() {
+        let o = a.as_object().unwrap();
+        assert_eq!(o["sequenceNumber"], i, "{a}");
+        assert!(o["timestamp"].as_str().unwrap().ends_with('Z'), "{a}");
+        let kinds: Vec<&String> = o.keys().filter(|k| *k != "sequenceNumber" && *k != "timestamp").collect();
+        assert_eq!(kinds.len(), 1, "one artifact per line: {a}");
+        assert!(["schemaVersion", "testRunArtifact", "testStepArtifact"].contains(&kinds[0].as_str()), "{a}");
+    }
+    assert_eq!(lines[0]["schemaVersion"], serde_json::json!({"major": 2, "minor": 0}));
+    let start = &lines[1]["testRunArtifact"]["testRunStart"];
+    for key in ["name", "version", "commandLine", "parameters", "dutInfo"] {
+        assert!(start.get(key).is_some(), "testRunStart lacks {key}");
+    }
+    assert!(start["dutInfo"]["id"].is_string());
+    for h in start["dutInfo"]["hardwareInfos"].as_array().unwrap() {
+        assert!(h["hardwareInfoId"].is_string() && h["name"].is_string(), "{h}");
+    }
+    let steps: Vec<&Value> = lines.iter().filter_map(|l| l.get("testStepArtifact")).collect();
+    let diagnoses: Vec<&Value> = steps.iter().filter_map(|s| s.get("diagnosis")).collect();
+    assert_eq!(diagnoses.len(), v["checks"].as_array().unwrap().len());
+    for s in &steps {
+        assert!(s["testStepId"].is_string());
+        let keys: Vec<&String> = s.as_object().unwrap().keys().filter(|k| *k != "testStepId").collect();
+        assert_eq!(keys.len(), 1, "{s}");
+    }
+    for d in &diagnoses {
+        assert!(["PASS", "FAIL", "UNKNOWN"].contains(&d["type"].as_str().unwrap()), "{d}");
+        assert!(d["verdict"].is_string());
+    }
+    assert!(diagnoses.iter().any(|d| d["type"] == "FAIL" && d["verdict"] == "gpu.ecc.uncorrectable-fail"));
+    let end = &lines.last().unwrap()["testRunArtifact"]["testRunEnd"];
+    assert_eq!(end["status"], "COMPLETE");
+    assert_eq!(end["result"], "FAIL");
+}
+
+/// Broken specs: each file gives the exact `file:line:col: message`, and `kiln spec lint` exits 1;
+/// the shipped specs lint clean.
+#[test]
+fn broken_specs_name_file_line_and_column() {
+    let table: &[(&str, &str)] = &[
+        (
+            "name = \"x\"\n[match]\n[gpu]\nsource = \"s\"\ncount = 8\nmodel = \"H200\"\nmin_memory = \"2333\"\n",
+            "7:14: \"2333\" has no unit: write a size like \"80 GiB\" or \"3.84 TB\"",
+        ),
+        (
+            "name = \"x\"\n[match]\n[[nic]]\nsource = \"s\"\nrole = \"r\"\ncount = 1\nmodel = \"m\"\nmin_rate = \"400 GB\"\n",
+            "8:12: \"400 GB\" is a size, not a data rate: write a data rate like \"1.9 TB/s\" or \"400 Gb/s\"",
+        ),
+        (
+            "name = \"x\"\n[match]\n\n[[performance]]\nmetric = \"membw.all.triad_gbps\"\nmin = \"2333\"\nsource = \"DCGM\"\n",
+            "6:7: \"2333\" has no unit: write one, like \"1.9 TB/s\"",
+        ),
+        (
+            "name = \"x\"\n[match]\n\n[[performance]]\nmetric = \"membw.all.triad_gbps\"\nmin = \"29250 GFLOP/s\"\nsource = \"s\"\n",
+            "6:7: \"29250 GFLOP/s\" does not fit metric \"membw.all.triad_gbps\", which is in GB/s",
+        ),
+        ("name = \"x\"\n[match]\n[cpu]\nsource = \"s\"\nsocket = 2\n", "5:1: unknown field `socket`"),
+        ("name = \"x\"\n[match]\n[gpu]\ncount = 8\nmodel = \"m\"\n", "3:1: missing field `source`"),
+        ("name = \"x\"\n[match]\n[gpu]\nsource = \"s\"\ncount = 8\nmodel = \"m\"\npcie_gen = \"5\"\n", "7:12: \"5\" has no unit: write a PCIe generation like \"Gen5\""),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (text, want)) in table.iter().enumerate() {
+        let file = dir.path().join(format!("broken{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let run = kiln(&["spec", "lint", file.to_str().unwrap()], &[]);
+        assert_eq!(run.code(), Some(1), "{}", run.describe());
+        let out = run.stdout();
+        let expected = format!("{}:{want}", file.display());
+        assert!(out.lines().any(|l| l.starts_with(&expected)), "case {i}: want {expected}\ngot {out}");
+    }
+    let shipped = kiln(&["spec", "lint", "--json"], &[]).success().json();
+    assert_eq!(shipped["files"].as_array().unwrap().len(), 5);
+}
+
+/// This machine (no GPUs) is judged against the built-in CPU-server spec, which it must pass:
+/// relative checks only, and the verdict line says so.
+#[test]
+fn a_cpu_box_picks_the_cpu_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let run = kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json"], &[]);
+    let v = run.json();
+    assert_eq!(v["spec"]["name"], "cpu-server", "{v}");
+    assert_ne!(v["verdict"], "reject", "{v}");
+}
