@@ -33,7 +33,7 @@ pub fn matching<'a>(runs: &'a [RunEvidence], pattern: &str) -> Vec<(&'a str, f64
             }
         }
     }
-    out.sort_by(|a, b| natural(a.0).cmp(&natural(b.0)));
+    out.sort_by_key(|a| natural(a.0));
     out
 }
 
@@ -105,7 +105,7 @@ fn one(p: &PerfSpec, e: &Evidence<'_>, c: &mut Checks) {
                 Severity::Performance,
                 format!("{} {}", if is_min { "≥" } else { "≤" }, b.get_ref()),
                 Measured::of(fmt_value(value, unit), ok),
-                &format!("{} than the spec's floor ({})", if is_min == !lower { "slower" } else { "worse" }, p.source),
+                &format!("{} than the spec's floor ({})", if is_min != lower { "slower" } else { "worse" }, p.source),
                 &ev,
             );
         }
