@@ -267,6 +267,18 @@ fn commission_runs_the_quick_suite() {
     let id = out["benchmarks"][2]["run_id"].as_str().unwrap();
     let shown = kiln(&["show", "run", id, "--json"], &[("KILN_DB", &db)]).success().json();
     assert_eq!(shown["host_id"], out["stored"]["host_id"]);
+    // The box was judged against the built-in CPU-server spec, with its performance, and the
+    // verdict heads the host's report.
+    assert_eq!(out["spec"]["name"], "cpu-server", "{out}");
+    assert_eq!(out["performance_judged"], true);
+    assert!(out["checks"].as_array().unwrap().iter().any(|c| c["id"] == "perf.gemm.f32.n.gflops"), "{out}");
+    let md = dir.path().join("report.md");
+    let host = out["stored"]["host_id"].as_str().unwrap();
+    kiln(&["report", "--host", host, "--markdown", md.to_str().unwrap()], &[("KILN_DB", &db)]).success();
+    let report = std::fs::read_to_string(&md).unwrap();
+    let verdict_at = report.find("## Verdict").expect("a verdict section");
+    assert!(verdict_at < report.find("## Inventory").unwrap(), "{report}");
+    assert!(report.contains("against spec cpu-server"), "{report}");
     // A snapshot is inventoried, never benchmarked.
     let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
     let snap = kiln(&["commission", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();

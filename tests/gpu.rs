@@ -499,7 +499,7 @@ fn no_library_on_a_cpu_only_snapshot_is_not_a_problem() {
 /// A minimal `/sys` of an HGX box: each GPU behind a PCIe switch under its own root port, on
 /// the bus ids of the capture, two NUMA nodes. Only what the PCI reader needs.
 pub struct SyntheticPci {
-    dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
 }
 
 impl SyntheticPci {
@@ -507,7 +507,15 @@ impl SyntheticPci {
         self.dir.path()
     }
 
-    fn device(&self, chain: &[&str], vendor: &str, device: &str, class: &str, numa: i32, link: (&str, u32, &str, u32)) {
+    pub fn device(
+        &self,
+        chain: &[&str],
+        vendor: &str,
+        device: &str,
+        class: &str,
+        numa: i32,
+        link: (&str, u32, &str, u32),
+    ) {
         let host = format!("pci{}", &chain[0][..7]);
         let mut path = self.root().join("sys/devices").join(&host);
         for part in chain {
@@ -533,7 +541,7 @@ impl SyntheticPci {
     }
 
     /// An RDMA device (ConnectX-7 port) on a PCI function, as /sys/class/infiniband shows it.
-    fn rdma(&self, chain: &[&str], name: &str) {
+    pub fn rdma(&self, chain: &[&str], name: &str) {
         let host = format!("pci{}", &chain[0][..7]);
         let dev = format!("devices/{host}/{}/infiniband/{name}", chain.join("/"));
         let port = self.root().join("sys").join(&dev).join("ports/1");

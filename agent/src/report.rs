@@ -98,6 +98,8 @@ pub struct Evidence {
     pub inventory: Option<(String, String)>,
     /// The run whose telemetry is drawn: the one asked for, or the host's latest.
     pub telemetry: Option<RunDetail>,
+    /// The host's newest commissioning verdict.
+    pub verdict: Option<kiln_db::VerdictRow>,
 }
 
 /// Reads what a report on `asked` needs: `host:NEEDLE`, `config:NEEDLE` (resolved as
@@ -118,17 +120,18 @@ pub async fn gather(store: &mut Store, asked: &str, since: i64) -> Result<Eviden
             (subject, _) => (subject, None),
         },
     };
-    let (mut inventory, mut telemetry) = (None, run.clone());
+    let (mut inventory, mut telemetry, mut verdict) = (None, run.clone(), None);
     if let Subject::Host(h) = subject {
         let host = &fleet.hosts[h];
         inventory = store.latest_inventory(&host.id).await?;
+        verdict = store.latest_verdicts().await?.remove(&host.id);
         if telemetry.is_none() {
             if let Some(latest) = host.data.runs.last() {
                 telemetry = store.run(&latest.run_id.to_string()).await.ok();
             }
         }
     }
-    Ok(Evidence { fleet, since, subject, run, inventory, telemetry })
+    Ok(Evidence { fleet, since, subject, run, inventory, telemetry, verdict })
 }
 
 /// The report from its evidence: pure, so that the same evidence gives the same report.
@@ -167,6 +170,9 @@ fn host_report(e: &Evidence, h: usize, groups: &Groups) -> (String, Vec<Section>
         None => format!("{} runs stored for this host.", host.data.runs.len()),
     });
     let mut sections = vec![overview];
+    if let Some(v) = &e.verdict {
+        sections.push(verdict_section(v));
+    }
     if let Some((collected, doc)) = &e.inventory {
         let mut s = Section { heading: "Inventory".into(), ..Default::default() };
         s.text.push(format!("Collected {collected}."));
@@ -184,6 +190,54 @@ fn host_report(e: &Evidence, h: usize, groups: &Groups) -> (String, Vec<Section>
         sections.push(telemetry_section(d));
     }
     (title, sections)
+}
+
+/// The host's last verdict, first thing after the overview: the decision and every check that did
+/// not pass.
+fn verdict_section(v: &kiln_db::VerdictRow) -> Section {
+    let mut s = Section { heading: "Verdict".into(), ..Default::default() };
+    s.text.push(format!(
+        "{} against spec {} (sha256 {}), judged {}, inventory {}.",
+        v.verdict.to_uppercase(),
+        v.spec_name,
+        short(&v.spec_hash),
+        v.judged_at,
+        v.inventory_id
+    ));
+    match serde_json::from_str::<crate::verdict::Verdict>(&v.document) {
+        Ok(doc) => {
+            let c = &doc.counts;
+            s.text.push(format!(
+                "{} checks: {} passed, {} failed, {} skipped, {} warnings.",
+                doc.checks.len(),
+                c.pass,
+                c.fail,
+                c.skip,
+                c.warn
+            ));
+            let rows: Vec<Vec<String>> = doc
+                .checks
+                .iter()
+                .filter(|c| c.status != crate::verdict::Status::Pass)
+                .map(|c| {
+                    vec![
+                        c.status.as_str().into(),
+                        c.id.clone(),
+                        c.subject.clone(),
+                        c.expected.clone(),
+                        c.measured.clone(),
+                        c.reason.clone(),
+                    ]
+                })
+                .collect();
+            if !rows.is_empty() {
+                let head = ["status", "check", "subject", "expected", "measured", "reason"];
+                s.table = Some((head.iter().map(|h| h.to_string()).collect(), rows));
+            }
+        }
+        Err(_) => s.text.push("(a verdict document this kiln cannot read)".into()),
+    }
+    s
 }
 
 /// Results against the fleet: per metric, the group of the host's latest run (its current
