@@ -546,3 +546,100 @@ fn a_cpu_box_picks_the_cpu_spec() {
     assert_eq!(v["spec"]["name"], "cpu-server", "{v}");
     assert_ne!(v["verdict"], "reject", "{v}");
 }
+
+/// Links read under load are evidence: a run whose telemetry shows a switch port at Gen3 while its
+/// GPU was loaded rejects the box naming that port, and a GPU link that keeps changing speed under
+/// load is a flap — both judged from stored evidence (an export with such a run, imported), as a
+/// site re-judging its fleet would.
+#[test]
+fn links_under_load_are_judged_from_stored_runs() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let (tree, gpus) = ndv5_tree(None);
+    finish_root(&tree, CLEAN_DMESG);
+    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
+    let root = tree.root().to_str().unwrap();
+    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
+    assert_eq!(v["verdict"], "accept");
+    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
+    let host = v["stored"]["host_id"].as_str().unwrap();
+    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    // A GPU-load run: the port above GPU 2 reads Gen3 for a while; GPU 5's own link flaps.
+    let mut telemetry = Vec::new();
+    for (t, gen) in [(0, 5), (400, 3), (900, 5)] {
+        telemetry.push(serde_json::json!([t, "pcie:ffff:ff:03.0", "gen", gen]));
+        telemetry.push(serde_json::json!([t, "pcie:ffff:ff:03.0", "width", 16]));
+        telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "gen", 5]));
+        telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "width", 16]));
+    }
+    for (t, gen) in [(0, 5), (100, 4), (200, 5), (300, 4), (400, 5)] {
+        telemetry.push(serde_json::json!([t, "pcie:000a:00:00.0", "gen", gen]));
+        telemetry.push(serde_json::json!([t, "pcie:000a:00:00.0", "width", 16]));
+    }
+    let run = serde_json::json!({
+        "type": "run", "id": "6b1c1f8e-9f4e-4d59-9a43-0d6d3f0b2a11", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "gpu-load", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:00:01Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
+    });
+    let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
+    let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    let records = end["records"].as_u64().unwrap() + 1;
+    lines.pop();
+    lines.push(run.to_string());
+    lines.push(serde_json::json!({"type": "end", "records": records}).to_string());
+    let file = dir.path().join("with-load.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let other = dir.path().join("other.db");
+    kiln(&["--db", other.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
+    let spec = spec_path(H100_SPEC);
+    let run = kiln(
+        &[
+            "--db",
+            other.to_str().unwrap(),
+            "verdict",
+            "--inventory",
+            inventory,
+            "--spec",
+            spec.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let v = run.json();
+    let failing: Vec<(String, String, String)> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().into(),
+                c["subject"].as_str().unwrap().into(),
+                c["reason"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failing,
+        [
+            (
+                "gpu.pcie.under_load".to_string(),
+                "GPU 2 0003:00:00.0".to_string(),
+                "first degraded under load: upstream port ffff:ff:03.0 at Gen3 x16".to_string()
+            ),
+            (
+                "gpu.pcie.under_load".to_string(),
+                "GPU 5 000a:00:00.0".to_string(),
+                "the link trained down to Gen4 x16 under load".to_string()
+            ),
+            (
+                "gpu.pcie.flaps".to_string(),
+                "GPU 5 000a:00:00.0".to_string(),
+                "the link changes speed under steady load (flapping: a marginal slot, riser or retimer)".to_string()
+            ),
+        ],
+        "{v}"
+    );
+}

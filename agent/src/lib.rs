@@ -6,6 +6,7 @@ pub mod cli;
 pub mod fleet;
 pub mod fleet_view;
 pub mod inventory;
+pub mod linkwatch;
 pub mod provisioning;
 pub mod render;
 pub mod report;

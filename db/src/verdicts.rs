@@ -138,6 +138,24 @@ impl Store {
         Ok(out)
     }
 
+    /// The PCIe link readings (`pcie:<address>` telemetry) of the runs taken with one inventory:
+    /// (run id, milliseconds, source, name, value), in time order per run.
+    pub async fn link_telemetry_of_inventory(
+        &mut self,
+        inventory_id: &str,
+    ) -> Result<Vec<(String, i64, String, String, f64)>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT t.run_id, t.t_ms, t.source, t.name, t.value FROM telemetry t JOIN runs r ON r.id = t.run_id \
+             WHERE r.inventory_id = ? AND t.source LIKE 'pcie:%' ORDER BY r.started_at, t.run_id, t.t_ms, t.source, t.name",
+        )
+        .bind(inventory_id)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect())
+    }
+
     /// Per metric, one value per accepted box of configuration `config` (other than `except_host`):
     /// from the runs of the inventory its newest verdict accepted.
     pub async fn accepted_metric_values(

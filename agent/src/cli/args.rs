@@ -64,9 +64,6 @@ pub struct Judge {
     /// Also write the verdict as OCP Test & Validation JSON lines to FILE (`-` for stdout)
     #[arg(long, value_name = "FILE")]
     pub ocp: Option<PathBuf>,
-    /// Do not judge (inventory and benchmarks only)
-    #[arg(long, conflicts_with_all = ["spec", "allow_skip", "ocp"])]
-    pub no_verdict: bool,
 }
 
 /// A `--since` window: 30d, 12h, 2w.
@@ -130,6 +127,9 @@ pub enum Command {
         budget: Option<u64>,
         #[command(flatten)]
         judge: Judge,
+        /// Do not judge (inventory and benchmarks only; the exit code is the benchmarks')
+        #[arg(long, conflicts_with_all = ["spec", "allow_skip", "ocp"])]
+        no_verdict: bool,
     },
     /// Judge a stored inventory (and the benchmark runs taken with it) against a spec again, without
     /// touching the box: exit 0 ACCEPT, 1 REJECT, 3 INCONCLUSIVE

@@ -389,13 +389,19 @@ impl View for Commission {
 
 /// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
 /// run stored as it finishes), the summary.
-pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, judge: &Judge, ctx: &Ctx) -> Result<Output> {
+/// Whether and how long `commission` benchmarks.
+pub struct Suite {
+    pub no_bench: bool,
+    pub budget: Option<u64>,
+}
+
+pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool, ctx: &Ctx) -> Result<Output> {
+    let Suite { no_bench, budget } = suite;
     ctx.open_store()?;
     progress("taking the inventory");
     let inv = take_inventory(source)?;
     // The spec is chosen (and a malformed one refused) before minutes of benchmarks.
-    let spec =
-        if judge.no_verdict { Err("--no-verdict".to_string()) } else { super::verdict::choose_spec(judge, &inv)? };
+    let spec = if no_verdict { Err("--no-verdict".to_string()) } else { super::verdict::choose_spec(judge, &inv)? };
     let saved = store_inventory(ctx, &inv)?;
     let live = is_live(source);
     let done = if no_bench || !live {
@@ -415,7 +421,7 @@ pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, judge: &
             headline: o.headline,
         })
         .collect();
-    let (judgement, verdict_id, no_verdict) = match spec {
+    let (judgement, verdict_id, why_none) = match spec {
         Ok(spec) => {
             let stored = super::verdict::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
             let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, benchmarked, true)?;
@@ -425,7 +431,7 @@ pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, judge: &
     };
     // The verdict decides the exit; without one (no spec applies), the box is not judged: 3,
     // unless --no-verdict asked for none.
-    let exit = match (&judgement, judge.no_verdict) {
+    let exit = match (&judgement, no_verdict) {
         (Some(v), _) => super::verdict::exit_of(v.verdict),
         (None, true) => Exit::check(failed),
         (None, false) => Exit::Inconclusive,
@@ -436,8 +442,16 @@ pub fn commission(source: &Source, no_bench: bool, budget: Option<u64>, judge: &
         host_id: saved.host_id,
         new_host: saved.new_host,
     };
-    let view =
-        Commission { kind: "commission", inventory: inv, benchmarks, stored, judgement, no_verdict, verdict_id, live };
+    let view = Commission {
+        kind: "commission",
+        inventory: inv,
+        benchmarks,
+        stored,
+        judgement,
+        no_verdict: why_none,
+        verdict_id,
+        live,
+    };
     let exit = if failed && exit == Exit::Ok { Exit::CheckFailed } else { exit };
     Ok(ctx.output(&view)?.with_exit(exit))
 }

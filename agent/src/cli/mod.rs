@@ -243,8 +243,8 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
     match command {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
-        Command::Commission { source, no_bench, budget, judge } => {
-            bench::commission(&source, no_bench, budget, &judge, ctx)
+        Command::Commission { source, no_bench, budget, judge, no_verdict } => {
+            bench::commission(&source, bench::Suite { no_bench, budget }, &judge, no_verdict, ctx)
         }
         Command::Verdict { inventory, no_perf, no_save, verbose, judge } => {
             verdict::rejudge(&inventory, no_perf, no_save, verbose, &judge, ctx)

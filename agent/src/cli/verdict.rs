@@ -54,18 +54,27 @@ pub fn judge_stored(
     let inventory_id = stored.inventory_id.to_string();
     let host_id = stored.host_id.to_string();
     let config = inv.fingerprints.config.clone();
-    let (runs, fleet) = ctx.with_store(async |store| {
+    let (runs, fleet, links) = ctx.with_store(async |store| {
         let runs = store.runs_of_inventory(&inventory_id).await?;
         let fleet = store.accepted_metric_values(&config, &host_id).await?;
-        Ok((runs, fleet))
+        let links = store.link_telemetry_of_inventory(&inventory_id).await?;
+        Ok((runs, fleet, links))
     })?;
     let runs: Vec<RunEvidence> = runs
         .into_iter()
-        .map(|r| RunEvidence {
-            id: r.id,
-            benchmark: r.benchmark,
-            status: r.status,
-            metrics: r.metrics.into_iter().map(|m| (m.name, m.value, m.unit)).collect(),
+        .map(|r| {
+            let telemetry: Vec<crate::telemetry::Sample> = links
+                .iter()
+                .filter(|l| l.0 == r.id)
+                .map(|(_, t, source, name, v)| (*t, source.clone(), name.clone(), *v))
+                .collect();
+            RunEvidence {
+                links: crate::linkwatch::links_of(&r.id, &telemetry),
+                id: r.id,
+                benchmark: r.benchmark,
+                status: r.status,
+                metrics: r.metrics.into_iter().map(|m| (m.name, m.value, m.unit)).collect(),
+            }
         })
         .collect();
     let evidence = Evidence {

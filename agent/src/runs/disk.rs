@@ -30,9 +30,12 @@ pub fn disk(
     let started_at = now_rfc3339();
     let progress = Progress::new();
     let sampler = Sampler::start(Duration::from_millis(500));
+    // The drive's PCIe link and every port above it, read while the drive is under load.
+    let links = crate::linkwatch::LinkWatch::start(Path::new("/"), crate::linkwatch::pci_path_of(path));
     let result = kiln_bench::disk::measure(path, &config, destructive, stop, |p| progress.update(&format!("disk {p}")));
     progress.finish();
-    let telemetry = sampler.stop();
+    let mut telemetry = sampler.stop();
+    telemetry.extend(links.stop());
     let report = result.map_err(|e| anyhow::anyhow!("disk benchmark on {}: {e}", path.display()))?;
     let mut metrics = Vec::new();
     for t in &report.tests {

@@ -211,6 +211,8 @@ pub struct HealthSpec {
     pub max_nvlink_replay: Option<u64>,
     pub max_nvlink_recovery: Option<u64>,
     pub max_nvlink_crc: Option<u64>,
+    /// Speed or width changes of a PCIe link allowed while a benchmark loads its device.
+    pub max_link_transitions: Option<u32>,
     pub nvme_critical_warning: Option<bool>,
     pub max_nvme_media_errors: Option<u64>,
     pub max_nvme_percentage_used: Option<Fraction>,
@@ -253,7 +255,13 @@ pub struct LoadedSpec {
 pub fn metric_unit(metric: &str) -> Option<&'static str> {
     let m = metric;
     let ends = |s: &str| m.ends_with(s);
-    Some(if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") {
+    Some(if m.starts_with("disk.") && ends(".mb_per_s") {
+        "MB/s"
+    } else if m.starts_with("disk.") && ends(".iops") {
+        "IOPS"
+    } else if ends("_us") {
+        "us"
+    } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") {
         "GB/s"
     } else if ends("gflops") || m.starts_with("gemm.") {
         "GFLOP/s"
@@ -263,12 +271,6 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "s"
     } else if ends(".mfu") {
         "ratio"
-    } else if m.starts_with("disk.") && ends("_mbps") {
-        "MB/s"
-    } else if m.starts_with("disk.") && ends("_iops") {
-        "IOPS"
-    } else if ends("_us") {
-        "us"
     } else if m == "net.tcp_throughput_gbps" || m.starts_with("nccl.") || m.starts_with("ib.") {
         "Gb/s"
     } else {
@@ -305,6 +307,32 @@ pub fn parse(file: &str, text: String) -> Result<LoadedSpec, SpecErrors> {
     }
     let hash = format!("{:x}", Sha256::digest(text.as_bytes()));
     Ok(LoadedSpec { spec, file: file.to_string(), text, hash })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every metric kiln stores has the unit the spec loader assumes for it.
+    #[test]
+    fn metric_units_match_what_kiln_stores() {
+        for (metric, unit) in [
+            ("membw.all.triad_gbps", "GB/s"),
+            ("membw.node1.copy_gbps", "GB/s"),
+            ("cpu.fma_peak_gflops", "GFLOP/s"),
+            ("gemm.f32.1024.gflops", "GFLOP/s"),
+            ("train.tiny.tokens_per_s", "tokens/s"),
+            ("train.tiny.step_p50_s", "s"),
+            ("train.tiny.achieved_gflops", "GFLOP/s"),
+            ("train.tiny.mfu", "ratio"),
+            ("disk.randread_4k_qd32.mb_per_s", "MB/s"),
+            ("disk.randread_4k_qd32.iops", "IOPS"),
+            ("disk.randread_4k_qd32.p99_us", "us"),
+            ("net.tcp_throughput_gbps", "Gb/s"),
+            ("net.tcp_rtt_p50_us", "us"),
+        ] {
+            assert_eq!(super::metric_unit(metric), Some(unit), "{metric}");
+        }
+        assert_eq!(super::metric_unit("train.tiny.loss_end"), None);
+    }
 }
 
 fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {

@@ -786,3 +786,114 @@ fn software(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
         );
     }
 }
+
+/// The devices the spec sets a link for: (kind, subject, address, generation, width).
+fn linked_devices(spec: &SkuSpec, inv: &Inventory) -> Vec<(&'static str, String, String, Option<u32>, Option<u32>)> {
+    let q = |g: &Option<crate::spec::units::PcieGen>, w: &Option<crate::spec::units::LinkWidth>| {
+        (g.as_ref().map(|g| g.value() as u32), w.as_ref().map(|w| w.value() as u32))
+    };
+    let mut out = Vec::new();
+    if let Some(s) = &spec.gpu {
+        let (g, w) = q(&s.pcie_gen, &s.pcie_width);
+        for gpu in &inv.gpus.devices {
+            if let Some(a) = &gpu.pci_address {
+                out.push(("gpu", gpu_subject(gpu), a.clone(), g, w));
+            }
+        }
+    }
+    for s in &spec.nics {
+        let (g, w) = q(&s.pcie_gen, &s.pcie_width);
+        for dev in nic_functions(inv, &s.model) {
+            out.push(("nic", format!("NIC {}", dev.address), dev.address.clone(), g, w));
+        }
+    }
+    if let Some(s) = &spec.nvme {
+        let (g, w) = q(&s.pcie_gen, &s.pcie_width);
+        for d in &inv.nvme {
+            if let Some(a) = &d.pci_address {
+                out.push(("nvme", format!("{} {a}", d.name), a.clone(), g, w));
+            }
+        }
+    }
+    out.retain(|d| d.3.is_some() || d.4.is_some());
+    out
+}
+
+/// Links read while a benchmark loaded their device: below spec anywhere on the path fails, naming
+/// the first degraded port from the root down; more speed or width changes than the spec allows
+/// under steady load is a flap and fails.
+pub fn links_under_load(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks) {
+    let inv = e.inventory;
+    let flaps = spec.health.as_ref().and_then(|h| h.max_link_transitions);
+    for (kind, subject, address, gen, width) in linked_devices(spec, inv) {
+        let Some(dev) = inv.pci.iter().find(|d| d.address == address) else { continue };
+        let path: Vec<&String> = dev.upstream.iter().chain(std::iter::once(&dev.address)).collect();
+        let seen = |a: &str| -> Vec<&crate::linkwatch::LinkUnderLoad> {
+            e.runs.iter().flat_map(|r| r.links.iter()).filter(|l| l.address == a).collect()
+        };
+        if seen(&address).is_empty() {
+            continue;
+        }
+        let runs: Vec<&str> = {
+            let mut v: Vec<&str> = seen(&address).iter().map(|l| l.run.as_str()).collect();
+            v.dedup();
+            v
+        };
+        let evidence = format!(
+            "sysfs current_link_speed/width at {} Hz during run(s) {}",
+            1000 / crate::linkwatch::INTERVAL.as_millis(),
+            runs.iter().map(|r| crate::fleet_view::short(r)).collect::<Vec<_>>().join(", ")
+        );
+        // The lowest reading of each link on the path, root first.
+        let lows: Vec<(&String, u32, u32, u32, u32)> = path
+            .iter()
+            .filter_map(|a| {
+                let ls = seen(a);
+                (!ls.is_empty()).then(|| {
+                    let g = ls.iter().map(|l| l.min_gen).min().unwrap_or(0);
+                    let w = ls.iter().map(|l| l.min_width).min().unwrap_or(0);
+                    let t = ls.iter().map(|l| l.transitions).max().unwrap_or(0);
+                    let n = ls.iter().map(|l| l.readings).sum();
+                    (*a, g, w, t, n)
+                })
+            })
+            .collect();
+        let below = |g: u32, w: u32| gen.is_some_and(|want| g < want) || width.is_some_and(|want| w < want);
+        let first_bad = lows.iter().find(|l| below(l.1, l.2));
+        let own = lows.iter().find(|l| *l.0 == address).copied();
+        let measured = match own {
+            Some((_, g, w, _, n)) => format!("lowest Gen{g} x{w} over {n} readings"),
+            None => "not read".into(),
+        };
+        let reason = match first_bad {
+            Some((a, g, w, _, _)) if **a == address => format!("the link trained down to Gen{g} x{w} under load"),
+            Some((a, g, w, _, _)) => format!("first degraded under load: upstream port {a} at Gen{g} x{w}"),
+            None => String::new(),
+        };
+        let m = Measured::of(measured, first_bad.is_none());
+        c.add(
+            &format!("{kind}.pcie.under_load"),
+            &subject,
+            Severity::Major,
+            link_text(gen, width),
+            m,
+            &reason,
+            &evidence,
+        );
+        if let Some(max) = flaps {
+            let worst = lows.iter().max_by_key(|l| l.3).copied();
+            if let Some((a, _, _, t, _)) = worst {
+                let m = Measured::of(format!("{t} change(s) at {a}"), t <= max);
+                c.add(
+                    &format!("{kind}.pcie.flaps"),
+                    &subject,
+                    Severity::Major,
+                    format!("≤ {max} speed or width changes under load"),
+                    m,
+                    "the link changes speed under steady load (flapping: a marginal slot, riser or retimer)",
+                    &evidence,
+                );
+            }
+        }
+    }
+}

@@ -153,6 +153,9 @@ pub struct RunEvidence {
     pub status: RunStatus,
     /// (name, value, unit).
     pub metrics: Vec<(String, f64, String)>,
+    /// PCIe links read while this run loaded their device.
+    #[serde(default)]
+    pub links: Vec<crate::linkwatch::LinkUnderLoad>,
 }
 
 /// Everything a verdict is reached from.
@@ -258,6 +261,7 @@ pub fn gpu_models(inv: &Inventory) -> Vec<String> {
 pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Verdict {
     let mut checks = Checks::default();
     hardware::check(&spec.spec, evidence.inventory, &mut checks);
+    hardware::links_under_load(&spec.spec, evidence, &mut checks);
     health::check(&spec.spec, evidence.inventory, &mut checks);
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);
