@@ -496,64 +496,9 @@ fn no_library_on_a_cpu_only_snapshot_is_not_a_problem() {
     assert!(inv["gpus"]["nvml_error"].as_str().unwrap().contains("cannot load /nonexistent/libnvidia-ml.so.1"));
 }
 
-/// A minimal `/sys` of an HGX box: each GPU behind a PCIe switch under its own root port, on
-/// the bus ids of the capture, two NUMA nodes. Only what the PCI reader needs.
-pub struct SyntheticPci {
-    pub dir: tempfile::TempDir,
-}
+pub use crate::synthetic::Tree as SyntheticPci;
 
 impl SyntheticPci {
-    pub fn root(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn device(
-        &self,
-        chain: &[&str],
-        vendor: &str,
-        device: &str,
-        class: &str,
-        numa: i32,
-        link: (&str, u32, &str, u32),
-    ) {
-        let host = format!("pci{}", &chain[0][..7]);
-        let mut path = self.root().join("sys/devices").join(&host);
-        for part in chain {
-            path = path.join(part);
-        }
-        std::fs::create_dir_all(&path).unwrap();
-        for (name, value) in [
-            ("vendor", format!("0x{vendor}")),
-            ("device", format!("0x{device}")),
-            ("class", format!("0x{class}")),
-            ("numa_node", numa.to_string()),
-            ("current_link_speed", link.0.to_string()),
-            ("current_link_width", link.1.to_string()),
-            ("max_link_speed", link.2.to_string()),
-            ("max_link_width", link.3.to_string()),
-        ] {
-            std::fs::write(path.join(name), format!("{value}\n")).unwrap();
-        }
-        let bus = self.root().join("sys/bus/pci/devices");
-        std::fs::create_dir_all(&bus).unwrap();
-        let target = format!("../../../devices/{host}/{}", chain.join("/"));
-        std::os::unix::fs::symlink(target, bus.join(chain.last().unwrap())).unwrap();
-    }
-
-    /// An RDMA device (ConnectX-7 port) on a PCI function, as /sys/class/infiniband shows it.
-    pub fn rdma(&self, chain: &[&str], name: &str) {
-        let host = format!("pci{}", &chain[0][..7]);
-        let dev = format!("devices/{host}/{}/infiniband/{name}", chain.join("/"));
-        let port = self.root().join("sys").join(&dev).join("ports/1");
-        std::fs::create_dir_all(&port).unwrap();
-        std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
-        std::fs::write(port.join("rate"), "400 Gb/sec (4X NDR)\n").unwrap();
-        std::fs::write(port.join("link_layer"), "InfiniBand\n").unwrap();
-        let class = self.root().join("sys/class/infiniband");
-        std::fs::create_dir_all(&class).unwrap();
-        std::os::unix::fs::symlink(format!("../../{dev}"), class.join(name)).unwrap();
-    }
-
     /// Each GPU and one ConnectX-7 share a PCIe switch under their own root port, as on HGX
     /// H100 boards; GPUs 0-3 on NUMA node 0, 4-7 on node 1. `x8_port` trains one switch port at x8.
     pub fn hgx_with(smi: &Smi, x8_port: Option<usize>) -> SyntheticPci {

@@ -15,5 +15,6 @@ mod hwloc;
 mod kill;
 mod lab;
 mod provision;
+mod synthetic;
 mod tidy;
 mod verdict;

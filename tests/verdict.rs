@@ -7,135 +7,17 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::gpu::{capture, fixture, FakeMachine, Smi, SyntheticPci, Wiring};
+use crate::synthetic::{finish_root, ndv5_tree, on_bus_ids};
 use crate::util::{fixtures, kiln};
+
+fn ndv5_xml() -> String {
+    std::fs::read_to_string(fixtures().join("nvidia/nccl-topology/azure_ndv5-topo.xml")).unwrap()
+}
 
 const H100_SPEC: &str = "specs/hgx-h100-sxm5-80gb-8x.toml";
 
 fn spec_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-/// What the shipped H100 spec needs of a box beyond its PCI tree: the kernel command line, the CPU
-/// governor, the kernel log and AER counters on every PCI function.
-fn finish_root(tree: &SyntheticPci, dmesg: &str) {
-    let root = tree.root();
-    std::fs::write(root.join("proc/cmdline"), "BOOT_IMAGE=/vmlinuz root=/dev/sda1 iommu=pt\n").unwrap();
-    let cpu = root.join("sys/devices/system/cpu");
-    // Two sockets, one CPU shown of each.
-    for (n, package) in [(0, 0), (1, 1)] {
-        std::fs::create_dir_all(cpu.join(format!("cpu{n}/cpufreq"))).unwrap();
-        std::fs::create_dir_all(cpu.join(format!("cpu{n}/topology"))).unwrap();
-        std::fs::write(cpu.join(format!("cpu{n}/cpufreq/scaling_governor")), "performance\n").unwrap();
-        std::fs::write(cpu.join(format!("cpu{n}/topology/physical_package_id")), format!("{package}\n")).unwrap();
-        std::fs::write(cpu.join(format!("cpu{n}/topology/core_id")), "0\n").unwrap();
-    }
-    std::fs::write(cpu.join("online"), "0-1\n").unwrap();
-    std::fs::write(root.join("dmesg.txt"), dmesg).unwrap();
-    for entry in std::fs::read_dir(root.join("sys/bus/pci/devices")).unwrap() {
-        let dev = std::fs::canonicalize(entry.unwrap().path()).unwrap();
-        for kind in ["correctable", "nonfatal", "fatal"] {
-            std::fs::write(
-                dev.join(format!("aer_dev_{kind}")),
-                "RxErr 0\nTOTAL_ERR_COR 0\nTOTAL_ERR_FATAL 0\nTOTAL_ERR_NONFATAL 0\n",
-            )
-            .unwrap();
-        }
-    }
-}
-
-/// One PCI function of an NCCL topology file, with the bridges above it.
-struct TopoDevice {
-    chain: Vec<String>,
-    class: String,
-    speed: String,
-    width: u32,
-    numa: i32,
-}
-
-/// The PCI functions of an NCCL topology dump (`NCCL_TOPO_DUMP_FILE`): `<cpu numaid=…>` holds
-/// nested `<pci busid=… class=… link_speed=… link_width=…>` elements, bridges around endpoints.
-fn parse_nccl_topology(xml: &str) -> Vec<TopoDevice> {
-    let attr = |tag: &str, name: &str| -> Option<String> {
-        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
-        Some(tag[at..at + tag[at..].find('"')?].to_string())
-    };
-    let (mut out, mut stack, mut numa) = (Vec::new(), Vec::<String>::new(), 0);
-    let mut rest = xml;
-    while let Some(open) = rest.find('<') {
-        let close = rest[open..].find('>').unwrap() + open;
-        let tag = &rest[open + 1..close];
-        rest = &rest[close + 1..];
-        if tag.starts_with("cpu ") {
-            numa = attr(tag, "numaid").unwrap().parse().unwrap();
-        } else if tag == "/pci" {
-            stack.pop();
-        } else if tag.starts_with("pci ") {
-            let busid = attr(tag, "busid").unwrap();
-            let mut chain = stack.clone();
-            chain.push(busid.clone());
-            out.push(TopoDevice {
-                chain,
-                class: attr(tag, "class").unwrap().trim_start_matches("0x").to_string(),
-                speed: attr(tag, "link_speed").unwrap(),
-                width: attr(tag, "link_width").unwrap().parse().unwrap(),
-                numa,
-            });
-            if !tag.ends_with('/') {
-                stack.push(busid);
-            }
-        }
-    }
-    out
-}
-
-/// A `--root` tree generated from Azure ND H100 v5's NCCL topology (8 GPUs and 8 ConnectX-7 NICs
-/// in pairs under PCIe switch ports, two NUMA nodes), with the link of `degraded` (a bus id) set
-/// to `link`; and the GPUs' bus ids, in order.
-fn ndv5_tree(degraded: Option<(&str, (&'static str, u32, &'static str, u32))>) -> (SyntheticPci, Vec<String>) {
-    let xml = std::fs::read_to_string(fixtures().join("nvidia/nccl-topology/azure_ndv5-topo.xml")).unwrap();
-    let tree = SyntheticPci { dir: tempfile::tempdir().unwrap() };
-    std::fs::create_dir_all(tree.root().join("proc")).unwrap();
-    let (mut gpus, mut nics) = (Vec::new(), 0);
-    for d in parse_nccl_topology(&xml) {
-        let chain: Vec<&str> = d.chain.iter().map(String::as_str).collect();
-        let own = (d.speed.as_str(), d.width, d.speed.as_str(), d.width);
-        let link = match degraded {
-            Some((bus, link)) if bus == d.chain.last().unwrap() => link,
-            _ => own,
-        };
-        let (vendor, device) = match &d.class[..4] {
-            "0604" => ("1000", "c030"),
-            "0302" => ("10de", "2330"),
-            _ => ("15b3", "1021"),
-        };
-        tree.device(&chain, vendor, device, &d.class, d.numa, link);
-        match &d.class[..4] {
-            "0302" => gpus.push(d.chain.last().unwrap().clone()),
-            "0207" => {
-                tree.rdma(&chain, &format!("mlx5_{nics}"));
-                nics += 1;
-            }
-            _ => {}
-        }
-    }
-    (tree, gpus)
-}
-
-/// The fake NVML machine of the H100 capture, on the bus ids of `gpus`.
-fn on_bus_ids(text: &str, gpus: &[String]) -> String {
-    let mut n = 0;
-    text.lines()
-        .map(|l| {
-            if l.starts_with("bus_id ") {
-                n += 1;
-                format!("bus_id 0000{}", gpus[n - 1].to_ascii_uppercase())
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-        + "\n"
 }
 
 /// End to end on the Azure ND H100 v5 topology: the clean box is accepted against the shipped
@@ -153,7 +35,7 @@ fn azure_ndv5_topology_accepts_clean_and_names_a_degraded_port() {
             Some(("gpu.pcie.path".to_string(), "upstream port ffff:ff:03.0 (GPU 2 0003:00:00.0)".to_string())),
         ),
     ] {
-        let (tree, gpus) = ndv5_tree(degraded);
+        let (tree, gpus) = ndv5_tree(&ndv5_xml(), degraded);
         assert_eq!(gpus.len(), 8);
         finish_root(&tree, CLEAN_DMESG);
         let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
@@ -556,7 +438,7 @@ fn links_under_load_are_judged_from_stored_runs() {
     let smi = capture("H100SXMx8_smi_q.txt");
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    let (tree, gpus) = ndv5_tree(None);
+    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
     finish_root(&tree, CLEAN_DMESG);
     let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
     let root = tree.root().to_str().unwrap();
