@@ -39,7 +39,12 @@ fn report(what: &str, samples: &[f64], target_ms: f64) {
     let s = summarize(samples).expect("samples");
     println!(
         "{what}: median {:.2} ms (95% CI {:.2}..{:.2}, min {:.2}, n {}) = {:.3}x the {target_ms} ms target",
-        s.median, s.median_ci.0, s.median_ci.1, s.min, s.n, s.median / target_ms
+        s.median,
+        s.median_ci.0,
+        s.median_ci.1,
+        s.min,
+        s.n,
+        s.median / target_ms
     );
 }
 

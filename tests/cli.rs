@@ -418,3 +418,34 @@ fn a_database_held_by_another_program_is_waited_for_then_named() {
     assert!(started.elapsed().as_secs() >= 9, "it waited for the busy timeout first");
     rt.block_on(sqlx::query("ROLLBACK").execute(&mut holder)).unwrap();
 }
+
+/// `kiln snapshot` captures what kiln reads: the archive, unpacked anywhere, inventories as this
+/// machine does (all but the live-only probes: CPUID's hypervisor leaf, ethtool, free memory), and
+/// nothing but the archive is written.
+#[test]
+fn a_snapshot_inventories_like_the_live_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("box.tar");
+    let out = kiln(&["snapshot", "-o", archive.to_str().unwrap(), "--json"], &[]).success().json();
+    assert!(out["files"].as_u64().unwrap() > 100, "{out}");
+    let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(entries, [std::ffi::OsString::from("box.tar")], "only the archive is written");
+    let root = dir.path().join("box");
+    std::fs::create_dir(&root).unwrap();
+    tar::Archive::new(std::fs::File::open(&archive).unwrap()).unpack(&root).unwrap();
+    let snap = kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json();
+    let live = kiln(&["inventory", "--json"], &[]).success().json();
+    for key in ["cpu", "system", "pci", "nvme", "rdma", "topology", "fingerprints"] {
+        assert_eq!(snap[key], live[key], "{key}");
+    }
+    assert_eq!(snap["memory"]["total_bytes"], live["memory"]["total_bytes"]);
+    assert_eq!(snap["numa"]["nodes"].as_array().unwrap().len(), live["numa"]["nodes"].as_array().unwrap().len());
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["nics"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(names(&snap), names(&live));
+    assert_eq!(snap["os"]["kernel_release"], live["os"]["kernel_release"]);
+    // Standard output works too, with the summary on stderr.
+    let piped = kiln(&["snapshot", "-o", "-"], &[]).success();
+    assert!(piped.stderr().contains("files"), "{}", piped.describe());
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::util::kiln;
 
 /// Delays in milliseconds from a seed (SplitMix64), so a failing kill can be replayed.
-fn delays(seed: u64, n: usize, max_ms: u64) -> Vec<u64> {
+pub fn delays(seed: u64, n: usize, max_ms: u64) -> Vec<u64> {
     let mut s = seed;
     (0..n)
         .map(|_| {

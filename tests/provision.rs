@@ -496,6 +496,84 @@ creates = "/var/after-done"
     lab.provision("apply", &spec, &[]).success();
 }
 
+/// `provision apply` killed with SIGKILL (with its step's children) at seeded moments: after each
+/// kill the database passes `kiln db check`, the journal holds every step that started with an
+/// outcome or `started` (never a half-written row), a plain apply refuses to paper over a crash,
+/// and `--resume` finishes the image, which then verifies clean.
+#[test]
+fn applies_killed_at_seeded_moments_resume_to_a_verified_image() {
+    if !need_root("applies_killed_at_seeded_moments_resume_to_a_verified_image", &[]) {
+        return;
+    }
+    let image = r#"
+[image]
+name = "lab-kills"
+version = "1"
+
+[[file]]
+path = "/etc/kiln-lab/a"
+content = "a\n"
+
+[[command]]
+name = "one"
+run = ["sh", "-c", "sleep 0.2 && touch \"$0\"", "${root}/var/one"]
+creates = "/var/one"
+
+[[file]]
+path = "/etc/kiln-lab/b"
+content = "b\n"
+
+[[command]]
+name = "two"
+run = ["sh", "-c", "sleep 0.2 && touch \"$0\"", "${root}/var/two"]
+creates = "/var/two"
+
+[[command]]
+name = "three"
+run = ["sh", "-c", "sleep 0.2 && touch \"$0\"", "${root}/var/three"]
+creates = "/var/three"
+"#;
+    use std::os::unix::process::CommandExt;
+    for ms in crate::kill::delays(0x70726f76, 8, 1_200) {
+        let lab = Lab::new();
+        let spec = lab.spec("lab-kills", image);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["provision", "apply", spec.to_str().unwrap(), "--root", lab.root().to_str().unwrap()])
+            .env("KILN_DB", lab.db())
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        // SAFETY: kill of the process group we created.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        child.wait().unwrap();
+        let context = format!("apply killed after {ms} ms");
+        if lab.db().exists() {
+            let check = kiln(&["db", "check"], &[("KILN_DB", &lab.db())]);
+            assert_eq!(check.code(), Some(0), "{context}: {}", check.describe());
+            for a in lab.log() {
+                let journal = lab.journal(a["id"].as_str().unwrap());
+                for step in journal["steps"].as_array().unwrap() {
+                    let status = step["status"].as_str().unwrap();
+                    assert!(matches!(status, "started" | "succeeded" | "failed" | "interrupted"), "{context}: {step}");
+                    if status == "succeeded" {
+                        assert!(step["finished_at"].is_string() && step["exit_code"] == 0, "{context}: {step}");
+                    }
+                }
+            }
+        }
+        lab.provision("apply", &spec, &["--resume"]).success();
+        lab.provision("verify", &spec, &[]).success();
+        let log = lab.log();
+        assert_eq!(log[0]["status"], "succeeded", "{context}: {log:?}");
+        for f in ["var/one", "var/two", "var/three", "etc/kiln-lab/a", "etc/kiln-lab/b"] {
+            assert!(lab.root().join(f).exists(), "{context}: {f} missing");
+        }
+    }
+}
+
 #[test]
 fn apply_needs_root_and_says_so_before_doing_anything() {
     let lab = Lab::new();

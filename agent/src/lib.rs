@@ -11,6 +11,7 @@ pub mod provisioning;
 pub mod render;
 pub mod report;
 pub mod runs;
+pub mod snapshot;
 pub mod spec;
 pub mod telemetry;
 pub mod timefmt;

@@ -448,77 +448,7 @@ impl Store {
     /// nothing. Hosts merge by identity, software stacks by fingerprint.
     pub async fn import(&mut self, file: &str, text: &str) -> std::result::Result<ImportStats, ImportError> {
         let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
-        let mut lines = text.split_inclusive('\n').enumerate().map(|(i, l)| (i + 1, l));
-        let Some((_, first)) = lines.next() else {
-            return Err(ImportError::File { file: file.into(), message: "empty file, not a kiln export".into() });
-        };
-        let header: Header = serde_json::from_str(first.trim_end())
-            .map_err(|e| malformed(1, format!("not a kiln export header ({e})")))?;
-        if header.kiln_export > EXPORT_VERSION {
-            return Err(malformed(
-                1,
-                format!(
-                    "export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln",
-                    header.kiln_export
-                ),
-            ));
-        }
-        // Lines are parsed on every core (the file is in memory), then checked in order.
-        let lines: Vec<(usize, &str)> = lines.collect();
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-        let chunk = lines.len().div_ceil(workers).max(1);
-        let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = lines
-                .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || {
-                        part.iter()
-                            .map(|&(n, line)| {
-                                if !line.ends_with('\n') {
-                                    return (
-                                        n,
-                                        Err("the last line is cut off (no newline): the file is truncated".to_string()),
-                                    );
-                                }
-                                let body = line.trim_end();
-                                if body.is_empty() {
-                                    return (n, Ok(None));
-                                }
-                                let record = parse_record(body).map_err(|e| e.to_string());
-                                (n, record.and_then(|r| validate(&r).map(|()| Some(r))))
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
-        });
-        let mut records = Vec::new();
-        let mut end: Option<(usize, u64)> = None;
-        for (n, record) in parsed.into_iter().flatten() {
-            let record = record.map_err(|e| malformed(n, e))?;
-            let Some(record) = record else { continue };
-            if let Some((at, _)) = end {
-                return Err(malformed(n, format!("data after the end record of line {at}")));
-            }
-            if let Record::End(EndRec { records: count, .. }) = record {
-                end = Some((n, count));
-            } else {
-                records.push((n, record));
-            }
-        }
-        let Some((at, count)) = end else {
-            return Err(ImportError::File {
-                file: file.into(),
-                message: "no end record: the file is truncated".into(),
-            });
-        };
-        if count != records.len() as u64 {
-            return Err(malformed(
-                at,
-                format!("the end record counts {count} records, the file holds {}", records.len()),
-            ));
-        }
+        let records = parse_export(file, text)?;
         self.import_records(records, &malformed).await
     }
 
@@ -542,6 +472,87 @@ impl Store {
         tx.commit().await.map_err(&err)?;
         Ok(stats)
     }
+}
+
+/// Checks an export without a database: every line parsed and validated, the end record's count.
+/// Returns the number of records. `kiln import` does this before it writes anything; the fuzzer
+/// drives it directly.
+///
+/// # Errors
+/// The first malformed line, with its number; a truncated file.
+pub fn check_export(file: &str, text: &str) -> std::result::Result<usize, ImportError> {
+    parse_export(file, text).map(|r| r.len())
+}
+
+/// Parses and validates every line of an export (on every core; the file is in memory).
+fn parse_export<'t>(file: &str, text: &'t str) -> std::result::Result<Vec<(usize, Record<'t>)>, ImportError> {
+    let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+    let mut lines = text.split_inclusive('\n').enumerate().map(|(i, l)| (i + 1, l));
+    let Some((_, first)) = lines.next() else {
+        return Err(ImportError::File { file: file.into(), message: "empty file, not a kiln export".into() });
+    };
+    let header: Header =
+        serde_json::from_str(first.trim_end()).map_err(|e| malformed(1, format!("not a kiln export header ({e})")))?;
+    if header.kiln_export > EXPORT_VERSION {
+        return Err(malformed(
+            1,
+            format!(
+                "export format {} is newer than this kiln knows ({EXPORT_VERSION}); upgrade kiln",
+                header.kiln_export
+            ),
+        ));
+    }
+    // Lines are parsed on every core (the file is in memory), then checked in order.
+    let lines: Vec<(usize, &str)> = lines.collect();
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let chunk = lines.len().div_ceil(workers).max(1);
+    let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = lines
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|&(n, line)| {
+                            if !line.ends_with('\n') {
+                                return (
+                                    n,
+                                    Err("the last line is cut off (no newline): the file is truncated".to_string()),
+                                );
+                            }
+                            let body = line.trim_end();
+                            if body.is_empty() {
+                                return (n, Ok(None));
+                            }
+                            let record = parse_record(body).map_err(|e| e.to_string());
+                            (n, record.and_then(|r| validate(&r).map(|()| Some(r))))
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
+    });
+    let mut records = Vec::new();
+    let mut end: Option<(usize, u64)> = None;
+    for (n, record) in parsed.into_iter().flatten() {
+        let record = record.map_err(|e| malformed(n, e))?;
+        let Some(record) = record else { continue };
+        if let Some((at, _)) = end {
+            return Err(malformed(n, format!("data after the end record of line {at}")));
+        }
+        if let Record::End(EndRec { records: count, .. }) = record {
+            end = Some((n, count));
+        } else {
+            records.push((n, record));
+        }
+    }
+    let Some((at, count)) = end else {
+        return Err(ImportError::File { file: file.into(), message: "no end record: the file is truncated".into() });
+    };
+    if count != records.len() as u64 {
+        return Err(malformed(at, format!("the end record counts {count} records, the file holds {}", records.len())));
+    }
+    Ok(records)
 }
 
 /// Verdicts, under the host and inventory earlier records gave (or that this database holds).
@@ -1129,10 +1140,22 @@ mod roundtrip {
                         metrics: metrics
                             .iter()
                             .filter(|(n, _)| names.insert(n.clone()))
-                            .map(|(n, v)| Metric { name: format!("m{n}"), value: *v, unit: "GB/s".into(), direction: Direction::Higher })
+                            .map(|(n, v)| Metric {
+                                name: format!("m{n}"),
+                                value: *v,
+                                unit: "GB/s".into(),
+                                direction: Direction::Higher,
+                            })
                             .collect(),
-                        samples: samples.iter().enumerate().map(|(k, (_, v))| ("m".to_string(), k as i64, *v)).collect(),
-                        telemetry: telemetry.iter().map(|(t, n, v)| (*t, "gpu0".to_string(), format!("c{n}"), *v)).collect(),
+                        samples: samples
+                            .iter()
+                            .enumerate()
+                            .map(|(k, (_, v))| ("m".to_string(), k as i64, *v))
+                            .collect(),
+                        telemetry: telemetry
+                            .iter()
+                            .map(|(t, n, v)| (*t, "gpu0".to_string(), format!("c{n}"), *v))
+                            .collect(),
                     })
                     .await
                     .unwrap();

@@ -19,7 +19,7 @@ mod series;
 mod status;
 mod values;
 mod verdicts;
-pub use exchange::{ExportStats, ImportError, ImportStats, EXPORT_VERSION};
+pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
 pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};

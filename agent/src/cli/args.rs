@@ -155,6 +155,13 @@ pub enum Command {
         #[command(subcommand)]
         what: SpecCmd,
     },
+    /// Capture what kiln reads of this machine (/proc, /sys, /etc files, the kernel log) as a tar
+    /// archive, for `kiln inventory --root DIR` elsewhere: `mkdir box && tar -xf box.tar -C box`
+    Snapshot {
+        /// The archive to write (`-` for stdout)
+        #[arg(long, short, value_name = "FILE.tar")]
+        output: PathBuf,
+    },
     /// The GPU and NIC connection matrix, like `nvidia-smi topo -m`
     Topo {
         #[command(flatten)]

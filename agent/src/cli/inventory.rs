@@ -96,3 +96,43 @@ pub fn store_inventory(ctx: &Ctx, inv: &Inventory) -> Result<SavedInventory> {
     let record = new_inventory(inv)?;
     ctx.with_store(async |store| store.save_inventory(&record).await)
 }
+
+/// `kiln snapshot --json`.
+#[derive(Serialize)]
+pub struct Snapshotted {
+    pub kind: &'static str,
+    pub output: PathBuf,
+    #[serde(flatten)]
+    pub captured: crate::snapshot::Captured,
+}
+
+impl View for Snapshotted {
+    fn render(&self) -> String {
+        let c = &self.captured;
+        format!(
+            "wrote {}: {} files ({} KiB) and {} links{}{}\nread it anywhere: mkdir box && tar -xf {} -C box && kiln inventory --root box",
+            self.output.display(),
+            c.files,
+            c.bytes / 1024,
+            c.links,
+            if c.unreadable > 0 { format!("; {} files unreadable (root-only or vanished) left out", c.unreadable) } else { String::new() },
+            if c.kernel_log { "; the kernel log as dmesg.txt" } else { "; no kernel log (reading it needs root)" },
+            self.output.display()
+        )
+    }
+}
+
+/// `kiln snapshot -o FILE.tar`.
+pub fn snapshot(output: &Path, ctx: &Ctx) -> Result<Output> {
+    let progress = crate::render::Progress::new();
+    let captured = super::outfile::write_output(output, |w| {
+        Ok(crate::snapshot::capture(Path::new("/"), w, &|p| progress.update(p))?)
+    })?;
+    progress.finish();
+    let view = Snapshotted { kind: "snapshot", output: output.to_path_buf(), captured };
+    if output.as_os_str() == "-" {
+        // The archive went to stdout: the summary goes to stderr.
+        return Ok(ctx.output(&view)?.on_stderr());
+    }
+    ctx.output(&view)
+}

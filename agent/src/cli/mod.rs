@@ -243,6 +243,7 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
     match command {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
+        Command::Snapshot { output } => inventory::snapshot(&output, ctx),
         Command::Commission { source, no_bench, budget, judge, no_verdict } => {
             bench::commission(&source, bench::Suite { no_bench, budget }, &judge, no_verdict, ctx)
         }
@@ -292,6 +293,7 @@ pub fn access(command: &Command) -> kiln_db::Access {
             | Command::Report { .. }
             | Command::Db { .. }
             | Command::Spec { .. }
+            | Command::Snapshot { .. }
             | Command::Verdict { no_save: true, .. }
             | Command::Provision { what: Provision::Log { .. } }
     );

@@ -102,3 +102,30 @@ mod tests {
         }
     }
 }
+
+/// Properties: a CPU set formatted the kernel's way parses back to itself, and a mask of it too.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn format_then_parse_is_identity(set in proptest::collection::btree_set(0u32..4096, 0..200)) {
+            let ids: Vec<u32> = set.into_iter().collect();
+            let text = super::format_list(&ids);
+            let back = if ids.is_empty() { Some(Vec::new()) } else { super::parse_list(&text) };
+            prop_assert_eq!(back, Some(ids));
+        }
+
+        #[test]
+        fn masks_parse_to_their_bits(set in proptest::collection::btree_set(0u32..256, 0..64)) {
+            let ids: Vec<u32> = set.into_iter().collect();
+            let mut words = [0u32; 8];
+            for &id in &ids {
+                words[(id / 32) as usize] |= 1 << (id % 32);
+            }
+            let mask: Vec<String> = words.iter().rev().map(|w| format!("{w:08x}")).collect();
+            prop_assert_eq!(super::parse_mask(&mask.join(",")), Some(ids));
+        }
+    }
+}

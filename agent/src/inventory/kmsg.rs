@@ -105,6 +105,14 @@ pub fn collect(src: &Source) -> KernelLog {
     }
 }
 
+/// The kernel log of the live system, one message per line (for `kiln snapshot`).
+///
+/// # Errors
+/// `/dev/kmsg` cannot be read (it needs root, or `kernel.dmesg_restrict=0`).
+pub fn read_log() -> std::io::Result<String> {
+    read_kmsg()
+}
+
 /// Every record in the kernel's ring buffer: `/dev/kmsg` opened non-blocking, read one record per
 /// `read` until it would block.
 fn read_kmsg() -> std::io::Result<String> {
@@ -151,5 +159,26 @@ mod tests {
         assert!(x[0].text.starts_with("pid=1234"));
         assert_eq!((x[1].pci.as_str(), x[1].xid), ("0000:43:00", 94));
         assert_eq!(xid_name(79), "GPU has fallen off the bus");
+    }
+}
+
+/// Property: every XID line the driver writes is found with its GPU and number, whatever the text
+/// around it.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn xid_lines_are_found(domain in 0u32..0x10000, bus in 0u32..256, dev in 0u32..32, xid in 0u32..1000,
+                               prefix in "[ -~]{0,40}", tail in "[ -~]{0,80}", noise in "[ -~]{0,80}") {
+            prop_assume!(!prefix.contains("NVRM: Xid (") && !noise.contains("NVRM: Xid ("));
+            let pci = format!("{domain:04x}:{bus:02x}:{dev:02x}");
+            let log = format!("{noise}\n{prefix}NVRM: Xid (PCI:{pci}): {xid}, {tail}\n{noise}\n");
+            let found = super::parse_xids(&log);
+            prop_assert_eq!(found.len(), 1);
+            prop_assert_eq!(&found[0].pci, &pci);
+            prop_assert_eq!(found[0].xid, xid);
+        }
     }
 }

@@ -416,3 +416,55 @@ mod tests {
         assert_eq!(t.in_unit("samples/s"), None);
     }
 }
+
+/// Properties: any non-negative number written with any unit parses back to the same value in
+/// that unit, and to the expected dimension.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const UNITS: &[(&str, Dimension)] = &[
+        ("B", Dimension::Bytes),
+        ("kB", Dimension::Bytes),
+        ("GiB", Dimension::Bytes),
+        ("TB", Dimension::Bytes),
+        ("MB/s", Dimension::DataRate),
+        ("GB/s", Dimension::DataRate),
+        ("Gb/s", Dimension::DataRate),
+        ("Tbit/s", Dimension::DataRate),
+        ("W", Dimension::Power),
+        ("kW", Dimension::Power),
+        ("MHz", Dimension::Frequency),
+        ("MT/s", Dimension::TransferRate),
+        ("GFLOP/s", Dimension::FlopRate),
+        ("TFLOPS", Dimension::FlopRate),
+        ("tokens/s", Dimension::ItemRate),
+        ("IOPS", Dimension::ItemRate),
+        ("us", Dimension::Time),
+        ("%", Dimension::Fraction),
+    ];
+
+    proptest! {
+        #[test]
+        fn written_quantities_read_back(value in 0.0f64..1e9, unit in 0..UNITS.len(), space in any::<bool>()) {
+            let (u, dim) = UNITS[unit];
+            let text = format!("{value}{}{u}", if space { " " } else { "" });
+            let q = Quantity::parse(&text, dim).unwrap();
+            prop_assert_eq!(q.dimension, dim);
+            let back = q.in_unit(u).unwrap();
+            prop_assert!((back - value).abs() <= value * 1e-12, "{} -> {}", text, back);
+            let any = parse_any(&text).unwrap();
+            prop_assert_eq!(any.dimension, dim);
+        }
+
+        #[test]
+        fn another_dimension_is_refused(value in 0.0f64..1e9, unit in 0..UNITS.len(), want in 0..UNITS.len()) {
+            let (u, dim) = UNITS[unit];
+            let expected = UNITS[want].1;
+            let r = Quantity::parse(&format!("{value} {u}"), expected);
+            prop_assert_eq!(r.is_ok(), dim == expected);
+        }
+    }
+}

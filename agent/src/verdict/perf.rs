@@ -228,6 +228,7 @@ mod tests {
             id: "r".into(),
             benchmark: "membw".into(),
             status: RunStatus::Ok,
+            links: Vec::new(),
             metrics: [
                 "membw.node10.triad_gbps",
                 "membw.node9.triad_gbps",
