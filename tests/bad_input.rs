@@ -93,6 +93,58 @@ fn garbage_cpuinfo_and_sysfs_values() {
     assert_eq!(inv["cpu"]["online"], 16);
 }
 
+/// Every value that does not parse is a `problems` entry naming its file and what was expected,
+/// never a silent "unknown"; the kernel's own "no value" texts (`-1`, `Unknown`, width 0) are not.
+#[test]
+fn garbled_sysfs_values_are_each_a_problem() {
+    let (_dir, root) = damaged_copy("fakepcilocalities.tar.bz2", "fakepcilocalities");
+    let pci = root.join("sys/bus/pci/devices");
+    // The snapshot's links may be absolute (to /sys/devices/…): resolved inside the root.
+    let inside = |name: &std::ffi::OsStr| {
+        let target = std::fs::read_link(pci.join(name)).unwrap();
+        match target.strip_prefix("/") {
+            Ok(abs) => root.join(abs),
+            Err(_) => pci.join(target),
+        }
+    };
+    let names: Vec<_> = std::fs::read_dir(&pci).unwrap().flatten().map(|e| e.file_name()).collect();
+    let dev = inside(names.iter().min().unwrap());
+    let dev2 = inside(names.iter().max().unwrap());
+    let table: &[(PathBuf, &str, &str)] = &[
+        (root.join("sys/devices/system/cpu/online"), "0-banana\n", "a CPU list expected"),
+        (root.join("sys/kernel/mm/transparent_hugepage/enabled"), "always madvise never\n", "a bracketed choice"),
+        (dev.join("numa_node"), "zero\n", "a NUMA node expected"),
+        (dev.join("current_link_speed"), "fast\n", "a link speed"),
+        (dev.join("current_link_width"), "64\n", "a link width"),
+        (dev.join("aer_dev_fatal"), "garbage\n", "no TOTAL_ERR_* line"),
+        (dev.join("sriov_totalvfs"), "-4\n", "a number expected"),
+        (dev2.join("numa_node"), "-1\n", ""),
+        (dev2.join("current_link_speed"), "Unknown\n", ""),
+    ];
+    for (path, text, _) in table {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    std::fs::write(dev.join("aer_dev_correctable"), "TOTAL_ERR_COR 0\n").unwrap();
+    let inv = inventory_ok(&root);
+    for (path, _, message) in table {
+        // The device's directory and the file: what the problem's path ends with.
+        let parts: Vec<&str> = path.iter().rev().take(2).map(|c| c.to_str().unwrap()).collect();
+        let tail = format!("{}/{}", parts[1], parts[0]);
+        let name = path.display();
+        let found = problems_for(&inv, &tail);
+        if message.is_empty() {
+            assert!(found.is_empty(), "{name}: the kernel's no-value text is not a problem: {found:?}");
+        } else {
+            assert!(
+                found.iter().any(|p| p["kind"] == "malformed" && p["message"].as_str().unwrap().contains(message)),
+                "{name}: {found:?}\n{:#?}",
+                inv["problems"]
+            );
+        }
+    }
+}
+
 #[test]
 fn non_utf8_dmi_strings() {
     let (_dir, root) = damaged_copy("20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2", "20em64t-hybrid-1p6c2t+2ca4co1t");

@@ -382,8 +382,8 @@ pub fn collect(src: &Source) -> Cpu {
 
     // Which CPUs exist and which are online.
     let sysfs_ids = cpu_ids_in_sysfs(src);
-    let possible = src.attr(&format!("{CPU_DIR}/possible")).and_then(|t| parse_list(&t));
-    let online_ids: Vec<u32> = match src.attr(&format!("{CPU_DIR}/online")).and_then(|t| parse_list(&t)) {
+    let possible = src.attr_with(&format!("{CPU_DIR}/possible"), "a CPU list", &[], parse_list);
+    let online_ids: Vec<u32> = match src.attr_with(&format!("{CPU_DIR}/online"), "a CPU list", &[], parse_list) {
         Some(ids) => ids,
         None if !sysfs_ids.is_empty() => sysfs_ids
             .iter()
@@ -580,7 +580,9 @@ fn collect_caches(src: &Source, online: &[u32]) -> Vec<CacheLevel> {
                 Some("Unified") => CacheType::Unified,
                 _ => continue,
             };
-            let Some(size) = src.attr(&format!("{base}/size")).and_then(|s| parse_size(&s)) else { continue };
+            let Some(size) = src.attr_with(&format!("{base}/size"), "a cache size (32K)", &[], parse_size) else {
+                continue;
+            };
             if size == 0 {
                 continue;
             }

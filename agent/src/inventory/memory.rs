@@ -115,7 +115,12 @@ pub fn collect(src: &Source) -> Memory {
         free_bytes: get("MemFree"),
         swap_total_bytes: get("SwapTotal"),
         hugepages: collect_hugepages(src, "sys/kernel/mm/hugepages"),
-        transparent_hugepages: src.attr("sys/kernel/mm/transparent_hugepage/enabled").and_then(|t| parse_bracketed(&t)),
+        transparent_hugepages: src.attr_with(
+            "sys/kernel/mm/transparent_hugepage/enabled",
+            "a bracketed choice (always [madvise] never)",
+            &[],
+            parse_bracketed,
+        ),
         dimm_slots: dimms.as_ref().map(|d| d.len() as u32),
         dimms_populated: dimms.as_ref().map(|_| populated.len() as u32),
         installed_bytes: dimms.as_ref().map(|_| populated.iter().filter_map(|d| d.size_bytes).sum()),

@@ -52,14 +52,15 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
         // The nearest PCI function above the interface (a virtio NIC sits on virtioN, under PCI).
         let pci_address = target.as_deref().and_then(last_pci_address);
         let attr = |f: &str| src.attr(&format!("{base}/{f}"));
-        let pci_attr = |f: &str| pci_address.as_ref().and_then(|a| src.attr(&format!("sys/bus/pci/devices/{a}/{f}")));
+        let number = |rel: String| src.attr_with(&rel, "a number", &[], |t| t.parse::<u32>().ok());
+        let pci_number = |f: &str| pci_address.as_ref().and_then(|a| number(format!("sys/bus/pci/devices/{a}/{f}")));
         let (driver_version, firmware_version) = if src.is_live() { ethtool_driver_info(&name) } else { (None, None) };
         out.push(Nic {
             driver: src.link_name(&format!("{base}/device/driver")),
             driver_version,
             firmware_version,
             mac: attr("address").filter(|m| m != "00:00:00:00:00:00"),
-            mtu: attr("mtu").and_then(|m| m.parse().ok()),
+            mtu: number(format!("{base}/mtu")),
             operstate: attr("operstate"),
             // Reading speed of a down link fails with EINVAL: that is "unknown", not a problem.
             speed_mbps: src
@@ -75,11 +76,11 @@ pub fn collect(src: &Source, include_virtual: bool) -> Vec<Nic> {
                 .ok()
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty() && s != "unknown"),
-            link_type: link_type(attr("type").and_then(|t| t.parse().ok())),
+            link_type: link_type(src.attr_with(&format!("{base}/type"), "an ARPHRD number", &[], |t| t.parse().ok())),
             virtual_device,
             numa_node: pci_address.as_deref().and_then(|a| numa_node_of(src, a)),
-            sriov_total_vfs: pci_attr("sriov_totalvfs").and_then(|n| n.parse().ok()),
-            sriov_enabled_vfs: pci_attr("sriov_numvfs").and_then(|n| n.parse().ok()),
+            sriov_total_vfs: pci_number("sriov_totalvfs"),
+            sriov_enabled_vfs: pci_number("sriov_numvfs"),
             pci_address,
             name,
         });

@@ -41,9 +41,10 @@ pub fn collect(src: &Source) -> Numa {
     let mut distances = Vec::new();
     for id in ids {
         let base = format!("{NODE_DIR}/node{id}");
-        let cpus = match src.attr(&format!("{base}/cpulist")) {
-            Some(text) => parse_list(&text),
-            None => src.attr(&format!("{base}/cpumap")).and_then(|t| parse_mask(&t)),
+        let cpus = if src.attr(&format!("{base}/cpulist")).is_some() {
+            src.attr_with(&format!("{base}/cpulist"), "a CPU list", &[], parse_list)
+        } else {
+            src.attr_with(&format!("{base}/cpumap"), "a CPU mask", &[], parse_mask)
         }
         .unwrap_or_default();
         let meminfo = src.read_optional(&format!("{base}/meminfo")).map(|t| parse_meminfo(&t)).unwrap_or_default();

@@ -173,7 +173,7 @@ pub fn parse_numa_node(text: &str) -> Option<u32> {
 
 /// The NUMA node of a PCI function.
 pub fn numa_node_of(src: &Source, address: &str) -> Option<u32> {
-    src.attr(&format!("{PCI_DIR}/{address}/numa_node")).as_deref().and_then(parse_numa_node)
+    src.attr_with(&format!("{PCI_DIR}/{address}/numa_node"), "a NUMA node", &["-1"], parse_numa_node)
 }
 
 fn hex_attr(src: &Source, rel: &str) -> Option<String> {
@@ -194,11 +194,24 @@ pub fn collect(src: &Source) -> Vec<PciDevice> {
 
 /// The device's link status: current and maximum speed and width, and whether it trained down.
 fn read_link(src: &Source, base: &str) -> Option<PciLink> {
-    let attr = |name: &str| src.attr(&format!("{base}/{name}"));
-    let current_speed = attr("current_link_speed").and_then(|s| parse_link_speed(&s));
-    let max_speed = attr("max_link_speed").and_then(|s| parse_link_speed(&s));
-    let current_width = attr("current_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
-    let max_width = attr("max_link_width").and_then(|s| s.parse::<u32>().ok()).filter(|&w| w > 0 && w <= 32);
+    // The kernel writes "Unknown" for a speed it cannot tell and 0 for a width without a link.
+    let speed = |name: &str| {
+        src.attr_with(
+            &format!("{base}/{name}"),
+            "a link speed (32.0 GT/s PCIe)",
+            &["Unknown", "Unknown speed"],
+            parse_link_speed,
+        )
+    };
+    let width = |name: &str| {
+        src.attr_with(&format!("{base}/{name}"), "a link width (1 to 32)", &["0"], |s| {
+            s.parse::<u32>().ok().filter(|&w| w > 0 && w <= 32)
+        })
+    };
+    let current_speed = speed("current_link_speed");
+    let max_speed = speed("max_link_speed");
+    let current_width = width("current_link_width");
+    let max_width = width("max_link_width");
     (current_speed.is_some() || current_width.is_some() || max_speed.is_some()).then(|| PciLink {
         current_gen: current_speed.and_then(pcie_gen),
         max_gen: max_speed.and_then(pcie_gen),
@@ -280,11 +293,18 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         None => (None, Vec::new()),
     };
 
-    let sriov = attr("sriov_totalvfs").and_then(|t| t.parse().ok()).filter(|&t: &u32| t > 0).map(|total_vfs| Sriov {
-        total_vfs,
-        enabled_vfs: attr("sriov_numvfs").and_then(|n| n.parse().ok()).unwrap_or(0),
-    });
-    let aer_total = |name: &str| src.read_optional(&format!("{base}/{name}")).and_then(|t| parse_aer_total(&t));
+    let count = |name: &str| src.attr_with(&format!("{base}/{name}"), "a number", &[], |t| t.parse::<u32>().ok());
+    let sriov = count("sriov_totalvfs")
+        .filter(|&t| t > 0)
+        .map(|total_vfs| Sriov { total_vfs, enabled_vfs: count("sriov_numvfs").unwrap_or(0) });
+    let aer_total = |name: &str| {
+        let rel = format!("{base}/{name}");
+        let total = src.read_optional(&rel).map(|t| parse_aer_total(&t))?;
+        if total.is_none() {
+            src.problem(&rel, super::ProblemKind::Malformed, "no TOTAL_ERR_* line");
+        }
+        total
+    };
     let aer = src.exists(&format!("{base}/aer_dev_correctable")).then(|| Aer {
         correctable: aer_total("aer_dev_correctable"),
         nonfatal: aer_total("aer_dev_nonfatal"),
@@ -306,7 +326,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
-        numa_node: attr("numa_node").as_deref().and_then(parse_numa_node),
+        numa_node: src.attr_with(&format!("{base}/numa_node"), "a NUMA node", &["-1"], parse_numa_node),
         local_cpus: attr("local_cpulist"),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
         link,

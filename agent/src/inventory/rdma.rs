@@ -66,7 +66,9 @@ pub fn collect(src: &Source) -> Vec<RdmaDevice> {
                 port: number,
                 state: pattr("state").map(|s| strip_code(&s)),
                 physical_state: pattr("phys_state").map(|s| strip_code(&s)),
-                rate_gbps: rate.as_deref().and_then(|r| r.split_whitespace().next()?.parse().ok()),
+                rate_gbps: src.attr_with(&format!("{pbase}/rate"), "a rate (400 Gb/sec (4X NDR))", &[], |r| {
+                    r.split_whitespace().next()?.parse().ok()
+                }),
                 rate,
                 link_layer: pattr("link_layer"),
                 lid: pattr("lid"),

@@ -132,6 +132,28 @@ impl Source {
         }
     }
 
+    /// Reads a one-line attribute and parses it with `parse`; a value that does not parse is a
+    /// problem naming the file and `what` was expected, unless it is one of `none` — the texts
+    /// the kernel writes for "no value" (`-1` for a NUMA node, `Unknown` for a link speed).
+    pub fn attr_with<T>(
+        &self,
+        rel: &str,
+        what: &str,
+        none: &[&str],
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Option<T> {
+        let text = self.attr(rel)?;
+        if none.contains(&text.as_str()) {
+            return None;
+        }
+        let value = parse(&text);
+        if value.is_none() {
+            let shown: String = text.chars().take(80).collect();
+            self.problem(rel, ProblemKind::Malformed, format!("{what} expected, found {shown:?}"));
+        }
+        value
+    }
+
     pub fn read_bytes(&self, rel: &str, required: bool) -> Option<Vec<u8>> {
         // Not fs::read or read_to_end: their size hints cost a statx and an lseek per file, and
         // sysfs sizes are fictional anyway.
