@@ -429,9 +429,9 @@ fn a_cpu_box_picks_the_cpu_spec() {
     assert_ne!(v["verdict"], "reject", "{v}");
 }
 
-/// Links read under load are evidence: a run whose telemetry shows a switch port at Gen3 while its
-/// GPU was loaded rejects the box naming that port, and a GPU link that keeps changing speed under
-/// load is a flap — both judged from stored evidence (an export with such a run, imported), as a
+/// Links and heat under load are evidence: a run whose telemetry shows a switch port at Gen3 while
+/// its GPU was loaded rejects the box naming that port, a GPU link that keeps changing speed under
+/// load is a flap, a GPU held back by heat in most samples fails (one sample in forty does not) — both judged from stored evidence (an export with such a run, imported), as a
 /// site re-judging its fleet would.
 #[test]
 fn links_under_load_are_judged_from_stored_runs() {
@@ -454,6 +454,13 @@ fn links_under_load_are_judged_from_stored_runs() {
         telemetry.push(serde_json::json!([t, "pcie:ffff:ff:03.0", "width", 16]));
         telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "gen", 5]));
         telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "width", 16]));
+    }
+    // GPU 3 (NVML index 3) held back by heat in 3 of 4 samples; GPU 4 in 1 of 40 (under 5 %).
+    for (t, hot) in [(0, 0), (500, 1), (1000, 1), (1500, 1)] {
+        telemetry.push(serde_json::json!([t, "gpu3", "throttled_thermal", hot]));
+    }
+    for t in 0..40 {
+        telemetry.push(serde_json::json!([t * 50, "gpu4", "throttled_thermal", if t == 7 { 1 } else { 0 }]));
     }
     for (t, gen) in [(0, 5), (100, 4), (200, 5), (300, 4), (400, 5)] {
         telemetry.push(serde_json::json!([t, "pcie:000a:00:00.0", "gen", gen]));
@@ -520,6 +527,11 @@ fn links_under_load_are_judged_from_stored_runs() {
                 "gpu.pcie.flaps".to_string(),
                 "GPU 5 000a:00:00.0".to_string(),
                 "the link changes speed under steady load (flapping: a marginal slot, riser or retimer)".to_string()
+            ),
+            (
+                "gpu.throttle.thermal".to_string(),
+                "GPU 3 0008:00:00.0".to_string(),
+                "held back by heat under load (airflow, fans, heatsink)".to_string()
             ),
         ],
         "{v}"

@@ -70,6 +70,7 @@ pub fn judge_stored(
                 .collect();
             RunEvidence {
                 links: crate::linkwatch::links_of(&r.id, &telemetry),
+                thermal: verdict::thermal_of(&telemetry),
                 id: r.id,
                 benchmark: r.benchmark,
                 status: r.status,

@@ -213,6 +213,8 @@ pub struct HealthSpec {
     pub max_nvlink_crc: Option<u64>,
     /// Speed or width changes of a PCIe link allowed while a benchmark loads its device.
     pub max_link_transitions: Option<u32>,
+    /// The share of a run's GPU telemetry samples that may show thermal throttling.
+    pub max_thermal_throttle: Option<Fraction>,
     pub nvme_critical_warning: Option<bool>,
     pub max_nvme_media_errors: Option<u64>,
     pub max_nvme_percentage_used: Option<Fraction>,

@@ -309,3 +309,33 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
         }
     }
 }
+
+/// GPUs held back by heat while a benchmark loaded them: more than the spec's share of a run's
+/// telemetry samples fails (airflow, fans, a heatsink badly seated).
+pub fn thermal(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks) {
+    let Some(max) = spec.health.as_ref().and_then(|h| h.max_thermal_throttle.as_ref()) else { return };
+    for g in &e.inventory.gpus.devices {
+        let runs: Vec<(&str, u32, u32)> = e
+            .runs
+            .iter()
+            .filter_map(|r| r.thermal.iter().find(|t| t.0 == g.index).map(|t| (r.id.as_str(), t.1, t.2)))
+            .filter(|t| t.1 > 0)
+            .collect();
+        let Some(&(run, n, hot)) =
+            runs.iter().max_by(|a, b| (f64::from(a.2) / f64::from(a.1)).total_cmp(&(f64::from(b.2) / f64::from(b.1))))
+        else {
+            continue;
+        };
+        let share = f64::from(hot) / f64::from(n);
+        let subject = format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"));
+        c.add(
+            "gpu.throttle.thermal",
+            &subject,
+            Severity::Major,
+            format!("≤ {max} of samples under load"),
+            Measured::of(format!("{:.0} % ({hot} of {n} samples)", share * 100.0), share <= max.value()),
+            "held back by heat under load (airflow, fans, heatsink)",
+            &format!("NVML throttle reasons during run {}", crate::fleet_view::short(run)),
+        );
+    }
+}

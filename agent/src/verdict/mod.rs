@@ -156,6 +156,23 @@ pub struct RunEvidence {
     /// PCIe links read while this run loaded their device.
     #[serde(default)]
     pub links: Vec<crate::linkwatch::LinkUnderLoad>,
+    /// Per GPU (NVML index): (samples, samples held back by heat) during this run.
+    #[serde(default)]
+    pub thermal: Vec<(u32, u32, u32)>,
+}
+
+/// Per GPU, how many telemetry samples of a run there were and how many saw thermal throttling.
+pub fn thermal_of(telemetry: &[crate::telemetry::Sample]) -> Vec<(u32, u32, u32)> {
+    let mut by: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+    for (_, source, name, v) in telemetry {
+        let Some(i) = source.strip_prefix("gpu").and_then(|n| n.parse().ok()) else { continue };
+        if name == "throttled_thermal" {
+            let e = by.entry(i).or_default();
+            e.0 += 1;
+            e.1 += u32::from(*v > 0.5);
+        }
+    }
+    by.into_iter().map(|(i, (n, hot))| (i, n, hot)).collect()
 }
 
 /// Everything a verdict is reached from.
@@ -262,6 +279,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     let mut checks = Checks::default();
     hardware::check(&spec.spec, evidence.inventory, &mut checks);
     hardware::links_under_load(&spec.spec, evidence, &mut checks);
+    health::thermal(&spec.spec, evidence, &mut checks);
     health::check(&spec.spec, evidence.inventory, &mut checks);
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);

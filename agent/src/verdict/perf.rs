@@ -229,6 +229,7 @@ mod tests {
             benchmark: "membw".into(),
             status: RunStatus::Ok,
             links: Vec::new(),
+            thermal: Vec::new(),
             metrics: [
                 "membw.node10.triad_gbps",
                 "membw.node9.triad_gbps",
