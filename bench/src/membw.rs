@@ -113,6 +113,17 @@ fn run_kernel(kernel: Kernel, a: &mut [f64], b: &mut [f64], c: &mut [f64], scala
     }
 }
 
+/// The time a multi-threaded kernel took: from the first worker's start to the last worker's end,
+/// each read by the worker itself around its own work, so the window cannot miss any of it (a
+/// coordinator reading the clock after a barrier can wake after fast workers are done, and then
+/// reports bandwidth no memory has).
+pub fn window(spans: &[(Instant, Instant)]) -> f64 {
+    let (Some(first), Some(last)) = (spans.iter().map(|s| s.0).min(), spans.iter().map(|s| s.1).max()) else {
+        return 0.0;
+    };
+    last.saturating_duration_since(first).as_secs_f64()
+}
+
 /// Measures one scope: a thread per CPU, each owning a slice of the arrays.
 pub fn measure(scope: &Scope, config: &Config, mut progress: impl FnMut(usize, usize)) -> ScopeResult {
     let threads = scope.cpus.len().max(1);
@@ -120,41 +131,52 @@ pub fn measure(scope: &Scope, config: &Config, mut progress: impl FnMut(usize, u
     let rounds = config.warmup + config.repetitions;
     let start = Barrier::new(threads + 1);
     let done = Barrier::new(threads + 1);
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); Kernel::ALL.len()];
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let cpu = scope.cpus.get(t).copied();
-            let (start, done) = (&start, &done);
-            s.spawn(move || {
-                if let Some(cpu) = cpu {
-                    pin_to_cpu(cpu);
-                }
-                // First touch after pinning: the pages land on this thread's NUMA node.
-                let mut a = vec![1.0f64; per_thread];
-                let mut b = vec![2.0f64; per_thread];
-                let mut c = vec![0.0f64; per_thread];
-                for _ in 0..rounds {
-                    for kernel in Kernel::ALL {
-                        start.wait();
-                        run_kernel(kernel, &mut a, &mut b, &mut c, 3.0);
-                        done.wait();
+    // Per worker, the (start, end) of every kernel it ran, in order.
+    let spans: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let cpu = scope.cpus.get(t).copied();
+                let (start, done) = (&start, &done);
+                s.spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
                     }
-                }
-                std::hint::black_box((&a, &b, &c));
-            });
-        }
+                    // First touch after pinning: the pages land on this thread's NUMA node.
+                    let mut a = vec![1.0f64; per_thread];
+                    let mut b = vec![2.0f64; per_thread];
+                    let mut c = vec![0.0f64; per_thread];
+                    let mut spans = Vec::with_capacity(rounds * Kernel::ALL.len());
+                    for _ in 0..rounds {
+                        for kernel in Kernel::ALL {
+                            start.wait();
+                            let t0 = Instant::now();
+                            run_kernel(kernel, &mut a, &mut b, &mut c, 3.0);
+                            spans.push((t0, Instant::now()));
+                            done.wait();
+                        }
+                    }
+                    std::hint::black_box((&a, &b, &c));
+                    spans
+                })
+            })
+            .collect();
         for round in 0..rounds {
-            for (k, _) in Kernel::ALL.iter().enumerate() {
+            for _ in Kernel::ALL {
                 start.wait();
-                let t0 = Instant::now();
                 done.wait();
-                if round >= config.warmup {
-                    times[k].push(t0.elapsed().as_secs_f64());
-                }
             }
             progress(round + 1, rounds);
         }
+        workers.into_iter().map(|w| w.join().expect("a membw worker panicked")).collect()
     });
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); Kernel::ALL.len()];
+    for round in config.warmup..rounds {
+        for (k, slot) in times.iter_mut().enumerate() {
+            let i = round * Kernel::ALL.len() + k;
+            let these: Vec<(Instant, Instant)> = spans.iter().map(|w| w[i]).collect();
+            slot.push(window(&these));
+        }
+    }
     let elements = per_thread * threads;
     let kernels = Kernel::ALL
         .iter()
@@ -188,6 +210,17 @@ mod tests {
         assert_eq!(c[0], 4.0);
         run_kernel(Kernel::Triad, &mut a, &mut b, &mut c, 3.0);
         assert_eq!(a[0], 15.0);
+    }
+
+    /// The window spans every worker's work: the earliest start to the latest end, whatever order
+    /// the workers ran in and however late anyone else looked at the clock.
+    #[test]
+    fn the_window_cannot_miss_work() {
+        let t = Instant::now();
+        let at = |ms: u64| t + std::time::Duration::from_millis(ms);
+        let spans = [(at(5), at(30)), (at(0), at(10)), (at(12), at(40))];
+        assert!((window(&spans) - 0.040).abs() < 1e-9);
+        assert_eq!(window(&[]), 0.0);
     }
 
     #[test]
