@@ -279,6 +279,26 @@ fn commission_runs_the_quick_suite() {
     let verdict_at = report.find("## Verdict").expect("a verdict section");
     assert!(verdict_at < report.find("## Inventory").unwrap(), "{report}");
     assert!(report.contains("against spec cpu-server"), "{report}");
+    // A spec captured from this box's stored evidence (floors at 90 % of what it measured) loads,
+    // and re-judging the same evidence against it accepts, performance included.
+    let captured = dir.path().join("golden.toml");
+    let inventory = out["stored"]["inventory_id"].as_str().unwrap();
+    kiln(&["spec", "capture", "--inventory", inventory, "-o", captured.to_str().unwrap()], &[("KILN_DB", &db)])
+        .success();
+    kiln(&["spec", "lint", captured.to_str().unwrap()], &[]).success();
+    let text = std::fs::read_to_string(&captured).unwrap();
+    assert!(text.contains("metric = \"membw.all.triad_gbps\"") && text.contains("GB/s"), "{text}");
+    let judged = kiln(
+        &["verdict", "--inventory", inventory, "--spec", captured.to_str().unwrap(), "--no-save", "--json"],
+        &[("KILN_DB", &db)],
+    );
+    let v = judged.json();
+    assert_eq!(v["verdict"], "accept", "{v}");
+    assert!(v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["id"] == "perf.membw.all.triad_gbps" && c["status"] == "pass"));
     // A snapshot is inventoried, never benchmarked.
     let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
     let snap = kiln(&["commission", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();
