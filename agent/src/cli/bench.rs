@@ -155,15 +155,21 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             config.seed = seed.unwrap_or(config.seed);
             config.kernels = kernels;
             config.validate()?;
+            anyhow::ensure!(
+                config.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,
+                "--steps {}: a run needs at least {} steps for its learning check to mean anything",
+                config.steps,
+                kiln_bench::train::MIN_STEPS_FOR_VERDICT
+            );
             let inv = live_inventory()?;
             let outcome = runs::train(&inv, &config)?;
             if let Report::Train(t) = &outcome.report {
                 if !t.train.learned {
                     let r = &t.train;
                     eprintln!(
-                        "kiln: the model did not learn: loss {:.3} -> {:.3}, chance {:.3}; the numerics of this \
-                         machine or stack are suspect",
-                        r.loss_start, r.loss_end, r.loss_chance
+                        "kiln: the model did not learn: loss {:.3} -> {:.3}, above the bar of {:.3} for {} steps \
+                         (chance {:.3}); the numerics of this machine or stack are suspect",
+                        r.loss_start, r.loss_end, r.loss_bar, r.config.steps, r.loss_chance
                     );
                 }
             }
