@@ -384,6 +384,20 @@ fn python_venv_from_local_wheels_with_hashes() {
     lab.provision("verify", &spec, &[]).success();
 }
 
+/// `kiln provision apply SPEC` on the lab, in a process group of its own, so that a kill of the
+/// group takes the step's child with it, as a power cut would.
+fn spawn_apply(lab: &Lab, spec: &Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["provision", "apply", spec.to_str().unwrap(), "--root", lab.root().to_str().unwrap()])
+        .env("KILN_DB", lab.db())
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn killed_apply_resumes_and_the_journal_tells_the_story() {
     if !need_root("killed_apply_resumes_and_the_journal_tells_the_story", &[]) {
@@ -412,17 +426,7 @@ run = ["touch", "${root}/var/after-done"]
 creates = "/var/after-done"
 "#,
     );
-    // kiln in a process group of its own, so that the kill takes the step's child with it, as a
-    // power cut would.
-    use std::os::unix::process::CommandExt;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["provision", "apply", spec.to_str().unwrap(), "--root", lab.root().to_str().unwrap()])
-        .env("KILN_DB", lab.db())
-        .process_group(0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_apply(&lab, &spec);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let apply_id = loop {
         assert!(std::time::Instant::now() < deadline, "the slow step never started");
@@ -533,18 +537,10 @@ name = "three"
 run = ["sh", "-c", "sleep 0.2 && touch \"$0\"", "${root}/var/three"]
 creates = "/var/three"
 "#;
-    use std::os::unix::process::CommandExt;
     for ms in crate::kill::delays(0x70726f76, 8, 1_200) {
         let lab = Lab::new();
         let spec = lab.spec("lab-kills", image);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["provision", "apply", spec.to_str().unwrap(), "--root", lab.root().to_str().unwrap()])
-            .env("KILN_DB", lab.db())
-            .process_group(0)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_apply(&lab, &spec);
         std::thread::sleep(std::time::Duration::from_millis(ms));
         // SAFETY: kill of the process group we created.
         unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };

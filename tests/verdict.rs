@@ -63,8 +63,8 @@ fn azure_ndv5_topology_accepts_clean_and_names_a_degraded_port() {
 
 struct Case {
     name: &'static str,
-    /// Changes GPU `i`'s lines of the fake NVML fixture.
-    tweak: fn(usize, &mut Vec<String>),
+    /// GPU `i`'s line `key` of the fake NVML fixture becomes `key value` (`-` drops the GPU).
+    edit: Option<(usize, &'static str, &'static str)>,
     /// The switch port above this GPU trains at this link.
     port: Option<(usize, (&'static str, u32, &'static str, u32))>,
     dmesg: &'static str,
@@ -82,25 +82,19 @@ fn set(lines: &mut [String], key: &str, value: &str) {
 
 const CLEAN_DMESG: &str = "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  565.57.01\n";
 
-// Long: the fault table, one row per fault, reads best whole.
+/// The fault table: one row per fault.
 fn cases() -> Vec<Case> {
-    let no_tweak: fn(usize, &mut Vec<String>) = |_, _| ();
-    let case = |name, tweak, verdict, first| Case {
-        name,
-        tweak,
-        port: None,
-        dmesg: CLEAN_DMESG,
-        spec_gpu: "",
-        verdict,
-        first,
-    };
+    let case =
+        |name, edit, verdict, first| Case { name, edit, port: None, dmesg: CLEAN_DMESG, spec_gpu: "", verdict, first };
+    let reject =
+        |name, gpu, key, value, id, subject| case(name, Some((gpu, key, value)), "reject", Some((id, subject)));
     vec![
-        case("clean", no_tweak, "accept", None),
+        case("clean", None, "accept", None),
         Case {
             port: Some((3, ("32.0 GT/s PCIe", 8, "32.0 GT/s PCIe", 16))),
             ..case(
                 "switch port trained at x8",
-                no_tweak,
+                None,
                 "reject",
                 Some(("gpu.pcie.path", "upstream port 0000:5c:00.0 (GPU 3 0000:5d:00.0)")),
             )
@@ -109,122 +103,39 @@ fn cases() -> Vec<Case> {
             port: Some((5, ("16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16))),
             ..case(
                 "switch port that cannot reach Gen5",
-                no_tweak,
+                None,
                 "reject",
                 Some(("gpu.pcie.path", "upstream port 0000:aa:00.0 (GPU 5 0000:ab:00.0)")),
             )
         },
-        case(
-            "inactive NVLink",
-            |i, l| {
-                if i == 2 {
-                    set(l, "nvlink 5", "0 4 00000000:06:00.0 2")
-                }
-            },
-            "reject",
-            Some(("nvlink.active", "GPU 2 0000:3a:00.0")),
-        ),
-        case(
-            "uncorrectable ECC",
-            |i, l| {
-                if i == 5 {
-                    set(l, "ecc_errors", "0 3 0 3")
-                }
-            },
-            "reject",
-            Some(("gpu.ecc.uncorrectable", "GPU 5 0000:ab:00.0")),
-        ),
-        case(
-            "remapped rows pending",
-            |i, l| {
-                if i == 1 {
-                    set(l, "remapped", "0 0 1 0")
-                }
-            },
-            "reject",
-            Some(("gpu.remapped_rows", "GPU 1 0000:2a:00.0")),
-        ),
-        case(
-            "row remapping failed",
-            |i, l| {
-                if i == 7 {
-                    set(l, "remapped", "0 1 0 1")
-                }
-            },
-            "reject",
-            Some(("gpu.remapped_rows", "GPU 7 0000:db:00.0")),
-        ),
-        case(
-            "ECC mode off",
-            |i, l| {
-                if i == 0 {
-                    set(l, "ecc", "0 0")
-                }
-            },
-            "reject",
-            Some(("gpu.ecc.mode", "GPU 0 0000:18:00.0")),
-        ),
-        case(
-            "a GPU on PCI but not in NVML",
-            |i, l| {
-                if i == 4 {
-                    l.clear()
-                }
-            },
-            "reject",
-            Some(("gpu.count", "GPUs")),
-        ),
-        case(
-            "wrong model in one slot",
-            |i, l| {
-                if i == 6 {
-                    set(l, "name", "NVIDIA H100 PCIe")
-                }
-            },
-            "reject",
-            Some(("gpu.model", "GPU 6 0000:ba:00.0")),
-        ),
-        case(
-            "MIG on",
-            |i, l| {
-                if i == 3 {
-                    set(l, "mig", "1 1")
-                }
-            },
-            "reject",
-            Some(("gpu.mig", "GPU 3 0000:5d:00.0")),
-        ),
-        case(
-            "persistence off",
-            |i, l| {
-                if i == 2 {
-                    set(l, "persistence", "0")
-                }
-            },
-            "reject",
-            Some(("gpu.persistence", "GPU 2 0000:3a:00.0")),
-        ),
-        case(
+        reject("inactive NVLink", 2, "nvlink 5", "0 4 00000000:06:00.0 2", "nvlink.active", "GPU 2 0000:3a:00.0"),
+        reject("uncorrectable ECC", 5, "ecc_errors", "0 3 0 3", "gpu.ecc.uncorrectable", "GPU 5 0000:ab:00.0"),
+        reject("remapped rows pending", 1, "remapped", "0 0 1 0", "gpu.remapped_rows", "GPU 1 0000:2a:00.0"),
+        reject("row remapping failed", 7, "remapped", "0 1 0 1", "gpu.remapped_rows", "GPU 7 0000:db:00.0"),
+        reject("ECC mode off", 0, "ecc", "0 0", "gpu.ecc.mode", "GPU 0 0000:18:00.0"),
+        reject("a GPU on PCI but not in NVML", 4, "-", "", "gpu.count", "GPUs"),
+        reject("wrong model in one slot", 6, "name", "NVIDIA H100 PCIe", "gpu.model", "GPU 6 0000:ba:00.0"),
+        reject("MIG on", 3, "mig", "1 1", "gpu.mig", "GPU 3 0000:5d:00.0"),
+        reject("persistence off", 2, "persistence", "0", "gpu.persistence", "GPU 2 0000:3a:00.0"),
+        reject(
             "lowered power limit",
-            |i, l| {
-                if i == 1 {
-                    set(l, "power", "700000 500000 200000 700000")
-                }
-            },
-            "reject",
-            Some(("gpu.power_limit", "GPU 1 0000:2a:00.0")),
+            1,
+            "power",
+            "700000 500000 200000 700000",
+            "gpu.power_limit",
+            "GPU 1 0000:2a:00.0",
         ),
         Case {
             spec_gpu: "vbios = [\"96.00.99.00.01\"]\n",
-            ..case("a VBIOS not allowed", no_tweak, "reject", Some(("gpu.vbios", "GPU 0 0000:18:00.0")))
+            ..case("a VBIOS not allowed", None, "reject", Some(("gpu.vbios", "GPU 0 0000:18:00.0")))
         },
         Case {
             dmesg: "[ 812.1] NVRM: Xid (PCI:0000:2a:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n",
-            ..case("XID 79 in the kernel log", no_tweak, "reject", Some(("gpu.xid", "GPU 1 0000:2a:00.0")))
+            ..case("XID 79 in the kernel log", None, "reject", Some(("gpu.xid", "GPU 1 0000:2a:00.0")))
         },
         Case {
             dmesg: "[ 812.1] NVRM: Xid (PCI:0000:2a:00): 13, pid=1234, name=python, Graphics Exception\n",
-            ..case("an application XID only warns", no_tweak, "accept", None)
+            ..case("an application XID only warns", None, "accept", None)
         },
     ]
 }
@@ -234,7 +145,12 @@ fn cases() -> Vec<Case> {
 fn judge(smi: &Smi, c: &Case, db: &Path, extra: &[&str]) -> (Value, i32) {
     let tree = SyntheticPci::hgx_degraded(smi, c.port);
     finish_root(&tree, c.dmesg);
-    let machine = FakeMachine::new(&fixture(smi, Wiring::NvSwitch18, c.tweak));
+    let edit = c.edit;
+    let machine = FakeMachine::new(&fixture(smi, Wiring::NvSwitch18, move |i, lines| match edit {
+        Some((gpu, "-", _)) if gpu == i => lines.clear(),
+        Some((gpu, key, value)) if gpu == i => set(lines, key, value),
+        _ => {}
+    }));
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("spec.toml");
     let text = std::fs::read_to_string(spec_path(H100_SPEC)).unwrap();

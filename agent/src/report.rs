@@ -219,20 +219,10 @@ fn verdict_section(v: &kiln_db::VerdictRow) -> Section {
                 .checks
                 .iter()
                 .filter(|c| c.status != crate::verdict::Status::Pass)
-                .map(|c| {
-                    vec![
-                        c.status.as_str().into(),
-                        c.id.clone(),
-                        c.subject.clone(),
-                        c.expected.clone(),
-                        c.measured.clone(),
-                        c.reason.clone(),
-                    ]
-                })
+                .map(crate::verdict::Check::row)
                 .collect();
             if !rows.is_empty() {
-                let head = ["status", "check", "subject", "expected", "measured", "reason"];
-                s.table = Some((head.iter().map(|h| h.to_string()).collect(), rows));
+                s.table = Some((crate::verdict::Check::COLUMNS.iter().map(|h| h.to_string()).collect(), rows));
             }
         }
         Err(_) => s.text.push("(a verdict document this kiln cannot read)".into()),

@@ -502,36 +502,35 @@ fn parse_export<'t>(file: &str, text: &'t str) -> std::result::Result<Vec<(usize
             ),
         ));
     }
-    // Lines are parsed on every core (the file is in memory), then checked in order.
+    // Lines are parsed on every core (the file is in memory), then checked in order; a small file
+    // on this thread (starting threads costs more than parsing a few records).
     let lines: Vec<(usize, &str)> = lines.collect();
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    let chunk = lines.len().div_ceil(workers).max(1);
-    let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = lines
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .map(|&(n, line)| {
-                            if !line.ends_with('\n') {
-                                return (
-                                    n,
-                                    Err("the last line is cut off (no newline): the file is truncated".to_string()),
-                                );
-                            }
-                            let body = line.trim_end();
-                            if body.is_empty() {
-                                return (n, Ok(None));
-                            }
-                            let record = parse_record(body).map_err(|e| e.to_string());
-                            (n, record.and_then(|r| validate(&r).map(|()| Some(r))))
-                        })
-                        .collect()
-                })
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let workers = if text.len() < 1 << 20 { 1 } else { cores };
+    let parse_part = |part: &[(usize, &'t str)]| -> Vec<(usize, std::result::Result<Option<Record<'t>>, String>)> {
+        part.iter()
+            .map(|&(n, line)| {
+                if !line.ends_with('\n') {
+                    return (n, Err("the last line is cut off (no newline): the file is truncated".to_string()));
+                }
+                let body = line.trim_end();
+                if body.is_empty() {
+                    return (n, Ok(None));
+                }
+                let record = parse_record(body).map_err(|e| e.to_string());
+                (n, record.and_then(|r| validate(&r).map(|()| Some(r))))
             })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
-    });
+            .collect()
+    };
+    let parsed: Vec<Vec<(usize, std::result::Result<Option<Record>, String>)>> = if workers == 1 {
+        vec![parse_part(&lines)]
+    } else {
+        let chunk = lines.len().div_ceil(workers).max(1);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = lines.chunks(chunk).map(|part| scope.spawn(move || parse_part(part))).collect();
+            handles.into_iter().map(|h| h.join().expect("parser thread")).collect()
+        })
+    };
     let mut records = Vec::new();
     let mut end: Option<(usize, u64)> = None;
     for (n, record) in parsed.into_iter().flatten() {
@@ -591,23 +590,18 @@ async fn import_verdicts(
             );
             return Err(Failed::File(malformed(*n, why)));
         }
-        let done = sqlx::query(
-            "INSERT OR IGNORE INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, \
-             failed, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&v.id)
-        .bind(&host)
-        .bind(&v.inventory_id)
-        .bind(&v.judged_at)
-        .bind(&v.spec_name)
-        .bind(&v.spec_hash)
-        .bind(&v.spec)
-        .bind(&v.verdict)
-        .bind(v.failed)
-        .bind(v.document.get())
-        .execute(&mut *tx)
-        .await?;
-        stats.verdicts_new += done.rows_affected();
+        let record = crate::NewVerdict {
+            host_id: host,
+            inventory_id: v.inventory_id.clone(),
+            judged_at: v.judged_at.clone(),
+            spec_name: v.spec_name.clone(),
+            spec_hash: v.spec_hash.clone(),
+            spec: v.spec.clone(),
+            verdict: v.verdict.clone(),
+            failed: v.failed,
+            document: v.document.get().to_string(),
+        };
+        stats.verdicts_new += crate::verdicts::insert(&mut *tx, &v.id, &record).await?;
     }
     Ok(())
 }

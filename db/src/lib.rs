@@ -213,6 +213,10 @@ fn as_optional_json<S: serde::Serializer>(text: &Option<String>, s: S) -> std::r
     }
 }
 
+/// The columns a run query selects first (`runs r JOIN hosts h`), as [`Store::with_metrics`] reads them.
+pub(crate) const RUN_COLUMNS: &str =
+    "r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status";
+
 /// SQLite allows 32766 bound values per statement; stay well under.
 pub(crate) const MAX_BINDS: usize = 30_000;
 
@@ -714,14 +718,16 @@ impl Store {
     /// The most recent runs first, with their metrics.
     pub async fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>> {
         let err = self.sql_err();
-        let rows = sqlx::query(
-            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status \
-             FROM runs r JOIN hosts h ON h.id = r.host_id ORDER BY r.started_at DESC, r.rowid DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(err)?;
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
+             ORDER BY r.started_at DESC, r.rowid DESC LIMIT ?"
+        );
+        let rows = sqlx::query(&sql).bind(limit).fetch_all(&mut self.conn).await.map_err(err)?;
+        self.with_metrics(rows).await
+    }
+
+    /// Rows of [`RUN_COLUMNS`] as runs, each with its metrics.
+    pub(crate) async fn with_metrics(&mut self, rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<RunRow>> {
         let mut out = Vec::new();
         for r in rows {
             let id: String = r.get(0);

@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
-use crate::{like_prefix, DbError, Metric, Result, RunRow, Store};
+use crate::{like_prefix, DbError, Result, RunRow, Store, RUN_COLUMNS};
 
 /// A verdict to store. `document` is the verdict JSON; the agent owns its shape.
 #[derive(Debug, Clone)]
@@ -36,6 +37,28 @@ pub struct VerdictRow {
     pub document: String,
 }
 
+/// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
+/// what this database holds). Returns the rows written, 0 or 1.
+pub(crate) async fn insert(conn: &mut SqliteConnection, id: &str, v: &NewVerdict) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "INSERT OR IGNORE INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, \
+         failed, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(id)
+    .bind(&v.host_id)
+    .bind(&v.inventory_id)
+    .bind(&v.judged_at)
+    .bind(&v.spec_name)
+    .bind(&v.spec_hash)
+    .bind(&v.spec)
+    .bind(&v.verdict)
+    .bind(v.failed)
+    .bind(&v.document)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 const COLUMNS: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed, document";
 
 fn row(r: &sqlx::sqlite::SqliteRow) -> VerdictRow {
@@ -57,23 +80,7 @@ impl Store {
     pub async fn save_verdict(&mut self, v: &NewVerdict) -> Result<String> {
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query(
-            "INSERT INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, failed, document) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&id)
-        .bind(&v.host_id)
-        .bind(&v.inventory_id)
-        .bind(&v.judged_at)
-        .bind(&v.spec_name)
-        .bind(&v.spec_hash)
-        .bind(&v.spec)
-        .bind(&v.verdict)
-        .bind(v.failed)
-        .bind(&v.document)
-        .execute(&mut self.conn)
-        .await
-        .map_err(err)?;
+        insert(&mut self.conn, &id, v).await.map_err(err)?;
         Ok(id)
     }
 
@@ -111,31 +118,12 @@ impl Store {
     /// The runs taken with one inventory, oldest first, with their metrics.
     pub async fn runs_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<RunRow>> {
         let err = self.sql_err();
-        let rows = sqlx::query(
-            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status \
-             FROM runs r JOIN hosts h ON h.id = r.host_id WHERE r.inventory_id = ? ORDER BY r.started_at, r.rowid",
-        )
-        .bind(inventory_id)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(err)?;
-        let mut out = Vec::new();
-        for r in rows {
-            let id: String = r.get(0);
-            let metrics: Vec<Metric> = self.metrics_of(&id).await?;
-            out.push(RunRow {
-                id,
-                host_id: r.get(1),
-                hostname: r.get(2),
-                benchmark: r.get(3),
-                config: r.get(4),
-                started_at: r.get(5),
-                finished_at: r.get(6),
-                status: r.get(7),
-                metrics,
-            });
-        }
-        Ok(out)
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
+             WHERE r.inventory_id = ? ORDER BY r.started_at, r.rowid"
+        );
+        let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
+        self.with_metrics(rows).await
     }
 
     /// The telemetry a verdict reads of the runs taken with one inventory — PCIe link readings

@@ -1,5 +1,8 @@
 //! CPU and node lists as the kernel writes them: ranges (`0-3,8,10-11`) and hex masks (`00000000,0000000f`).
 
+/// More CPUs or nodes than any machine has (Linux's NR_CPUS tops out at 8,192).
+const MAX_IDS: u32 = 1 << 16;
+
 /// Parses a kernel list such as `0-3,8,10-11`. Returns `None` for anything malformed,
 /// so a garbled file becomes a problem rather than a wrong answer.
 pub fn parse_list(text: &str) -> Option<Vec<u32>> {
@@ -14,12 +17,16 @@ pub fn parse_list(text: &str) -> Option<Vec<u32>> {
             Some((a, b)) => {
                 let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
                 // A range that runs backwards or spans more than any machine has is garbage.
-                if b < a || b - a > 1 << 20 {
+                if b < a || b - a > MAX_IDS {
                     return None;
                 }
                 out.extend(a..=b);
             }
             None => out.push(part.parse().ok()?),
+        }
+        // Many large ranges in a few bytes ("0-999999,0-999999,…") would take gigabytes.
+        if out.len() > MAX_IDS as usize {
+            return None;
         }
     }
     out.sort_unstable();
@@ -86,6 +93,8 @@ mod tests {
         check_list("3-1", None);
         check_list("a-b", None);
         check_list("0-4294967295", None);
+        // Found by fuzzing: a few bytes of large ranges must not become gigabytes of CPU ids.
+        check_list(&vec!["0-60000"; 400].join(","), None);
     }
 
     #[test]

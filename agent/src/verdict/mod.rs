@@ -72,6 +72,22 @@ pub struct Check {
     pub evidence: String,
 }
 
+impl Check {
+    /// The columns of a table of checks, and a check as its row.
+    pub const COLUMNS: [&'static str; 6] = ["status", "check", "subject", "expected", "measured", "reason"];
+
+    pub fn row(&self) -> Vec<String> {
+        vec![
+            self.status.as_str().to_uppercase(),
+            self.id.clone(),
+            self.subject.clone(),
+            self.expected.clone(),
+            self.measured.clone(),
+            self.reason.clone(),
+        ]
+    }
+}
+
 /// The decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -325,23 +341,10 @@ impl Verdict {
             .filter(|c| verbose || matches!(c.status, Status::Fail | Status::Skip | Status::Warn))
             .collect();
         if !shown.is_empty() {
-            let rows: Vec<Vec<String>> = shown
-                .iter()
-                .map(|c| {
-                    vec![
-                        c.status.as_str().to_uppercase(),
-                        c.id.clone(),
-                        c.subject.clone(),
-                        c.expected.clone(),
-                        c.measured.clone(),
-                        c.reason.clone(),
-                    ]
-                })
-                .collect();
-            out.push_str(&crate::render::table(
-                &["STATUS", "CHECK", "SUBJECT", "EXPECTED", "MEASURED", "REASON"],
-                &rows,
-            ));
+            let rows: Vec<Vec<String>> = shown.iter().map(|c| c.row()).collect();
+            let head: Vec<String> = Check::COLUMNS.iter().map(|h| h.to_uppercase()).collect();
+            let head: Vec<&str> = head.iter().map(String::as_str).collect();
+            out.push_str(&crate::render::table(&head, &rows));
         }
         let c = &self.counts;
         let _ = writeln!(
