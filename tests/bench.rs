@@ -204,6 +204,42 @@ fn both_kernel_paths_train_the_same_model_from_the_seed() {
     assert!(bad.stderr().contains("unknown kernels \"fast\": choose fused or composed"), "{}", bad.describe());
 }
 
+/// Beside a CPU hog, STREAM still reports only what memory moved: every stored sample is under the
+/// physical ceiling the run states (the window cannot miss work), and the run is not `invalid`.
+#[test]
+fn membw_beside_a_cpu_hog_stays_under_its_ceiling() {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let run = kiln(&["bench", "membw", "--array-mib", "64", "--repetitions", "5", "--json"], &[("KILN_DB", &db)]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    let out = run.success().json();
+    let report = &out["report"];
+    assert!(report["invalid"].is_null(), "{report}");
+    for (scope, ceiling) in report["scopes"].as_array().unwrap().iter().zip(report["ceilings"].as_array().unwrap()) {
+        let ceiling = ceiling["gbps"].as_f64().unwrap();
+        for k in scope["kernels"].as_array().unwrap() {
+            for s in k["samples_gbps"].as_array().unwrap() {
+                assert!(s.as_f64().unwrap() <= ceiling, "{} above {ceiling}", s);
+            }
+        }
+    }
+}
+
 #[test]
 fn training_too_short_to_judge_is_refused() {
     // Three steps say nothing about learning: refused up front, naming the minimum (a run that

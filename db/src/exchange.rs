@@ -87,6 +87,8 @@ struct RunRec {
     finished_at: Option<String>,
     status: crate::RunStatus,
     #[serde(default)]
+    status_reason: Option<String>,
+    #[serde(default)]
     metrics: Vec<(String, f64, String, String)>,
     #[serde(default)]
     samples: Vec<(String, i64, f64)>,
@@ -239,6 +241,7 @@ fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
             if let Some(f) = &r.finished_at {
                 time("finished_at", f)?;
             }
+            name("status_reason", r.status_reason.as_deref().unwrap_or(""))?;
             document("the run's configuration", &r.config)?;
             serde_json::from_str::<serde::de::IgnoredAny>(&r.config)
                 .map_err(|e| format!("the run's configuration is not JSON ({e})"))?;
@@ -387,7 +390,7 @@ const EXPORTS: [ExportKind; 5] = [
     ExportKind {
         sql: "SELECT json_object('type', 'run', 'id', r.id, 'host_id', r.host_id, 'inventory_id', r.inventory_id, \
               'software_id', r.software_id, 'benchmark', r.benchmark, 'config', r.config, 'started_at', r.started_at, \
-              'finished_at', r.finished_at, 'status', r.status, \
+              'finished_at', r.finished_at, 'status', r.status, 'status_reason', r.status_reason, \
               'metrics', (SELECT json_group_array(json_array(name, json(printf('%!.17g', value)), unit, direction)) FROM (SELECT * FROM metrics WHERE run_id = r.id ORDER BY name)), \
               'samples', (SELECT json_group_array(json_array(metric, idx, json(printf('%!.17g', value)))) FROM (SELECT * FROM samples WHERE run_id = r.id ORDER BY metric, idx)), \
               'telemetry', (SELECT json_group_array(json_array(t_ms, source, name, json(printf('%!.17g', value)))) FROM (SELECT * FROM telemetry WHERE run_id = r.id ORDER BY t_ms, source, name, value))), \
@@ -855,13 +858,13 @@ async fn insert_runs(
     fresh: &[NewRunRef<'_>],
     stats: &mut ImportStats,
 ) -> std::result::Result<(), sqlx::Error> {
-    for chunk in fresh.chunks(MAX_BINDS / 9) {
+    for chunk in fresh.chunks(MAX_BINDS / 10) {
         let mut q = QueryBuilder::new(
             "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, \
-             status) ",
+             status, status_reason) ",
         );
         q.push_values(chunk, |mut b, r| {
-            let RunRec { benchmark, config, started_at, finished_at, status, .. } = r.rec;
+            let RunRec { benchmark, config, started_at, finished_at, status, status_reason, .. } = r.rec;
             b.push_bind(r.id)
                 .push_bind(&r.host)
                 .push_bind(r.inventory)
@@ -870,7 +873,8 @@ async fn insert_runs(
                 .push_bind(config)
                 .push_bind(started_at)
                 .push_bind(finished_at)
-                .push_bind(status.as_str());
+                .push_bind(status.as_str())
+                .push_bind(status_reason);
         });
         q.build().execute(&mut *tx).await?;
     }
@@ -936,7 +940,7 @@ mod tests {
     const HOST: &str = r#"{"type":"host","id":"h1","identity":"serial-1","hostname":"gpu-01","config_fingerprint":"cf","config_name":"8x H100","first_seen":"2026-11-01T00:00:00Z","last_seen":"2026-11-02T00:00:00Z"}"#;
     const INVENTORY: &str = r#"{"type":"inventory","id":"i1","host_id":"h1","collected_at":"2026-11-01T00:00:00Z","schema_version":1,"config_fingerprint":"cf","config_name":"8x H100","cpu_model":"x","cpu_packages":2,"cpu_cores":96,"cpu_threads":192,"memory_bytes":2199023255552,"kernel_release":"6.8.0","problem_count":0,"document":{"cpu":{"model_name":"x"}}}"#;
     const SOFTWARE: &str = r#"{"type":"software","id":"s1","fingerprint":"0123abcd","document":{"kernel":"6.8.0"}}"#;
-    const RUN: &str = r#"{"type":"run","id":"00000000-0000-4000-8000-000000000001","host_id":"h1","inventory_id":"i1","software_id":"s1","benchmark":"membw","config":"{}","started_at":"2026-11-01T01:00:00Z","finished_at":"2026-11-01T01:01:00Z","status":"ok","metrics":[["membw.all.triad_gbps",30.5,"GB/s","higher"]],"samples":[["membw.all.triad_gbps",0,30.1]],"telemetry":[[0,"cpu","util",0.9]]}"#;
+    const RUN: &str = r#"{"type":"run","id":"00000000-0000-4000-8000-000000000001","host_id":"h1","inventory_id":"i1","software_id":"s1","benchmark":"membw","config":"{}","started_at":"2026-11-01T01:00:00Z","finished_at":"2026-11-01T01:01:00Z","status":"ok","status_reason":null,"metrics":[["membw.all.triad_gbps",30.5,"GB/s","higher"]],"samples":[["membw.all.triad_gbps",0,30.1]],"telemetry":[[0,"cpu","util",0.9]]}"#;
     const END: &str = r#"{"type":"end","records":4}"#;
 
     /// One test per record type: it parses into its own variant with its fields, and a record of
@@ -1131,6 +1135,7 @@ mod roundtrip {
                         started_at: format!("2026-12-01T0{r}:00:00Z"),
                         finished_at: format!("2026-12-01T0{r}:30:00Z"),
                         status: RunStatus::Ok,
+                        status_reason: None,
                         metrics: metrics
                             .iter()
                             .filter(|(n, _)| names.insert(n.clone()))

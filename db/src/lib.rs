@@ -163,6 +163,8 @@ pub struct NewRun {
     pub started_at: String,
     pub finished_at: String,
     pub status: RunStatus,
+    /// Why the run is `invalid` (or any other note on its status).
+    pub status_reason: Option<String>,
     pub metrics: Vec<Metric>,
     /// (metric, repetition, value): every raw sample behind the metrics.
     pub samples: Vec<(String, i64, f64)>,
@@ -182,6 +184,8 @@ pub struct RunRow {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub status: RunStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_reason: Option<String>,
     pub metrics: Vec<Metric>,
 }
 
@@ -215,7 +219,7 @@ fn as_optional_json<S: serde::Serializer>(text: &Option<String>, s: S) -> std::r
 
 /// The columns a run query selects first (`runs r JOIN hosts h`), as [`Store::with_metrics`] reads them.
 pub(crate) const RUN_COLUMNS: &str =
-    "r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status";
+    "r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, r.status_reason";
 
 /// SQLite allows 32766 bound values per statement; stay well under.
 pub(crate) const MAX_BINDS: usize = 30_000;
@@ -631,8 +635,8 @@ impl Store {
             None => None,
         };
         sqlx::query(
-            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status, \
+             status_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&id)
         .bind(&run.host_id)
@@ -643,6 +647,7 @@ impl Store {
         .bind(&run.started_at)
         .bind(&run.finished_at)
         .bind(run.status.as_str())
+        .bind(&run.status_reason)
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
@@ -741,6 +746,7 @@ impl Store {
                 started_at: r.get(5),
                 finished_at: r.get(6),
                 status: r.get(7),
+                status_reason: r.get(8),
                 metrics,
             });
         }
@@ -752,7 +758,8 @@ impl Store {
         let err = self.sql_err();
         let pattern = like_prefix(id);
         let rows = sqlx::query(
-            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document \
+            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document, \
+                    r.status_reason \
              FROM runs r JOIN hosts h ON h.id = r.host_id LEFT JOIN software_stacks s ON s.id = r.software_id \
              WHERE r.id LIKE ? ESCAPE '\\' LIMIT 2",
         )
@@ -795,6 +802,7 @@ impl Store {
                 started_at: r.get(5),
                 finished_at: r.get(6),
                 status: r.get(7),
+                status_reason: r.get(9),
                 metrics,
             },
             samples,
@@ -983,6 +991,7 @@ mod tests {
             started_at: "2026-12-02T10:00:00Z".into(),
             finished_at: "2026-12-02T10:00:05Z".into(),
             status: RunStatus::Ok,
+            status_reason: None,
             metrics: vec![Metric {
                 name: "triad".into(),
                 value: 42.0,

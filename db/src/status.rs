@@ -89,6 +89,8 @@ named_enum! {
         Unstable = "unstable",
         /// The benchmark's own check failed (training that did not learn): not a result.
         Failed = "failed",
+        /// A figure broke its physical ceiling (the run's `status_reason` says which): never a result.
+        Invalid = "invalid",
     }
 }
 
@@ -140,8 +142,8 @@ mod tests {
             assert_eq!(s.as_str().parse::<StepStatus>(), Ok(*s));
         }
         let err = "OK".parse::<RunStatus>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown RunStatus \"OK\" (known: ok, unstable, failed)");
+        assert_eq!(err.to_string(), "unknown RunStatus \"OK\" (known: ok, unstable, failed, invalid)");
         assert!(serde_json::from_str::<RunStatus>("\"done\"").is_err());
-        assert!(RunStatus::Unstable.is_result() && !RunStatus::Failed.is_result());
+        assert!(RunStatus::Unstable.is_result() && !RunStatus::Failed.is_result() && !RunStatus::Invalid.is_result());
     }
 }

@@ -19,7 +19,55 @@ pub struct MembwReport {
     pub config: membw::Config,
     pub scopes: Vec<membw::ScopeResult>,
     pub status: kiln_db::RunStatus,
+    /// The most any scope's threads could move (see [`ceiling`]); a sample above it makes the run
+    /// `invalid`.
+    #[serde(default)]
+    pub ceilings: Vec<Ceiling>,
+    /// Why the run is `invalid`.
+    #[serde(default)]
+    pub invalid: Option<String>,
     pub telemetry: Vec<String>,
+}
+
+/// A physical ceiling on a scope's memory bandwidth, and what it rests on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ceiling {
+    pub scope: String,
+    pub gbps: f64,
+    pub basis: String,
+}
+
+/// Bytes a core's load and store units move per cycle at most: two 64-byte loads and one 64-byte
+/// store (AVX-512; wider than any x86 or Arm core ships), so no kernel can stream faster from L1.
+const CORE_BYTES_PER_CYCLE: f64 = 192.0;
+/// The clock assumed when the inventory has none: above any shipping CPU's boost.
+const MAX_CLOCK_MHZ: f64 = 6000.0;
+
+/// The most memory bandwidth `threads` threads of this machine can show: each core's L1 bandwidth
+/// at its highest clock, and, where SMBIOS tells the DIMMs, the sum of their peak transfer rates
+/// × 8 bytes (every DIMM on a channel of its own: never below the truth). A STREAM figure above it
+/// was mis-timed, not measured.
+pub fn ceiling(inv: &Inventory, scope: &str, threads: usize) -> Ceiling {
+    let mhz = inv.cpu.frequency.max_mhz.map_or(MAX_CLOCK_MHZ, f64::from);
+    let l1 = threads as f64 * CORE_BYTES_PER_CYCLE * mhz * 1e6 / 1e9;
+    let mut basis = format!("{threads} cores × {CORE_BYTES_PER_CYCLE} B/cycle × {mhz:.0} MHz = {l1:.0} GB/s");
+    let mut gbps = l1;
+    let dimms: Vec<u32> = inv
+        .memory
+        .dimms
+        .iter()
+        .flatten()
+        .filter(|d| d.populated)
+        .filter_map(|d| d.speed_mts.or(d.configured_speed_mts))
+        .collect();
+    if !dimms.is_empty() {
+        let dram = dimms.iter().map(|&mts| f64::from(mts) * 8.0 / 1000.0).sum::<f64>();
+        if dram < gbps && scope == "all" {
+            gbps = dram;
+            basis = format!("{} DIMMs × 8 B × their MT/s = {dram:.0} GB/s", dimms.len());
+        }
+    }
+    Ceiling { scope: scope.to_string(), gbps, basis }
 }
 
 /// The NUMA nodes with CPUs this process may use, each a scope, plus "all" when there are several.
@@ -80,6 +128,9 @@ pub fn render_membw(report: &MembwReport) -> String {
             ));
         }
     }
+    if let Some(why) = &report.invalid {
+        out.push_str(&format!("INVALID, not a result: {why}\n"));
+    }
     if report.status == kiln_db::RunStatus::Unstable {
         out.push_str(&format!(
             "unstable: a kernel's coefficient of variation is above {:.0} %; treat the medians with care\n",
@@ -90,6 +141,24 @@ pub fn render_membw(report: &MembwReport) -> String {
         out.push_str(&format!("telemetry {line}\n"));
     }
     out
+}
+
+/// The first sample of any kernel above its scope's ceiling, said for people.
+pub fn above_ceiling(scopes: &[membw::ScopeResult], ceilings: &[Ceiling]) -> Option<String> {
+    scopes.iter().zip(ceilings).find_map(|(s, c)| {
+        s.kernels.iter().find_map(|k| {
+            let top = k.samples_gbps.iter().copied().fold(0.0, f64::max);
+            (top > c.gbps).then(|| {
+                format!(
+                    "{} {} measured {top:.1} GB/s, above the physical ceiling of {:.0} GB/s ({}): the timing missed work",
+                    s.scope,
+                    k.kernel.name(),
+                    c.gbps,
+                    c.basis
+                )
+            })
+        })
+    })
 }
 
 pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
@@ -117,8 +186,12 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
             metrics.push(Metric { name, value: k.summary.median, unit: "GB/s".into(), direction: Direction::Higher });
         }
     }
+    let ceilings: Vec<Ceiling> = scopes.iter().map(|s| ceiling(inv, &s.scope, s.threads)).collect();
+    // No figure above its ceiling is a result: the run is stored `invalid`, with the reason.
+    let broken = above_ceiling(&scopes, &ceilings);
+    let status = if broken.is_some() { kiln_db::RunStatus::Invalid } else { status_of(unstable) };
     let report =
-        MembwReport { config, scopes, status: status_of(unstable), telemetry: telemetry::summarize(&telemetry) };
+        MembwReport { config, scopes, status, ceilings, invalid: broken, telemetry: telemetry::summarize(&telemetry) };
     let all = report.scopes.iter().find(|s| s.scope == "all");
     let triad = all.and_then(|s| s.kernels.iter().find(|k| k.kernel == membw::Kernel::Triad));
     Outcome {
@@ -133,5 +206,32 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
         metrics,
         samples,
         telemetry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A figure above the ceiling (issue 16's 47,193 GB/s on a 2-core VM) is caught and named.
+    #[test]
+    fn a_figure_above_the_ceiling_is_named() {
+        let kernel = |gbps: Vec<f64>| membw::KernelResult {
+            kernel: membw::Kernel::Copy,
+            summary: kiln_bench::stats::summarize(&gbps).unwrap(),
+            best_gbps: gbps.iter().copied().fold(0.0, f64::max),
+            samples_gbps: gbps,
+        };
+        let scopes = vec![membw::ScopeResult {
+            scope: "all".into(),
+            threads: 2,
+            kernels: vec![kernel(vec![30.0, 31.0, 47_193.0])],
+        }];
+        let ceilings = vec![Ceiling { scope: "all".into(), gbps: 2304.0, basis: "2 cores".into() }];
+        let why = above_ceiling(&scopes, &ceilings).unwrap();
+        assert!(why.starts_with("all copy measured 47193.0 GB/s, above the physical ceiling of 2304 GB/s"), "{why}");
+        let fine =
+            vec![membw::ScopeResult { scope: "all".into(), threads: 2, kernels: vec![kernel(vec![30.0, 31.0])] }];
+        assert_eq!(above_ceiling(&fine, &ceilings), None);
     }
 }

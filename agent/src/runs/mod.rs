@@ -109,6 +109,14 @@ pub enum Report {
 
 impl Report {
     /// The benchmark's name, as stored with the run.
+    /// Why the run is `invalid`, when it is.
+    pub fn invalid_reason(&self) -> Option<String> {
+        match self {
+            Report::Membw(m) => m.invalid.clone(),
+            _ => None,
+        }
+    }
+
     pub fn benchmark(&self) -> &'static str {
         match self {
             Report::Membw(_) => "membw",
@@ -141,9 +149,10 @@ impl Outcome {
         self.report.benchmark()
     }
 
-    /// A check inside the benchmark failed (training did not learn): exit 1.
+    /// A check inside the benchmark failed (training did not learn, a figure above its physical
+    /// ceiling): exit 1.
     pub fn failed_check(&self) -> bool {
-        self.status == RunStatus::Failed
+        matches!(self.status, RunStatus::Failed | RunStatus::Invalid)
     }
 
     /// The run the store keeps.
@@ -157,6 +166,7 @@ impl Outcome {
             started_at: self.started_at.clone(),
             finished_at: now_rfc3339(),
             status: self.status,
+            status_reason: self.report.invalid_reason(),
             metrics: self.metrics.clone(),
             samples: self.samples.clone(),
             telemetry: self.telemetry.clone(),

@@ -11,13 +11,14 @@ use super::{Checks, Evidence, Measured, RunEvidence, Severity};
 /// The accepted boxes a fleet comparison needs by default.
 pub const FLEET_MIN_BOXES: u32 = 5;
 
-/// Every stored metric matching `pattern` (`{n}` stands for a number), with the run it came from;
-/// for a name measured by several runs, the last run's value.
+/// Every stored metric of a result run matching `pattern` (`{n}` stands for a number), with the run
+/// it came from; for a name measured by several runs, the last run's value.
 pub fn matching<'a>(runs: &'a [RunEvidence], pattern: &str) -> Vec<(&'a str, f64, &'a RunEvidence)> {
     let (prefix, suffix) = pattern.split_once("{n}").unwrap_or((pattern, ""));
     let group = pattern.contains("{n}");
     let mut out: Vec<(&str, f64, &RunEvidence)> = Vec::new();
-    for run in runs {
+    // Only results: a failed or invalid run's figures judge nothing.
+    for run in runs.iter().filter(|r| r.status.is_result()) {
         for (name, value, _) in &run.metrics {
             let hit = if group {
                 name.len() > prefix.len() + suffix.len()
