@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::inventory::pci::{parse_link_speed, pcie_gen, PciDevice};
+use crate::inventory::pci::{is_pci_address, parse_link_speed, pcie_gen};
 use crate::telemetry::Sample;
 
 /// How often links are read.
@@ -22,21 +22,6 @@ pub const INTERVAL: Duration = Duration::from_millis(100);
 pub struct LinkWatch {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<Vec<Sample>>,
-}
-
-/// The addresses to watch for `devices`: each device and the bridges above it, from the inventory.
-pub fn with_paths(devices: &[String], pci: &[PciDevice]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for d in devices {
-        if let Some(dev) = pci.iter().find(|p| &p.address == d) {
-            for a in dev.upstream.iter().chain(std::iter::once(&dev.address)) {
-                if !out.contains(a) {
-                    out.push(a.clone());
-                }
-            }
-        }
-    }
-    out
 }
 
 /// The PCI path of the block device holding `path`: the root port, every bridge, and last the
@@ -49,15 +34,6 @@ pub fn pci_path_of(path: &Path) -> Vec<String> {
     let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
     let Ok(sys) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) else { return Vec::new() };
     sys.components().filter_map(|c| c.as_os_str().to_str()).filter(|c| is_pci_address(c)).map(str::to_string).collect()
-}
-
-fn is_pci_address(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && s.chars().filter(|c| c.is_ascii_hexdigit()).count() == 9
 }
 
 fn read(dir: &Path, addr: &str) -> Option<(u32, u32)> {
@@ -78,7 +54,6 @@ impl LinkWatch {
             let start = Instant::now();
             let mut out: Vec<Sample> = Vec::new();
             let mut last: Vec<Option<(u32, u32)>> = vec![None; addresses.len()];
-            let mut last_t = vec![0i64; addresses.len()];
             let mut first = true;
             loop {
                 let stopping = flag.load(Ordering::Relaxed);
@@ -92,7 +67,6 @@ impl LinkWatch {
                         out.push((t, source, "width".into(), f64::from(now.1)));
                     }
                     last[i] = Some(now);
-                    last_t[i] = t;
                 }
                 first = false;
                 if stopping {
@@ -185,13 +159,5 @@ mod tests {
         assert_eq!((dev.min_gen, dev.min_width, dev.transitions), (3, 16, 2), "{samples:?}");
         // Kept on change: far fewer readings than 10 Hz × 0.75 s × 2 links.
         assert!(samples.len() <= 2 * 2 * 5, "{}", samples.len());
-    }
-
-    #[test]
-    fn pci_addresses_are_recognised() {
-        assert!(is_pci_address("0000:1b:00.0"));
-        assert!(is_pci_address("ffff:ff:01.0"));
-        assert!(!is_pci_address("pci0000:00"));
-        assert!(!is_pci_address("nvme0n1"));
     }
 }

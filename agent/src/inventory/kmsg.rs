@@ -83,7 +83,7 @@ pub fn parse_xids(text: &str) -> Vec<XidEvent> {
 /// Reads the kernel log of the system below `src`.
 pub fn collect(src: &Source) -> KernelLog {
     if src.is_live() {
-        return match read_kmsg() {
+        return match read_log() {
             Ok(text) => KernelLog { source: Some("/dev/kmsg".into()), error: None, xids: parse_xids(&text) },
             Err(e) => KernelLog {
                 source: None,
@@ -105,17 +105,12 @@ pub fn collect(src: &Source) -> KernelLog {
     }
 }
 
-/// The kernel log of the live system, one message per line (for `kiln snapshot`).
+/// The kernel log of the live system, one message per line: every record in the ring buffer,
+/// `/dev/kmsg` opened non-blocking and read one record per `read` until it would block.
 ///
 /// # Errors
 /// `/dev/kmsg` cannot be read (it needs root, or `kernel.dmesg_restrict=0`).
 pub fn read_log() -> std::io::Result<String> {
-    read_kmsg()
-}
-
-/// Every record in the kernel's ring buffer: `/dev/kmsg` opened non-blocking, read one record per
-/// `read` until it would block.
-fn read_kmsg() -> std::io::Result<String> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg")?;
     let mut text = String::new();
