@@ -464,11 +464,6 @@ impl SkuSpec {
     }
 }
 
-/// Where specs are looked for besides the built-in ones.
-pub fn default_dirs() -> Vec<PathBuf> {
-    vec![PathBuf::from("/etc/kiln/specs")]
-}
-
 /// Every spec: the built-in ones, then those of `dirs` (a file of the same name replaces a
 /// built-in one).
 ///

@@ -235,21 +235,15 @@ impl Quantity {
             }
             _ => {}
         }
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_' || c == ',')).unwrap_or(t.len());
-        let (number, unit) = t.split_at(split);
+        let (number, unit) = split_number(t);
         let number: f64 = number.replace(['_', ','], "").parse().map_err(|_| err_nan())?;
         if !number.is_finite() || number < 0.0 {
             return Err(UnitError::OutOfRange { text: text.to_string() });
         }
-        let unit = unit.trim();
         if unit.is_empty() {
             return Err(UnitError::NoUnit { text: text.to_string(), expected });
         }
-        let (found, scale, item) = parse_unit(unit).map_err(|hint| UnitError::UnknownUnit {
-            text: text.to_string(),
-            unit: unit.to_string(),
-            hint,
-        })?;
+        let (found, scale, item) = unit_of(text, unit)?;
         if found != expected {
             return Err(UnitError::WrongDimension { text: text.to_string(), found, expected });
         }
@@ -261,6 +255,18 @@ impl Quantity {
         let (d, scale, item) = parse_unit(unit).ok()?;
         (d == self.dimension && item == self.item).then(|| self.value / scale)
     }
+}
+
+/// "1,905,000 MB/s" → ("1,905,000", "MB/s"): the number (digits, `.`, `_`, `,`) and the trimmed unit.
+fn split_number(t: &str) -> (&str, &str) {
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_' || c == ',')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    (number, unit.trim())
+}
+
+/// [`parse_unit`] with the error said about `text`.
+fn unit_of(text: &str, unit: &str) -> Result<(Dimension, f64, Option<String>), UnitError> {
+    parse_unit(unit).map_err(|hint| UnitError::UnknownUnit { text: text.to_string(), unit: unit.to_string(), hint })
 }
 
 fn wrong_or_missing(t: &str, expected: Dimension) -> UnitError {
@@ -327,12 +333,6 @@ typed_quantity! {
     LinkWidth => Dimension::LinkWidth,
 }
 
-/// A quantity whose dimension is known only once the metric it bounds is known (performance
-/// thresholds): kept as text, checked against the metric's unit when the spec is validated.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct AnyQuantity(pub String);
-
 /// Parses a quantity of any dimension ("1.9 TB/s").
 ///
 /// # Errors
@@ -342,16 +342,11 @@ pub fn parse_any(text: &str) -> Result<Quantity, UnitError> {
     if t.starts_with("Gen") {
         return Quantity::parse(t, Dimension::PcieGen);
     }
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_' || c == ',')).unwrap_or(t.len());
-    let unit = t[split..].trim();
+    let (_, unit) = split_number(t);
     if unit.is_empty() {
         return Err(UnitError::Bare { text: text.to_string() });
     }
-    let (d, _, _) = parse_unit(unit).map_err(|hint| UnitError::UnknownUnit {
-        text: text.to_string(),
-        unit: unit.to_string(),
-        hint,
-    })?;
+    let (d, _, _) = unit_of(text, unit)?;
     Quantity::parse(t, d)
 }
 

@@ -105,27 +105,6 @@ impl Decision {
             Decision::Inconclusive => "inconclusive",
         }
     }
-
-    /// 0 accept, 1 reject, 3 inconclusive.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Decision::Accept => 0,
-            Decision::Reject => 1,
-            Decision::Inconclusive => 3,
-        }
-    }
-}
-
-impl std::str::FromStr for Decision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "accept" => Ok(Decision::Accept),
-            "reject" => Ok(Decision::Reject),
-            "inconclusive" => Ok(Decision::Inconclusive),
-            other => Err(format!("unknown verdict \"{other}\"")),
-        }
-    }
 }
 
 /// The spec a verdict was reached with.
