@@ -10,6 +10,7 @@
 //! where it can be read: it needs root). Nothing is written anywhere but the archive.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// Files read one by one.
@@ -196,23 +197,12 @@ impl Writer<'_> {
                     self.dir(&child)?;
                     self.tree(&child, depth + 1)?;
                 }
-            } else if meta.is_file() && !skip_file(&text) && meta.permissions().readonly_or_readable() {
+            } else if meta.is_file() && !skip_file(&text) && meta.permissions().mode() & 0o444 != 0 {
+                // Write-only attributes are triggers, not data.
                 self.file(&child)?;
             }
         }
         Ok(())
-    }
-}
-
-/// Whether anyone may read the file (write-only attributes are triggers).
-trait Readable {
-    fn readonly_or_readable(&self) -> bool;
-}
-
-impl Readable for std::fs::Permissions {
-    fn readonly_or_readable(&self) -> bool {
-        use std::os::unix::fs::PermissionsExt;
-        self.mode() & 0o444 != 0
     }
 }
 

@@ -326,7 +326,7 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
-        numa_node: src.attr_with(&format!("{base}/numa_node"), "a NUMA node", &["-1"], parse_numa_node),
+        numa_node: numa_node_of(src, address),
         local_cpus: attr("local_cpulist"),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
         link,

@@ -129,7 +129,8 @@ fn memory(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
     }
 }
 
-fn gpu_subject(g: &Gpu) -> String {
+/// "GPU 3 0000:1b:00.0": how every GPU check names its subject.
+pub(super) fn gpu_subject(g: &Gpu) -> String {
     format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"))
 }
 
@@ -168,21 +169,11 @@ fn gpus(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
     }
 }
 
-fn flag(b: Option<bool>) -> Measured {
+/// An on/off setting against the one expected.
+fn switch(b: Option<bool>, expected: bool) -> Measured {
     match b {
-        Some(true) => Measured::of("on", true),
-        Some(false) => Measured::of("off", true),
+        Some(on) => Measured::of(on_off(on), on == expected),
         None => Measured::missing("NVML does not report it"),
-    }
-}
-
-fn want(m: Measured, expected: bool) -> Measured {
-    match m {
-        Measured::Value { text, .. } => {
-            let ok = (text == "on") == expected;
-            Measured::Value { text, ok }
-        }
-        other => other,
     }
 }
 
@@ -239,7 +230,7 @@ fn gpu_one(s: &crate::spec::GpuSpec, g: &Gpu, inv: &Inventory, ev: &str, c: &mut
         );
     }
     if let Some(want_on) = s.ecc {
-        let m = want(flag(g.ecc.as_ref().map(|e| e.enabled)), want_on);
+        let m = switch(g.ecc.as_ref().map(|e| e.enabled), want_on);
         c.add(
             "gpu.ecc.mode",
             &subject,
@@ -251,7 +242,7 @@ fn gpu_one(s: &crate::spec::GpuSpec, g: &Gpu, inv: &Inventory, ev: &str, c: &mut
         );
     }
     if let Some(want_on) = s.persistence {
-        let m = want(flag(g.persistence_mode), want_on);
+        let m = switch(g.persistence_mode, want_on);
         c.add(
             "gpu.persistence",
             &subject,
@@ -263,7 +254,7 @@ fn gpu_one(s: &crate::spec::GpuSpec, g: &Gpu, inv: &Inventory, ev: &str, c: &mut
         );
     }
     if let Some(want_on) = s.mig {
-        let m = want(flag(g.mig.as_ref().map(|m| m.enabled)), want_on);
+        let m = switch(g.mig.as_ref().map(|m| m.enabled), want_on);
         c.add(
             "gpu.mig",
             &subject,

@@ -5,6 +5,7 @@ use crate::inventory::kmsg::xid_name;
 use crate::inventory::Inventory;
 use crate::spec::{HealthSpec, SkuSpec};
 
+use super::hardware::gpu_subject;
 use super::{Checks, Measured, Severity};
 
 pub fn check(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
@@ -18,7 +19,7 @@ pub fn check(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
 
 fn gpu_memory(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
     for g in &inv.gpus.devices {
-        let subject = format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"));
+        let subject = gpu_subject(g);
         if let Some(max) = h.max_ecc_uncorrectable {
             let m = match &g.ecc {
                 Some(e) => match (e.volatile_uncorrected, e.aggregate_uncorrected) {
@@ -117,12 +118,8 @@ fn xids(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
         );
         return;
     }
-    let mut subjects: Vec<(String, Option<&str>)> = inv
-        .gpus
-        .devices
-        .iter()
-        .map(|g| (format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?")), g.pci_address.as_deref()))
-        .collect();
+    let mut subjects: Vec<(String, Option<&str>)> =
+        inv.gpus.devices.iter().map(|g| (gpu_subject(g), g.pci_address.as_deref())).collect();
     if subjects.is_empty() {
         subjects = inv.gpus.pci_gpus.iter().map(|a| (format!("PCI {a}"), Some(a.as_str()))).collect();
     }
@@ -214,7 +211,7 @@ fn nvlink_errors(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
         return;
     }
     for g in &inv.gpus.devices {
-        let subject = format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"));
+        let subject = gpu_subject(g);
         let kinds: [(&str, Option<u64>, fn(&crate::inventory::gpu::NvLinkErrors) -> Option<u64>); 3] = [
             ("replay", h.max_nvlink_replay, |e| e.replay),
             ("recovery", h.max_nvlink_recovery, |e| e.recovery),
@@ -327,7 +324,7 @@ pub fn thermal(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks) {
             continue;
         };
         let share = f64::from(hot) / f64::from(n);
-        let subject = format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"));
+        let subject = gpu_subject(g);
         c.add(
             "gpu.throttle.thermal",
             &subject,

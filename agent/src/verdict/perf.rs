@@ -56,14 +56,15 @@ fn run_ref(run: &RunEvidence) -> String {
     format!("run {} ({})", crate::fleet_view::short(&run.id), run.benchmark)
 }
 
-/// The 10th percentile (nearest rank) of `values`.
-pub fn p10(values: &[f64]) -> Option<f64> {
+/// The `q` quantile (nearest rank) of the finite `values`: 0.1 for the fleet's p10 floor, 0.9 for
+/// the p90 ceiling of a lower-is-better metric.
+pub fn nearest_rank(values: &[f64], q: f64) -> Option<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    let rank = ((0.1 * v.len() as f64).ceil() as usize).max(1);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     Some(v[rank - 1])
 }
 
@@ -172,18 +173,14 @@ fn fleet(p: &PerfSpec, name: &str, value: f64, unit: &str, id: &str, ev: &str, e
             ),
         }
     } else {
-        let floor = p10(values).unwrap_or(0.0);
         if lower_is_better(unit) {
-            let ceiling = {
-                let mut v = values.to_vec();
-                v.sort_by(f64::total_cmp);
-                v[((0.9 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
-            };
+            let ceiling = nearest_rank(values, 0.9).unwrap_or(f64::INFINITY);
             Measured::of(
                 format!("{} (fleet p90 {})", fmt_value(value, unit), fmt_value(ceiling, unit)),
                 value <= ceiling,
             )
         } else {
+            let floor = nearest_rank(values, 0.1).unwrap_or(0.0);
             Measured::of(format!("{} (fleet p10 {})", fmt_value(value, unit), fmt_value(floor, unit)), value >= floor)
         }
     };
@@ -245,7 +242,8 @@ mod tests {
         let names: Vec<&str> = matching(&runs, "membw.node{n}.triad_gbps").iter().map(|x| x.0).collect();
         assert_eq!(names, ["membw.node9.triad_gbps", "membw.node10.triad_gbps"]);
         assert_eq!(matching(&runs, "membw.all.triad_gbps").len(), 1);
-        assert_eq!(p10(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0]), Some(1.0));
-        assert_eq!(p10(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]), Some(2.0));
+        assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.1), Some(1.0));
+        assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0], 0.1), Some(2.0));
+        assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9), Some(9.0));
     }
 }
