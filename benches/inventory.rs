@@ -13,6 +13,10 @@
 //! Run with `cargo bench --bench inventory`. The anchors come from Debian's packages hwloc, lshw
 //! and inxi; a missing one is reported and skipped.
 
+#[path = "../tests/synthetic.rs"]
+#[allow(dead_code)]
+mod synthetic;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -63,14 +67,8 @@ fn peak_rss_mib(argv: &[&str]) -> Option<f64> {
 fn fake_h100() -> Option<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-libnvidia-ml.so.1");
-    let ok = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(root.join("tests/fake-nvml/fake_nvml.c"))
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("fake NVML: cc failed, 8x H100 case skipped");
+    if let Err(e) = synthetic::compile_fake_nvml(&lib) {
+        println!("{e}: 8x H100 case skipped");
         return None;
     }
     std::env::set_var("KILN_FAKE_NVML_FIXTURE", root.join("tests/fake-nvml/machines/hgx-h100x8.txt"));

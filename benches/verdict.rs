@@ -51,14 +51,8 @@ fn report(what: &str, samples: &[f64], target_ms: f64) {
 fn main() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verdict-bench-libnvidia-ml.so.1");
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(repo.join("tests/fake-nvml/fake_nvml.c"))
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
-        println!("verdict bench: cc failed to build the fake NVML; skipped");
+    if let Err(e) = synthetic::compile_fake_nvml(&lib) {
+        println!("verdict bench: {e}; skipped");
         return;
     }
     let xml = std::fs::read_to_string(repo.join("../shared/fixtures/nvidia/nccl-topology/azure_ndv5-topo.xml"))

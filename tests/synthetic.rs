@@ -1,10 +1,30 @@
 //! Synthetic machines for tests and benchmarks: a `--root` tree of PCI functions, bridges, links,
 //! NUMA nodes and RDMA ports — generated from an NCCL topology dump such as Azure ND H100 v5's —
 //! and the rest a spec reads (kernel command line, CPU governor, kernel log, AER counters).
-//! Shared by the integration tests and `benches/verdict.rs` (which includes this file by path),
-//! so it uses nothing but std and tempfile.
+//! Also the fake NVML library's build. Shared by the integration tests and the benches (which
+//! include this file by path), so it uses nothing but std and tempfile.
 
 use std::path::Path;
+
+/// Compiles `tests/fake-nvml/fake_nvml.c` into `out` with `$CC` (default `cc`).
+///
+/// # Errors
+/// The compiler is missing or fails, said for people.
+pub fn compile_fake_nvml(out: &Path) -> Result<(), String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/fake_nvml.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(&src)
+        .status()
+        .map_err(|e| format!("running {cc} to build the fake NVML: {e} (install gcc)"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("building the fake NVML from {} failed", src.display()))
+    }
+}
 
 /// A synthetic `--root`: PCI functions (with their bridges, links and NUMA nodes) and RDMA ports,
 /// only what kiln's readers need.

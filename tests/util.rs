@@ -154,19 +154,11 @@ pub fn fake_nvml() -> PathBuf {
     if let Some(path) = built.as_ref() {
         return path.clone();
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/fake_nvml.c");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-nvml");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("libnvidia-ml.so.1");
     let staging = dir.join(format!("libnvidia-ml.so.1.{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&staging)
-        .arg(&src)
-        .status()
-        .unwrap_or_else(|e| panic!("running {cc} to build the fake NVML: {e} (install gcc)"));
-    assert!(status.success(), "building the fake NVML from {} failed", src.display());
+    crate::synthetic::compile_fake_nvml(&staging).unwrap_or_else(|e| panic!("{e}"));
     std::fs::rename(&staging, &out).unwrap();
     *built = Some(out.clone());
     out
