@@ -124,7 +124,7 @@ pub async fn gather(store: &mut Store, asked: &str, since: i64) -> Result<Eviden
     if let Subject::Host(h) = subject {
         let host = &fleet.hosts[h];
         inventory = store.latest_inventory(&host.id).await?;
-        verdict = store.latest_verdicts().await?.remove(&host.id);
+        verdict = store.latest_verdict(&host.id).await?;
         if telemetry.is_none() {
             if let Some(latest) = host.data.runs.last() {
                 telemetry = store.run(&latest.run_id.to_string()).await.ok();
@@ -204,7 +204,7 @@ fn verdict_section(v: &kiln_db::VerdictRow) -> Section {
         v.judged_at,
         v.inventory_id
     ));
-    match serde_json::from_str::<crate::verdict::Verdict>(&v.document) {
+    match serde_json::from_str::<crate::verdict::Verdict>(v.document.as_deref().unwrap_or_default()) {
         Ok(doc) => {
             let c = &doc.counts;
             s.text.push(format!(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
-use crate::{like_prefix, DbError, Result, RunRow, Store, RUN_COLUMNS};
+use crate::{Result, RunRow, Store, RUN_COLUMNS};
 
 /// A verdict to store. `document` is the verdict JSON; the agent owns its shape.
 #[derive(Debug, Clone)]
@@ -33,8 +33,9 @@ pub struct VerdictRow {
     pub spec_hash: String,
     pub verdict: String,
     pub failed: i64,
+    /// The verdict JSON, where the query asked for it.
     #[serde(skip)]
-    pub document: String,
+    pub document: Option<String>,
 }
 
 /// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
@@ -59,7 +60,11 @@ pub(crate) async fn insert(conn: &mut SqliteConnection, id: &str, v: &NewVerdict
     Ok(done.rows_affected())
 }
 
-const COLUMNS: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed, document";
+/// A verdict's columns but its document.
+const SUMMARY: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed";
+/// `v` is its host's newest verdict.
+const NEWEST: &str =
+    "v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id ORDER BY judged_at DESC, rowid DESC LIMIT 1)";
 
 fn row(r: &sqlx::sqlite::SqliteRow) -> VerdictRow {
     VerdictRow {
@@ -84,35 +89,21 @@ impl Store {
         Ok(id)
     }
 
-    /// The newest verdict of every host that has one.
+    /// The newest verdict of every host that has one, without its document (the hosts list needs
+    /// the decision, not every check of a fleet).
     pub async fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>> {
         let err = self.sql_err();
-        let sql = format!(
-            "SELECT {COLUMNS} FROM verdicts v WHERE v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id \
-             ORDER BY judged_at DESC, rowid DESC LIMIT 1)"
-        );
+        let sql = format!("SELECT {SUMMARY}, NULL FROM verdicts v WHERE {NEWEST}");
         let rows = sqlx::query(&sql).fetch_all(&mut self.conn).await.map_err(err)?;
         Ok(rows.iter().map(row).map(|v| (v.host_id.clone(), v)).collect())
     }
 
-    /// The verdicts of one inventory, newest first.
-    pub async fn verdicts_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<VerdictRow>> {
+    /// The newest verdict of one host, with its document.
+    pub async fn latest_verdict(&mut self, host_id: &str) -> Result<Option<VerdictRow>> {
         let err = self.sql_err();
-        let sql = format!("SELECT {COLUMNS} FROM verdicts WHERE inventory_id = ? ORDER BY judged_at DESC, rowid DESC");
-        let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
-        Ok(rows.iter().map(row).collect())
-    }
-
-    /// One verdict by id or unique prefix.
-    pub async fn verdict(&mut self, id: &str) -> Result<VerdictRow> {
-        let err = self.sql_err();
-        let sql = format!("SELECT {COLUMNS} FROM verdicts WHERE id LIKE ? ESCAPE '\\' LIMIT 2");
-        let rows = sqlx::query(&sql).bind(like_prefix(id)).fetch_all(&mut self.conn).await.map_err(err)?;
-        match rows.len() {
-            0 => Err(DbError::NotFound { what: "verdict", id: id.to_string() }),
-            1 => Ok(row(&rows[0])),
-            count => Err(DbError::Ambiguous { what: "verdict", id: id.to_string(), count }),
-        }
+        let sql = format!("SELECT {SUMMARY}, document FROM verdicts v WHERE v.host_id = ? AND {NEWEST}");
+        let found = sqlx::query(&sql).bind(host_id).fetch_optional(&mut self.conn).await.map_err(err)?;
+        Ok(found.as_ref().map(row))
     }
 
     /// The runs taken with one inventory, oldest first, with their metrics.
