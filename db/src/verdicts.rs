@@ -120,7 +120,7 @@ impl Store {
     /// The telemetry a verdict reads of the runs taken with one inventory — PCIe link readings
     /// (`pcie:<address>`) and GPU throttling (`gpu<N>` `throttled_*`): (run id, milliseconds,
     /// source, name, value), in time order per run.
-    pub async fn link_telemetry_of_inventory(
+    pub async fn verdict_telemetry_of_inventory(
         &mut self,
         inventory_id: &str,
     ) -> Result<Vec<(String, i64, String, String, f64)>> {

@@ -417,7 +417,6 @@ pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool
         stored_suite(ctx, &inv, Some(&saved), true, budget, None)?
     };
     let failed = done.iter().any(|(o, _)| o.failed_check());
-    let benchmarked = !done.is_empty();
     let benchmarks = done
         .into_iter()
         .map(|(o, id)| CommissionRun {
@@ -430,7 +429,7 @@ pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool
     let (judgement, verdict_id, why_none) = match spec {
         Ok(spec) => {
             let stored = super::verdict::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
-            let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, benchmarked, true)?;
+            let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, true, true)?;
             (Some(v), id, None)
         }
         Err(why) => (None, None, Some(why)),

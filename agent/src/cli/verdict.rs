@@ -41,7 +41,8 @@ pub struct Stored<'a> {
 }
 
 /// Judges `inv` with the runs stored for it, stores the verdict (unless `save` is false) and
-/// writes the OCP output when asked.
+/// writes the OCP output when asked. Performance is judged when runs were taken with the inventory,
+/// unless `performance` is false (`kiln verdict --no-perf`).
 pub fn judge_stored(
     ctx: &Ctx,
     inv: &Inventory,
@@ -54,23 +55,23 @@ pub fn judge_stored(
     let inventory_id = stored.inventory_id.to_string();
     let host_id = stored.host_id.to_string();
     let config = inv.fingerprints.config.clone();
-    let (runs, fleet, links) = ctx.with_store(async |store| {
+    let (runs, fleet, telemetry) = ctx.with_store(async |store| {
         let runs = store.runs_of_inventory(&inventory_id).await?;
         let fleet = store.accepted_metric_values(&config, &host_id).await?;
-        let links = store.link_telemetry_of_inventory(&inventory_id).await?;
-        Ok((runs, fleet, links))
+        let telemetry = store.verdict_telemetry_of_inventory(&inventory_id).await?;
+        Ok((runs, fleet, telemetry))
     })?;
     let runs: Vec<RunEvidence> = runs
         .into_iter()
         .map(|r| {
-            let telemetry: Vec<crate::telemetry::Sample> = links
+            let samples: Vec<crate::telemetry::Sample> = telemetry
                 .iter()
                 .filter(|l| l.0 == r.id)
                 .map(|(_, t, source, name, v)| (*t, source.clone(), name.clone(), *v))
                 .collect();
             RunEvidence {
-                links: crate::linkwatch::links_of(&r.id, &telemetry),
-                thermal: verdict::thermal_of(&telemetry),
+                links: crate::linkwatch::links_of(&r.id, &samples),
+                thermal: verdict::thermal_of(&samples),
                 id: r.id,
                 benchmark: r.benchmark,
                 status: r.status,
