@@ -242,8 +242,11 @@ pub struct CacheLevel {
     pub ways: Option<u32>,
     /// How many separate caches of this kind exist (one per core for L1, often one per package for L3).
     pub instances: u32,
-    /// How many logical CPUs share one instance.
+    /// How many logical CPUs share one instance (the most, where instances differ).
     pub cpus_per_instance: u32,
+    /// The logical CPUs of each instance, as the kernel's `shared_cpu_map` gives them: what a
+    /// reader restricted to some CPUs (a cgroup) counts instances from.
+    pub instance_cpus: Vec<String>,
 }
 
 /// A kind of core on a hybrid processor (performance and efficiency cores).
@@ -260,7 +263,8 @@ pub struct CoreKind {
 pub struct LogicalCpu {
     pub id: u32,
     pub online: bool,
-    /// Package (socket) index; `None` where the kernel does not say (offline CPUs).
+    /// Package (socket) index; `None` where the kernel does not say (offline CPUs). Where no
+    /// CPU has a package id (POWER and s390 write -1), the index of its `package_cpus` set.
     pub package: Option<i64>,
     pub die: Option<i64>,
     pub cluster: Option<i64>,
@@ -269,6 +273,11 @@ pub struct LogicalCpu {
     pub core_cpus: Option<String>,
     /// The logical CPUs in this one's package.
     pub package_cpus: Option<String>,
+    /// AMD Bulldozer-family compute units: the kernel lists both cores of a module as thread
+    /// siblings while giving them different core ids. They are two cores (as hwloc counts them)
+    /// sharing a compute unit (front end, FPU, L2), whose CPUs this lists; `None` elsewhere.
+    #[serde(default)]
+    pub compute_unit_cpus: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -298,7 +307,11 @@ pub struct Cpu {
     pub revision: Option<String>,
     pub microcode: Option<String>,
     pub packages: u32,
+    /// Cores as hwloc counts them: CPUs sharing a core id within a thread-sibling set.
     pub cores: u32,
+    /// Compute units of AMD Bulldozer-family processors (two cores each); `None` elsewhere.
+    #[serde(default)]
+    pub compute_units: Option<u32>,
     pub cores_per_package: Option<u32>,
     pub threads_per_core: Option<u32>,
     pub online: u32,
@@ -401,7 +414,9 @@ pub fn collect(src: &Source) -> Cpu {
         .and_then(|t| parse_list(&t))
         .unwrap_or_else(|| all_ids.iter().copied().filter(|id| !online_set.contains(id)).collect());
 
-    let topo = read_topology(src, &all_ids, &online_set);
+    let mut topo = read_topology(src, &all_ids, &online_set);
+    let compute_units = split_compute_units(&mut topo);
+    derive_package_ids(&mut topo);
 
     let online_topo: Vec<&CpuTopo> = topo.iter().filter(|t| t.raw.online).collect();
     let cpuinfo_packages: BTreeSet<_> = info.processors.iter().filter_map(|p| p.get("physical id")).collect();
@@ -428,10 +443,16 @@ pub fn collect(src: &Source) -> Cpu {
     let threads_per_core = (cores > 0 && online_count % cores == 0).then(|| online_count / cores);
     let cores_per_package = (packages > 0 && cores % packages == 0).then(|| cores / packages);
 
-    let caches = collect_caches(src, &online_ids);
-    let frequency = collect_frequency(src, &online_ids, &info);
+    let core_sets: BTreeMap<u32, Vec<u32>> =
+        online_topo.iter().filter_map(|t| Some((t.raw.id, parse_list(t.raw.core_cpus.as_deref()?)?))).collect();
+    let (caches, private_sizes) = collect_caches(src, &online_ids, &core_sets);
+    let (frequency, max_khz) = collect_frequency(src, &online_ids, &info);
     let parts = arm_parts(&info);
-    let core_kinds = if parts.len() > 1 { arm_core_kinds(src, &parts) } else { collect_core_kinds(src, &online_ids) };
+    let core_kinds = if parts.len() > 1 {
+        arm_core_kinds(&parts, &max_khz)
+    } else {
+        collect_core_kinds(src, architecture, &online_ids, &max_khz, &private_sizes)
+    };
     let allowed = allowed_cpus(src).filter(|a| *a != online_ids);
 
     let flags = info.get("flags").or_else(|| info.get("Features")).or_else(|| info.get("features")).unwrap_or("");
@@ -455,6 +476,7 @@ pub fn collect(src: &Source) -> Cpu {
         microcode: info.get("microcode").map(str::to_string),
         packages,
         cores,
+        compute_units,
         cores_per_package,
         threads_per_core,
         online: online_count,
@@ -496,6 +518,7 @@ fn read_topology(src: &Source, all_ids: &BTreeSet<u32>, online_set: &BTreeSet<u3
                 core_cpus: set("core_cpus_list", "core_cpus")
                     .or_else(|| set("thread_siblings_list", "thread_siblings")),
                 package_cpus,
+                compute_unit_cpus: None,
             }
         } else {
             LogicalCpu {
@@ -507,6 +530,7 @@ fn read_topology(src: &Source, all_ids: &BTreeSet<u32>, online_set: &BTreeSet<u3
                 core: None,
                 core_cpus: None,
                 package_cpus: None,
+                compute_unit_cpus: None,
             }
         };
         let package_key = match (&raw.package_cpus, raw.package) {
@@ -517,6 +541,58 @@ fn read_topology(src: &Source, all_ids: &BTreeSet<u32>, online_set: &BTreeSet<u3
         topo.push(CpuTopo { package_key, core_key: raw.core_cpus.clone(), raw });
     }
     topo
+}
+
+/// AMD Bulldozer to Excavator (Opteron 6200/6300, FX): the kernel lists the two cores of a
+/// module as thread siblings but gives each its own core id. hwloc counts two cores, and so does
+/// kiln: within a sibling set, CPUs with different core ids are different cores, and the set is
+/// kept as their shared compute unit. Returns how many compute units there are, if any.
+fn split_compute_units(topo: &mut [CpuTopo]) -> Option<u32> {
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, t) in topo.iter().enumerate() {
+        if let (Some(key), true) = (&t.core_key, t.raw.online) {
+            groups.entry(key.clone()).or_default().push(i);
+        }
+    }
+    let mut units = 0;
+    for (set, members) in groups {
+        let ids: Option<BTreeSet<i64>> =
+            members.iter().map(|&i| topo[i].raw.core.filter(|&c| c >= 0)).collect::<Option<_>>();
+        let Some(ids) = ids.filter(|ids| ids.len() > 1) else { continue };
+        units += 1;
+        for core_id in ids {
+            let cpus: Vec<u32> =
+                members.iter().map(|&i| &topo[i].raw).filter(|c| c.core == Some(core_id)).map(|c| c.id).collect();
+            let cpus = format_list(&cpus);
+            for &i in &members {
+                if topo[i].raw.core == Some(core_id) {
+                    let t = &mut topo[i];
+                    t.core_key = Some(format!("{set}/core{core_id}"));
+                    t.raw.core_cpus = Some(cpus.clone());
+                    t.raw.compute_unit_cpus = Some(set.clone());
+                }
+            }
+        }
+    }
+    (units > 0).then_some(units)
+}
+
+/// Where no online CPU carries a package id (POWER without `physical_package_id`, s390's -1),
+/// numbers the packages by their CPU sets in order of their first CPU, as hwloc does.
+fn derive_package_ids(topo: &mut [CpuTopo]) {
+    let online = || topo.iter().filter(|t| t.raw.online);
+    if online().any(|t| t.raw.package.is_some_and(|p| p >= 0)) || online().all(|t| t.raw.package_cpus.is_none()) {
+        return;
+    }
+    let mut order: Vec<String> = Vec::new();
+    for t in topo.iter_mut().filter(|t| t.raw.online) {
+        let Some(set) = &t.raw.package_cpus else { continue };
+        let index = order.iter().position(|s| s == set).unwrap_or_else(|| {
+            order.push(set.clone());
+            order.len() - 1
+        });
+        t.raw.package = Some(index as i64);
+    }
 }
 
 /// The vendor and model name: cpuinfo's, else the Arm core's names (for mixed chips the kinds,
@@ -565,86 +641,194 @@ fn parse_hex(text: &str) -> Option<u32> {
     u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
 }
 
-fn collect_caches(src: &Source, online: &[u32]) -> Vec<CacheLevel> {
-    // (level, type, size) -> (line, ways, distinct sharing sets)
-    type Key = (u8, CacheType, u64);
-    let mut seen: BTreeMap<Key, (Option<u32>, Option<u32>, BTreeSet<String>)> = BTreeMap::new();
+/// Each CPU's private cache sizes (L1 data, L2), which tell hybrid core kinds apart.
+type PrivateSizes = BTreeMap<u32, (u64, u64)>;
+
+/// The caches of the online CPUs, read as hwloc reads them: for each CPU and cache index its
+/// `shared_cpu_map` only, and the cache's level, type, size and geometry once per instance (from
+/// the first CPU that shares it). The map wins where it and `shared_cpu_list` disagree, as in
+/// hwloc, and the contradiction is a problem entry. An empty map (ia64's L3) means the CPU's core.
+fn collect_caches(
+    src: &Source,
+    online: &[u32],
+    core_sets: &BTreeMap<u32, Vec<u32>>,
+) -> (Vec<CacheLevel>, PrivateSizes) {
+    struct Instance {
+        level: u8,
+        cache_type: CacheType,
+        size: u64,
+        line: Option<u32>,
+        ways: Option<u32>,
+        cpus: Vec<u32>,
+    }
+    // (index, CPU set) -> instance; None when the index's attributes were unusable.
+    let mut seen: BTreeMap<(u32, Vec<u32>), Option<usize>> = BTreeMap::new();
+    let mut instances: Vec<Instance> = Vec::new();
+    let mut private: PrivateSizes = BTreeMap::new();
     for &cpu in online {
+        // Index directories may be sparse (a hand-edited snapshot drops some): list, don't probe.
         let dir = format!("{CPU_DIR}/cpu{cpu}/cache");
-        for index in src.list_dir(&dir).iter().filter(|n| n.starts_with("index")) {
-            let base = format!("{dir}/{index}");
-            let Some(level) = src.attr_parse::<u8>(&format!("{base}/level")) else { continue };
-            let cache_type = match src.attr(&format!("{base}/type")).as_deref() {
-                Some("Data") => CacheType::Data,
-                Some("Instruction") => CacheType::Instruction,
-                Some("Unified") => CacheType::Unified,
-                _ => continue,
-            };
-            let Some(size) = src.attr_with(&format!("{base}/size"), "a cache size (32K)", &[], parse_size) else {
-                continue;
-            };
-            if size == 0 {
-                continue;
-            }
-            let shared = read_cpu_set(src, &format!("{base}/shared_cpu_list"), &format!("{base}/shared_cpu_map"))
-                .map(|s| format_list(&s))
-                .unwrap_or_else(|| cpu.to_string());
-            let entry = seen.entry((level, cache_type, size)).or_insert_with(|| {
-                (
-                    src.attr_parse(&format!("{base}/coherency_line_size")),
-                    src.attr_parse(&format!("{base}/ways_of_associativity")),
-                    BTreeSet::new(),
-                )
+        let indexes: Vec<u32> =
+            src.list_dir(&dir).iter().filter_map(|n| n.strip_prefix("index")?.parse().ok()).collect();
+        for index in indexes {
+            let base = format!("{dir}/index{index}");
+            let map_rel = format!("{base}/shared_cpu_map");
+            let list_rel = format!("{base}/shared_cpu_list");
+            let map = src.attr(&map_rel).and_then(|text| {
+                parse_mask(&text).or_else(|| {
+                    src.problem(&map_rel, ProblemKind::Malformed, format!("not a CPU mask: {text:?}"));
+                    None
+                })
             });
-            entry.2.insert(shared);
+            let from_list = || src.attr_with(&list_rel, "a CPU list", &[], parse_list);
+            let had_map = map.is_some();
+            let mut cpus = map.or_else(from_list).unwrap_or_else(|| vec![cpu]);
+            if cpus.is_empty() {
+                cpus = core_sets.get(&cpu).cloned().unwrap_or_else(|| vec![cpu]);
+            }
+            if !cpus.contains(&cpu) {
+                src.problem(
+                    &map_rel,
+                    ProblemKind::Malformed,
+                    format!("CPU {cpu}'s cache is shared by CPUs {} without it", format_list(&cpus)),
+                );
+                cpus.push(cpu);
+                cpus.sort_unstable();
+            }
+            let key = (index, cpus);
+            let at = match seen.get(&key) {
+                Some(at) => *at,
+                None => {
+                    let (_, cpus) = &key;
+                    // First CPU of this instance: its attributes, and the list checked against the map.
+                    if had_map {
+                        if let Some(list) = from_list().filter(|l| l != cpus) {
+                            src.problem(
+                                &list_rel,
+                                ProblemKind::Malformed,
+                                format!(
+                                    "says CPUs {} share this cache, shared_cpu_map says {}: following the map",
+                                    format_list(&list),
+                                    format_list(cpus)
+                                ),
+                            );
+                        }
+                    }
+                    let at = read_cache_attrs(src, &base).map(|(level, cache_type, size)| {
+                        instances.push(Instance {
+                            level,
+                            cache_type,
+                            size,
+                            line: src.attr_parse(&format!("{base}/coherency_line_size")),
+                            ways: src.attr_parse(&format!("{base}/ways_of_associativity")),
+                            cpus: cpus.clone(),
+                        });
+                        instances.len() - 1
+                    });
+                    seen.insert(key, at);
+                    at
+                }
+            };
+            if let Some(inst) = at.map(|i| &instances[i]) {
+                let sizes = private.entry(cpu).or_default();
+                match (inst.level, inst.cache_type) {
+                    (1, CacheType::Data) => sizes.0 = inst.size,
+                    (2, CacheType::Unified) => sizes.1 = inst.size,
+                    _ => {}
+                }
+            }
         }
     }
-    seen.into_iter()
-        .map(|((level, cache_type, size_bytes), (line, ways, sets))| {
-            let cpus: usize = sets.iter().map(|s| parse_list(s).map_or(1, |v| v.len())).max().unwrap_or(1);
-            CacheLevel {
-                level,
-                cache_type,
-                size_bytes,
-                line_size_bytes: line,
-                ways,
-                instances: sets.len() as u32,
-                cpus_per_instance: cpus as u32,
+    overlapping_caches(src, &instances.iter().map(|i| (i.level, i.cache_type, i.cpus.as_slice())).collect::<Vec<_>>());
+    // Summarised per (level, type, size).
+    let mut levels: BTreeMap<(u8, CacheType, u64), CacheLevel> = BTreeMap::new();
+    for inst in instances {
+        let entry = levels.entry((inst.level, inst.cache_type, inst.size)).or_insert_with(|| CacheLevel {
+            level: inst.level,
+            cache_type: inst.cache_type,
+            size_bytes: inst.size,
+            line_size_bytes: inst.line,
+            ways: inst.ways,
+            instances: 0,
+            cpus_per_instance: 0,
+            instance_cpus: Vec::new(),
+        });
+        entry.instances += 1;
+        entry.cpus_per_instance = entry.cpus_per_instance.max(inst.cpus.len() as u32);
+        entry.instance_cpus.push(format_list(&inst.cpus));
+    }
+    (levels.into_values().collect(), private)
+}
+
+/// Two caches of one level and type that share some CPUs but not all: the kernel's sharing maps
+/// contradict each other (firmware or a hand-edited snapshot). Said once per level.
+fn overlapping_caches(src: &Source, instances: &[(u8, CacheType, &[u32])]) {
+    let mut said = BTreeSet::new();
+    for (i, (level, kind, a)) in instances.iter().enumerate() {
+        for (l2, k2, b) in &instances[i + 1..] {
+            if (level, kind) != (l2, k2) || a == b || !a.iter().any(|c| b.contains(c)) || !said.insert((level, kind)) {
+                continue;
             }
-        })
-        .collect()
+            src.problem(
+                CPU_DIR,
+                ProblemKind::Malformed,
+                format!(
+                    "L{level} {kind:?} caches over CPUs {} and {} overlap: the kernel's shared_cpu_map files contradict each other",
+                    format_list(a),
+                    format_list(b)
+                ),
+            );
+        }
+    }
+}
+
+/// A cache index's level, type and size; `None` for an index without them (or of size 0).
+fn read_cache_attrs(src: &Source, base: &str) -> Option<(u8, CacheType, u64)> {
+    let level = src.attr_parse::<u8>(&format!("{base}/level"))?;
+    let cache_type = match src.attr(&format!("{base}/type")).as_deref() {
+        Some("Data") => CacheType::Data,
+        Some("Instruction") => CacheType::Instruction,
+        Some("Unified") => CacheType::Unified,
+        _ => return None,
+    };
+    let size = src.attr_with(&format!("{base}/size"), "a cache size (32K)", &[], parse_size)?;
+    (size > 0).then_some((level, cache_type, size))
 }
 
 fn khz_to_mhz(khz: u64) -> u32 {
     ((khz + 500) / 1000) as u32
 }
 
-fn collect_frequency(src: &Source, online: &[u32], info: &CpuInfo) -> Frequencies {
+/// The clock range, and each online CPU's top clock (kHz) for telling core kinds apart. Only the
+/// top clock is read per CPU; the minimum once per distinct top clock, the rest once.
+fn collect_frequency(src: &Source, online: &[u32], info: &CpuInfo) -> (Frequencies, BTreeMap<u32, u64>) {
     let mut freq = Frequencies {
         current_mhz: info.get("cpu MHz").and_then(|v| v.parse::<f64>().ok()).map(|v| v.round() as u32),
         ..Default::default()
     };
+    let mut max_khz = BTreeMap::new();
+    let mut min_read_for = BTreeSet::new();
     for &cpu in online {
         let base = format!("{CPU_DIR}/cpu{cpu}/cpufreq");
-        if let Some(max) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_max_freq")).map(khz_to_mhz) {
-            freq.max_mhz = Some(freq.max_mhz.map_or(max, |m| m.max(max)));
-        }
-        if let Some(min) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_min_freq")).map(khz_to_mhz) {
-            freq.min_mhz = Some(freq.min_mhz.map_or(min, |m| m.min(min)));
-        }
-        if freq.base_mhz.is_none() {
-            freq.base_mhz = src.attr_parse::<u64>(&format!("{base}/base_frequency")).map(khz_to_mhz);
+        let Some(max) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_max_freq")) else { continue };
+        max_khz.insert(cpu, max);
+        freq.max_mhz = Some(freq.max_mhz.map_or(khz_to_mhz(max), |m| m.max(khz_to_mhz(max))));
+        if min_read_for.insert(max) {
+            if let Some(min) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_min_freq")).map(khz_to_mhz) {
+                freq.min_mhz = Some(freq.min_mhz.map_or(min, |m| m.min(min)));
+            }
         }
         if freq.scaling_driver.is_none() {
+            freq.base_mhz = src.attr_parse::<u64>(&format!("{base}/base_frequency")).map(khz_to_mhz);
             freq.scaling_driver = src.attr(&format!("{base}/scaling_driver"));
             freq.governor = src.attr(&format!("{base}/scaling_governor"));
         }
     }
-    freq
+    (freq, max_khz)
 }
 
 /// Arm chips that mix cores name each kind by its MIDR part; the biggest (highest clock) first.
-fn arm_core_kinds(src: &Source, parts: &[(u32, u32, Vec<u32>)]) -> Vec<CoreKind> {
+fn arm_core_kinds(parts: &[(u32, u32, Vec<u32>)], max_khz: &BTreeMap<u32, u64>) -> Vec<CoreKind> {
     let mut kinds: Vec<CoreKind> = parts
         .iter()
         .map(|(i, p, cpus)| CoreKind {
@@ -654,11 +838,7 @@ fn arm_core_kinds(src: &Source, parts: &[(u32, u32, Vec<u32>)]) -> Vec<CoreKind>
                 .unwrap_or_else(|| format!("part {p:#05x}")),
             cpus: format_list(cpus),
             cpu_count: cpus.len() as u32,
-            max_mhz: cpus
-                .iter()
-                .filter_map(|c| src.attr_parse::<u64>(&format!("{CPU_DIR}/cpu{c}/cpufreq/cpuinfo_max_freq")))
-                .max()
-                .map(khz_to_mhz),
+            max_mhz: cpus.iter().filter_map(|c| max_khz.get(c)).max().map(|&k| khz_to_mhz(k)),
         })
         .collect();
     kinds.sort_by_key(|k| std::cmp::Reverse(k.max_mhz));
@@ -666,46 +846,47 @@ fn arm_core_kinds(src: &Source, parts: &[(u32, u32, Vec<u32>)]) -> Vec<CoreKind>
 }
 
 /// Hybrid processors: the kernel's per-kind PMUs (`cpu_core`, `cpu_atom`) name the kinds directly;
-/// otherwise CPUs that differ in capacity, top frequency or private cache sizes are different kinds.
-fn collect_core_kinds(src: &Source, online: &[u32]) -> Vec<CoreKind> {
-    let mut by_signature: BTreeMap<(u32, u32, u64, u64), Vec<u32>> = BTreeMap::new();
-    let pmu_kinds = [("cpu_core", "performance"), ("cpu_atom", "efficiency")];
-    let from_pmu: Vec<(String, Vec<u32>)> = pmu_kinds
-        .iter()
-        .filter_map(|(dir, name)| {
-            let cpus = parse_list(&src.attr(&format!("sys/devices/{dir}/cpus"))?)?;
-            Some((name.to_string(), cpus))
-        })
-        .collect();
-    let max_mhz =
-        |cpu: u32| src.attr_parse::<u64>(&format!("{CPU_DIR}/cpu{cpu}/cpufreq/cpuinfo_max_freq")).map(khz_to_mhz);
-    if from_pmu.len() > 1 {
-        return from_pmu
-            .into_iter()
-            .map(|(name, cpus)| CoreKind {
-                max_mhz: cpus.iter().filter_map(|&c| max_mhz(c)).max(),
-                cpu_count: cpus.len() as u32,
-                cpus: format_list(&cpus),
-                name,
+/// otherwise CPUs that differ in capacity (Arm, RISC-V), top frequency or private cache sizes are
+/// different kinds.
+fn collect_core_kinds(
+    src: &Source,
+    architecture: Architecture,
+    online: &[u32],
+    max_khz: &BTreeMap<u32, u64>,
+    private: &PrivateSizes,
+) -> Vec<CoreKind> {
+    let max_mhz = |cpu: u32| max_khz.get(&cpu).map(|&k| khz_to_mhz(k));
+    if architecture.is_x86() {
+        let pmu_kinds = [("cpu_core", "performance"), ("cpu_atom", "efficiency")];
+        let from_pmu: Vec<(String, Vec<u32>)> = pmu_kinds
+            .iter()
+            .filter_map(|(dir, name)| {
+                let cpus = parse_list(&src.attr(&format!("sys/devices/{dir}/cpus"))?)?;
+                Some((name.to_string(), cpus))
             })
             .collect();
+        if from_pmu.len() > 1 {
+            return from_pmu
+                .into_iter()
+                .map(|(name, cpus)| CoreKind {
+                    max_mhz: cpus.iter().filter_map(|&c| max_mhz(c)).max(),
+                    cpu_count: cpus.len() as u32,
+                    cpus: format_list(&cpus),
+                    name,
+                })
+                .collect();
+        }
     }
+    let mut by_signature: BTreeMap<(u32, u32, u64, u64), Vec<u32>> = BTreeMap::new();
     for &cpu in online {
-        let capacity = src.attr_parse::<u32>(&format!("{CPU_DIR}/cpu{cpu}/cpu_capacity")).unwrap_or(0);
-        let mhz = max_mhz(cpu).unwrap_or(0);
-        let cache = |level: u8, kind: &str| -> u64 {
-            let dir = format!("{CPU_DIR}/cpu{cpu}/cache");
-            for index in src.list_dir(&dir) {
-                let base = format!("{dir}/{index}");
-                if src.attr(&format!("{base}/level")).as_deref() == Some(&level.to_string())
-                    && src.attr(&format!("{base}/type")).as_deref() == Some(kind)
-                {
-                    return src.attr(&format!("{base}/size")).and_then(|s| parse_size(&s)).unwrap_or(0);
-                }
-            }
+        // The scheduler's capacity exists on Arm and RISC-V; x86 has none to read.
+        let capacity = if architecture.is_x86() {
             0
+        } else {
+            src.attr_parse::<u32>(&format!("{CPU_DIR}/cpu{cpu}/cpu_capacity")).unwrap_or(0)
         };
-        by_signature.entry((capacity, mhz, cache(1, "Data"), cache(2, "Unified"))).or_default().push(cpu);
+        let (l1d, l2) = private.get(&cpu).copied().unwrap_or_default();
+        by_signature.entry((capacity, max_mhz(cpu).unwrap_or(0), l1d, l2)).or_default().push(cpu);
     }
     if by_signature.len() < 2 {
         return Vec::new();

@@ -1,9 +1,7 @@
 //! GPU XID events from the kernel log since boot (`NVRM: Xid (PCI:0000:1b:00): 79, pid=…, …`),
-//! classified from NVIDIA's XID catalogue. On the live system the log is `/dev/kmsg` (root, or
-//! `kernel.dmesg_restrict=0`); a snapshot may carry it as `dmesg.txt` at its top (`dmesg >
+//! classified from NVIDIA's XID catalogue. On the live system the log is the kernel's ring buffer,
+//! read as `dmesg` reads it (root, or `kernel.dmesg_restrict=0`); a snapshot may carry it as `dmesg.txt` at its top (`dmesg >
 //! dmesg.txt`). Where neither can be read, `error` says why and verdicts skip the XID check.
-
-use std::io::Read;
 
 use serde::{Deserialize, Serialize};
 
@@ -84,11 +82,11 @@ pub fn parse_xids(text: &str) -> Vec<XidEvent> {
 pub fn collect(src: &Source) -> KernelLog {
     if src.is_live() {
         return match read_log() {
-            Ok(text) => KernelLog { source: Some("/dev/kmsg".into()), error: None, xids: parse_xids(&text) },
+            Ok(text) => KernelLog { source: Some("syslog(2)".into()), error: None, xids: parse_xids(&text) },
             Err(e) => KernelLog {
                 source: None,
                 error: Some(format!(
-                    "/dev/kmsg: {e}{}",
+                    "the kernel log (syslog(2)): {e}{}",
                     if e.kind() == std::io::ErrorKind::PermissionDenied { " (needs root)" } else { "" }
                 )),
                 xids: Vec::new(),
@@ -105,37 +103,37 @@ pub fn collect(src: &Source) -> KernelLog {
     }
 }
 
-/// The kernel log of the live system, one message per line: every record in the ring buffer,
-/// `/dev/kmsg` opened non-blocking and read one record per `read` until it would block.
+/// The kernel log of the live system, one message per line: the whole ring buffer in one
+/// `syslog(2)` call (`SYSLOG_ACTION_READ_ALL`, what `dmesg` does), not a `read` per record from
+/// `/dev/kmsg` (a long-running server holds thousands of records).
 ///
 /// # Errors
-/// `/dev/kmsg` cannot be read (it needs root, or `kernel.dmesg_restrict=0`).
+/// The log cannot be read: it needs root (`CAP_SYSLOG`) unless `kernel.dmesg_restrict=0`.
 pub fn read_log() -> std::io::Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg")?;
-    let mut text = String::new();
-    let mut buf = vec![0u8; 8192];
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                let record = String::from_utf8_lossy(&buf[..n]);
-                // "prio,seq,usec,flags;message\n continuation lines"
-                let message = record.split_once(';').map_or(&*record, |(_, m)| m);
-                text.push_str(message.lines().next().unwrap_or(""));
-                text.push('\n');
-                if text.len() > 64 << 20 {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            // A record overwritten while reading: carry on from the next one.
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
+    const SYSLOG_ACTION_READ_ALL: libc::c_int = 3;
+    const SYSLOG_ACTION_SIZE_BUFFER: libc::c_int = 10;
+    // SAFETY: SIZE_BUFFER takes no buffer (null, length 0) and only returns a number.
+    let size = unsafe { libc::klogctl(SYSLOG_ACTION_SIZE_BUFFER, std::ptr::null_mut(), 0) };
+    if size < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    Ok(text)
+    let mut buf = vec![0u8; (size as usize).clamp(4096, 64 << 20)];
+    let len = libc::c_int::try_from(buf.len()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the kernel writes at most `len` bytes into `buf`, which is `len` bytes long.
+    let n = unsafe { libc::klogctl(SYSLOG_ACTION_READ_ALL, buf.as_mut_ptr().cast(), len) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    // "<6>[  12.345678] message": the priority prefix is the kernel's, not the message's.
+    let text = String::from_utf8_lossy(&buf);
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let line = if line.starts_with('<') { line.split_once('>').map_or(line, |(_, rest)| rest) } else { line };
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

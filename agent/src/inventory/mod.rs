@@ -31,7 +31,9 @@ pub use source::{Problem, ProblemKind, Source};
 
 /// The version of the JSON document. Bump it when a field changes meaning or is removed;
 /// adding a field does not need a bump (readers ignore what they do not know).
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: a PCI function's `class_name` is its subclass ("PCI bridge"; the programming interface moved
+/// to `prog_if_name`), and unknown `vendor_id` / `device_id` are null instead of "".
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
@@ -102,12 +104,14 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
     }
     let src = Source::new(root);
     let cpu = cpu::collect(&src);
-    let numa = numa::collect(&src);
+    let present: std::collections::BTreeSet<u32> = cpu.logical_cpus.iter().map(|c| c.id).collect();
+    let mut numa = numa::collect(&src, &present);
     let memory = memory::collect(&src);
     let system = system::collect(&src);
     let os = os::collect(&src, &cpu, &system);
     let pci = pci::collect(&src);
     let gpus = gpu::collect(&src, &pci, options.nvml_library.as_deref());
+    numa::mark_gpu_memory(&mut numa, &gpus);
     let nvme = nvme::collect(&src);
     let nics = net::collect(&src, options.all_nics);
     let rdma = rdma::collect(&src);

@@ -50,8 +50,9 @@ pub struct Acs {
 pub struct PciDevice {
     /// domain:bus:device.function, as the kernel names it.
     pub address: String,
-    pub vendor_id: String,
-    pub device_id: String,
+    /// Four hex digits; `None` only where neither sysfs nor config space says.
+    pub vendor_id: Option<String>,
+    pub device_id: Option<String>,
     pub subsystem_vendor_id: Option<String>,
     pub subsystem_device_id: Option<String>,
     pub vendor_name: Option<String>,
@@ -60,7 +61,10 @@ pub struct PciDevice {
     /// Class and subclass as four hex digits ("0302"), and the programming interface.
     pub class: String,
     pub prog_if: String,
+    /// What the function is: the subclass's name ("PCI bridge", "USB controller").
     pub class_name: Option<String>,
+    /// How it is programmed, where pci.ids names it ("Normal decode", "UHCI", "NVM Express").
+    pub prog_if_name: Option<String>,
     pub revision: Option<String>,
     pub driver: Option<String>,
     pub numa_node: Option<u32>,
@@ -80,10 +84,10 @@ pub struct PciDevice {
 
 impl PciDevice {
     pub fn vendor(&self) -> u16 {
-        u16::from_str_radix(&self.vendor_id, 16).unwrap_or(0)
+        self.vendor_id.as_deref().and_then(|v| u16::from_str_radix(v, 16).ok()).unwrap_or(0)
     }
     pub fn device(&self) -> u16 {
-        u16::from_str_radix(&self.device_id, 16).unwrap_or(0)
+        self.device_id.as_deref().and_then(|d| u16::from_str_radix(d, 16).ok()).unwrap_or(0)
     }
     pub fn is_bridge(&self) -> bool {
         self.class == "0604"
@@ -238,7 +242,6 @@ fn read_acs(src: &Source, base: &str) -> Option<Acs> {
 
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
-    let attr = |name: &str| src.attr(&format!("{base}/{name}"));
     let vendor_attr = hex_attr(src, &format!("{base}/vendor"));
     let device_attr = hex_attr(src, &format!("{base}/device"));
     let revision_attr = hex_attr(src, &format!("{base}/revision"));
@@ -253,8 +256,8 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
             _ => format!("{:04x}", u16::from_le_bytes([h[off], h[off + 1]])),
         })
     };
-    let vendor_id = vendor_attr.or_else(|| from_header(0, 2)).unwrap_or_default();
-    let device_id = device_attr.or_else(|| from_header(2, 2)).unwrap_or_default();
+    let vendor_id = vendor_attr.or_else(|| from_header(0, 2));
+    let device_id = device_attr.or_else(|| from_header(2, 2));
     // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
     let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
     let sub_vendor =
@@ -266,16 +269,19 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());
     let h16 = |s: &str| u16::from_str_radix(s, 16).ok();
     let h8 = |s: &str| u8::from_str_radix(s, 16).ok();
-    let (v, d) = (h16(&vendor_id), h16(&device_id));
+    let (v, d) = (vendor_id.as_deref().and_then(h16), device_id.as_deref().and_then(h16));
     let vendor_name = v.and_then(|v| ids.vendor(v)).map(str::to_string);
     let device_name = v.zip(d).and_then(|(v, d)| ids.device(v, d)).map(str::to_string);
     let subsystem_name = match (v, d, sub_vendor.as_deref().and_then(h16), sub_device.as_deref().and_then(h16)) {
         (Some(v), Some(d), Some(sv), Some(sd)) => ids.subsystem(v, d, sv, sd).map(str::to_string),
         _ => None,
     };
-    let class_name = match (h8(&class[..2]), h8(&class[2..]), h8(&prog_if)) {
-        (Some(c), Some(s), Some(p)) => ids.class(c, s, p).map(str::to_string),
-        _ => None,
+    let (class_name, prog_if_name) = match (h8(&class[..2]), h8(&class[2..]), h8(&prog_if)) {
+        (Some(c), Some(s), Some(p)) => {
+            let (class_name, prog_if_name) = ids.class(c, s, p);
+            (class_name.map(str::to_string), prog_if_name.map(str::to_string))
+        }
+        _ => (None, None),
     };
 
     let link = read_link(src, &base);
@@ -324,10 +330,11 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class,
         prog_if,
         class_name,
+        prog_if_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
         driver: src.link_name(&format!("{base}/driver")),
         numa_node: numa_node_of(src, address),
-        local_cpus: attr("local_cpulist"),
+        local_cpus: local_cpus(src, &base),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
         link,
         host_bridge,
@@ -337,6 +344,14 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         aer,
         acs,
     }
+}
+
+/// The CPUs near a device: `local_cpulist`, else the older mask file `local_cpus`.
+fn local_cpus(src: &Source, base: &str) -> Option<String> {
+    use super::cpulist::{format_list, parse_list, parse_mask};
+    let list = src.attr_with(&format!("{base}/local_cpulist"), "a CPU list", &[], parse_list);
+    let cpus = list.or_else(|| src.attr_with(&format!("{base}/local_cpus"), "a CPU mask", &[], parse_mask))?;
+    Some(format_list(&cpus))
 }
 
 fn read_config(src: &Source, base: &str, offset: u64, len: usize) -> Option<Vec<u8>> {

@@ -24,6 +24,8 @@ pub struct PciIds {
     pub source: String,
     /// Each vendor's id and the offset of its line, sorted by id.
     vendors: Cow<'static, [(u16, usize)]>,
+    /// Every device line: little-endian `(vendor << 16 | device, offset)` u32 pairs, sorted.
+    devices: Cow<'static, [u8]>,
     /// Where the class list ("C 00  ...") begins.
     classes: usize,
 }
@@ -36,9 +38,17 @@ pub fn version_of(text: &str) -> Option<String> {
 impl PciIds {
     /// Indexes a pci.ids file read at run time (a system file newer than the shipped one).
     pub fn parse(text: Cow<'static, str>, source: String) -> PciIds {
-        let (vendors, classes) = index_pci_ids(&text);
+        let index = index_pci_ids(&text);
         let version = version_of(&text).unwrap_or_else(|| "unknown".to_string());
-        PciIds { text, version, source, vendors: Cow::Owned(vendors), classes }
+        let devices = index.devices.iter().flat_map(|(k, o)| [k.to_le_bytes(), o.to_le_bytes()]).flatten().collect();
+        PciIds {
+            text,
+            version,
+            source,
+            vendors: Cow::Owned(index.vendors),
+            devices: Cow::Owned(devices),
+            classes: index.classes,
+        }
     }
 
     /// The shipped database, indexed at build time.
@@ -48,6 +58,7 @@ impl PciIds {
             version: version_of(SHIPPED).unwrap_or_default(),
             source: "shipped".to_string(),
             vendors: Cow::Borrowed(shipped_index::SHIPPED_VENDORS),
+            devices: Cow::Borrowed(shipped_index::SHIPPED_DEVICES),
             classes: shipped_index::SHIPPED_CLASSES,
         }
     }
@@ -82,11 +93,30 @@ impl PciIds {
         self.text.get(start..end)
     }
 
-    /// The rest of the line after `key` in `block`, searched as a substring (fast, no line loop).
-    fn line_after<'t>(block: &'t str, key: &str) -> Option<(usize, &'t str)> {
-        let at = block.find(key)? + key.len();
-        let end = block[at..].find('\n').map_or(block.len(), |e| at + e);
-        Some((end, block[at..end].trim()))
+    /// The offset of a device's line, by binary search of the device index.
+    fn device_line(&self, vendor: u16, device: u16) -> Option<usize> {
+        let key = (vendor as u32) << 16 | device as u32;
+        let entry = |i: usize| {
+            let b = &self.devices[i * 8..i * 8 + 8];
+            (u32::from_le_bytes([b[0], b[1], b[2], b[3]]), u32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+        };
+        let (mut lo, mut hi) = (0, self.devices.len() / 8);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (k, offset) = entry(mid);
+            match k.cmp(&key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(offset as usize),
+            }
+        }
+        None
+    }
+
+    /// The line starting at `offset`, without its newline.
+    fn line_at(&self, offset: usize) -> Option<&str> {
+        let rest = self.text.get(offset..)?;
+        Some(rest.split('\n').next().unwrap_or(rest))
     }
 
     pub fn vendor(&self, vendor: u16) -> Option<&str> {
@@ -96,60 +126,49 @@ impl PciIds {
     }
 
     pub fn device(&self, vendor: u16, device: u16) -> Option<&str> {
-        Self::line_after(self.vendor_block(vendor)?, &format!("\n\t{device:04x}  ")).map(|(_, name)| name)
+        self.line_at(self.device_line(vendor, device)?)?.get(7..).map(str::trim)
     }
 
     pub fn subsystem(&self, vendor: u16, device: u16, sub_vendor: u16, sub_device: u16) -> Option<&str> {
-        let block = self.vendor_block(vendor)?;
-        let (device_end, _) = Self::line_after(block, &format!("\n\t{device:04x}  "))?;
-        // The device's subsystem lines follow it, each starting with two tabs.
-        let rest = &block[device_end..];
-        let mut sub_end = rest.len();
-        let mut pos = 0;
-        while let Some(nl) = rest[pos..].find('\n') {
-            let line_start = pos + nl + 1;
-            if !rest[line_start..].starts_with("\t\t") && !rest[line_start..].starts_with('#') {
-                sub_end = line_start;
-                break;
-            }
-            pos = line_start;
-        }
-        Self::line_after(&rest[..sub_end], &format!("\n\t\t{sub_vendor:04x} {sub_device:04x}  ")).map(|(_, name)| name)
+        let start = self.device_line(vendor, device)?;
+        let key = format!("{sub_vendor:04x} {sub_device:04x}  ");
+        // The device's subsystem lines follow it, each starting with two tabs (comments between).
+        self.text[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("\t\t") || l.starts_with('#'))
+            .find_map(|l| l.strip_prefix("\t\t")?.strip_prefix(key.as_str()))
+            .map(str::trim)
     }
 
-    /// The most specific class name: prog-if, else subclass, else class.
-    pub fn class(&self, class: u8, subclass: u8, prog_if: u8) -> Option<&str> {
-        let mut lines = self.text.get(self.classes..)?.lines();
+    /// The names of a class code: the subclass's (else the class's), and the programming
+    /// interface's where pci.ids names it ("Normal decode", "NVM Express").
+    pub fn class(&self, class: u8, subclass: u8, prog_if: u8) -> (Option<&str>, Option<&str>) {
+        let mut lines = self.text.get(self.classes..).unwrap_or("").lines();
         let class_key = format!("C {class:02x}  ");
-        let mut name = None;
-        for line in lines.by_ref() {
-            if let Some(n) = line.strip_prefix(class_key.as_str()) {
-                name = Some(n.trim());
-                break;
-            }
-        }
-        name?;
+        let Some(class_name) = lines.by_ref().find_map(|l| l.strip_prefix(class_key.as_str())) else {
+            return (None, None);
+        };
         let sub_key = format!("\t{subclass:02x}  ");
         let prog_key = format!("\t\t{prog_if:02x}  ");
-        let mut in_sub = false;
+        let mut sub_name = None;
         for line in lines {
             if line.starts_with("C ") {
                 break;
             }
             if line.starts_with("\t\t") {
-                if in_sub {
+                if sub_name.is_some() {
                     if let Some(n) = line.strip_prefix(prog_key.as_str()) {
-                        return Some(n.trim());
+                        return (sub_name, Some(n.trim()));
                     }
                 }
-            } else if let Some(n) = line.strip_prefix(sub_key.as_str()) {
-                in_sub = true;
-                name = Some(n.trim());
-            } else if in_sub {
+            } else if sub_name.is_some() {
                 break;
+            } else if let Some(n) = line.strip_prefix(sub_key.as_str()) {
+                sub_name = Some(n.trim());
             }
         }
-        name
+        (sub_name.or(Some(class_name.trim())), None)
     }
 }
 
@@ -162,6 +181,8 @@ mod tests {
         let built = PciIds::shipped();
         let parsed = PciIds::parse(Cow::Borrowed(SHIPPED), "parsed".into());
         assert_eq!(built.vendors, parsed.vendors);
+        assert_eq!(built.devices, parsed.devices);
+        assert!(built.devices.len() / 8 > 19_000);
         assert_eq!(built.classes, parsed.classes);
         assert!(built.vendors.len() > 2000);
     }
@@ -189,10 +210,14 @@ mod tests {
     #[test]
     fn class_names() {
         let ids = shipped();
-        assert_eq!(ids.class(0x03, 0x02, 0x00), Some("3D controller"));
-        assert_eq!(ids.class(0x01, 0x08, 0x02), Some("NVM Express"));
-        assert_eq!(ids.class(0x06, 0x04, 0x00), Some("Normal decode"));
-        assert_eq!(ids.class(0x02, 0x07, 0x00), Some("Infiniband controller"));
-        assert_eq!(ids.class(0xfe, 0x00, 0x00), None);
+        assert_eq!(ids.class(0x03, 0x02, 0x00), (Some("3D controller"), None));
+        assert_eq!(ids.class(0x01, 0x08, 0x02), (Some("Non-Volatile memory controller"), Some("NVM Express")));
+        // A bridge's subclass is what it is; "Normal decode" is only how it decodes.
+        assert_eq!(ids.class(0x06, 0x04, 0x00), (Some("PCI bridge"), Some("Normal decode")));
+        assert_eq!(ids.class(0x0c, 0x03, 0x00), (Some("USB controller"), Some("UHCI")));
+        assert_eq!(ids.class(0x02, 0x07, 0x00), (Some("Infiniband controller"), None));
+        // An unknown subclass falls back to its class's name.
+        assert_eq!(ids.class(0x02, 0x7f, 0x00), (Some("Network controller"), None));
+        assert_eq!(ids.class(0xfe, 0x00, 0x00), (None, None));
     }
 }
