@@ -715,14 +715,17 @@ fn collect_caches(
                         }
                     }
                     let at = read_cache_attrs(src, &base).map(|(level, cache_type, size)| {
-                        instances.push(Instance {
-                            level,
-                            cache_type,
-                            size,
-                            line: src.attr_parse(&format!("{base}/coherency_line_size")),
-                            ways: src.attr_parse(&format!("{base}/ways_of_associativity")),
-                            cpus: cpus.clone(),
-                        });
+                        // The geometry is kept per kind of cache: read for its first instance.
+                        let first =
+                            instances.iter().find(|i| (i.level, i.cache_type, i.size) == (level, cache_type, size));
+                        let (line, ways) = match first {
+                            Some(i) => (i.line, i.ways),
+                            None => (
+                                src.attr_parse(&format!("{base}/coherency_line_size")),
+                                src.attr_parse(&format!("{base}/ways_of_associativity")),
+                            ),
+                        };
+                        instances.push(Instance { level, cache_type, size, line, ways, cpus: cpus.clone() });
                         instances.len() - 1
                     });
                     seen.insert(key, at);

@@ -78,8 +78,17 @@ pub fn parse_xids(text: &str) -> Vec<XidEvent> {
     out
 }
 
-/// Reads the kernel log of the system below `src`.
-pub fn collect(src: &Source) -> KernelLog {
+/// Reads the kernel log of the system below `src`, where it can hold XIDs: only the NVIDIA driver
+/// writes them, so without an NVIDIA GPU on the PCI bus the log is not read (formatting a long
+/// log costs the kernel more than the rest of the inventory).
+pub fn collect(src: &Source, pci_gpus: &[String]) -> KernelLog {
+    if pci_gpus.is_empty() {
+        return KernelLog {
+            source: None,
+            error: Some("not read: no NVIDIA GPU on the PCI bus, so no XID to look for".into()),
+            xids: Vec::new(),
+        };
+    }
     if src.is_live() {
         return match read_log() {
             Ok(text) => KernelLog { source: Some("syslog(2)".into()), error: None, xids: parse_xids(&text) },

@@ -116,7 +116,7 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
     let nics = net::collect(&src, options.all_nics);
     let rdma = rdma::collect(&src);
     let topology = topology::compute(&pci, &gpus, &nics, &rdma, &numa);
-    let kernel_log = kmsg::collect(&src);
+    let kernel_log = kmsg::collect(&src, &gpus.pci_gpus);
     let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os, &gpus, &pci, &nvme, &nics);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,

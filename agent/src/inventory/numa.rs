@@ -65,10 +65,15 @@ pub fn collect(src: &Source, present: &std::collections::BTreeSet<u32>) -> Numa 
     let mut distances = Vec::new();
     for id in ids {
         let base = format!("{NODE_DIR}/node{id}");
-        let cpus = if src.attr(&format!("{base}/cpulist")).is_some() {
-            src.attr_with(&format!("{base}/cpulist"), "a CPU list", &[], parse_list)
-        } else {
-            src.attr_with(&format!("{base}/cpumap"), "a CPU mask", &[], parse_mask)
+        let list_rel = format!("{base}/cpulist");
+        let cpus = match src.attr(&list_rel) {
+            Some(text) => parse_list(&text).or_else(|| {
+                src.problem(&list_rel, ProblemKind::Malformed, format!("a CPU list expected, found {text:?}"));
+                None
+            }),
+            // An empty list is a node without CPUs; an old kernel has only the mask.
+            None if src.exists(&list_rel) => Some(Vec::new()),
+            None => src.attr_with(&format!("{base}/cpumap"), "a CPU mask", &[], parse_mask),
         }
         .unwrap_or_default();
         let (cpus, absent): (Vec<u32>, Vec<u32>) =

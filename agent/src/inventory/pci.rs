@@ -180,6 +180,42 @@ pub fn numa_node_of(src: &Source, address: &str) -> Option<u32> {
     src.attr_with(&format!("{PCI_DIR}/{address}/numa_node"), "a NUMA node", &["-1"], parse_numa_node)
 }
 
+/// What a PCI function's `uevent` file says: its ids, class and driver in one read, where the
+/// separate attribute files take six.
+#[derive(Debug, Default, PartialEq)]
+pub struct Uevent {
+    pub present: bool,
+    pub driver: Option<String>,
+    /// Six hex digits, lower case.
+    pub class: Option<String>,
+    pub vendor: Option<String>,
+    pub device: Option<String>,
+    pub subsystem_vendor: Option<String>,
+    pub subsystem_device: Option<String>,
+}
+
+pub fn parse_uevent(text: &str) -> Uevent {
+    let mut u = Uevent { present: true, ..Uevent::default() };
+    let pair = |v: &str| -> Option<(String, String)> {
+        let (a, b) = v.split_once(':')?;
+        let ok = |x: &str| x.len() == 4 && x.chars().all(|c| c.is_ascii_hexdigit());
+        (ok(a) && ok(b)).then(|| (a.to_ascii_lowercase(), b.to_ascii_lowercase()))
+    };
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once('=') else { continue };
+        match key {
+            "DRIVER" if !value.is_empty() => u.driver = Some(value.to_string()),
+            "PCI_CLASS" if value.len() <= 6 && value.chars().all(|c| c.is_ascii_hexdigit()) => {
+                u.class = Some(format!("{:0>6}", value.to_ascii_lowercase()));
+            }
+            "PCI_ID" => (u.vendor, u.device) = pair(value).unzip(),
+            "PCI_SUBSYS_ID" => (u.subsystem_vendor, u.subsystem_device) = pair(value).unzip(),
+            _ => {}
+        }
+    }
+    u
+}
+
 fn hex_attr(src: &Source, rel: &str) -> Option<String> {
     let text = src.attr(rel)?;
     Some(text.trim_start_matches("0x").to_ascii_lowercase())
@@ -242,8 +278,9 @@ fn read_acs(src: &Source, base: &str) -> Option<Acs> {
 
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
-    let vendor_attr = hex_attr(src, &format!("{base}/vendor"));
-    let device_attr = hex_attr(src, &format!("{base}/device"));
+    let uevent = src.read_optional(&format!("{base}/uevent")).map(|t| parse_uevent(&t)).unwrap_or_default();
+    let vendor_attr = uevent.vendor.clone().or_else(|| hex_attr(src, &format!("{base}/vendor")));
+    let device_attr = uevent.device.clone().or_else(|| hex_attr(src, &format!("{base}/device")));
     let revision_attr = hex_attr(src, &format!("{base}/revision"));
     // Old kernels lack some attributes; the standard header (first 64 bytes of config space,
     // readable by anyone) has them all. Read it only then: config reads are slow in VMs.
@@ -260,11 +297,17 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let device_id = device_attr.or_else(|| from_header(2, 2));
     // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
     let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
-    let sub_vendor =
-        hex_attr(src, &format!("{base}/subsystem_vendor")).or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
-    let sub_device =
-        hex_attr(src, &format!("{base}/subsystem_device")).or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
-    let class_raw = hex_attr(src, &format!("{base}/class")).unwrap_or_default();
+    let sub_vendor = uevent
+        .subsystem_vendor
+        .clone()
+        .or_else(|| hex_attr(src, &format!("{base}/subsystem_vendor")))
+        .or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
+    let sub_device = uevent
+        .subsystem_device
+        .clone()
+        .or_else(|| hex_attr(src, &format!("{base}/subsystem_device")))
+        .or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
+    let class_raw = uevent.class.clone().or_else(|| hex_attr(src, &format!("{base}/class"))).unwrap_or_default();
     let class_raw = format!("{class_raw:0>6}");
     let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());
     let h16 = |s: &str| u16::from_str_radix(s, 16).ok();
@@ -332,7 +375,8 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         class_name,
         prog_if_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
-        driver: src.link_name(&format!("{base}/driver")),
+        // The uevent names the bound driver; without one the link is the only word.
+        driver: if uevent.present { uevent.driver } else { src.link_name(&format!("{base}/driver")) },
         numa_node: numa_node_of(src, address),
         local_cpus: local_cpus(src, &base),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
@@ -406,6 +450,19 @@ mod tests {
         assert_eq!(parse_numa_node("1\n"), Some(1));
         assert_eq!(parse_numa_node("-1"), None);
         assert_eq!(parse_numa_node("x"), None);
+    }
+
+    #[test]
+    fn uevent_fields() {
+        let u = parse_uevent(
+            "DRIVER=nvidia\nPCI_CLASS=30200\nPCI_ID=10DE:2330\nPCI_SUBSYS_ID=10DE:16C1\nPCI_SLOT_NAME=0000:18:00.0\n",
+        );
+        assert_eq!(u.driver.as_deref(), Some("nvidia"));
+        assert_eq!(u.class.as_deref(), Some("030200"));
+        assert_eq!((u.vendor.as_deref(), u.device.as_deref()), (Some("10de"), Some("2330")));
+        assert_eq!((u.subsystem_vendor.as_deref(), u.subsystem_device.as_deref()), (Some("10de"), Some("16c1")));
+        let unbound = parse_uevent("PCI_CLASS=60400\nPCI_ID=8086:zzzz\n");
+        assert!(unbound.present && unbound.driver.is_none() && unbound.vendor.is_none());
     }
 
     #[test]

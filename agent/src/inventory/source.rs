@@ -8,6 +8,7 @@
 
 use std::cell::RefCell;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -40,15 +41,57 @@ pub struct Problem {
 /// (`/proc/cpuinfo` of a 1,024-thread box is ~1.5 MB).
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
+/// How many open directories [`Source`] keeps for `openat`.
+const OPEN_DIRS: usize = 8;
+
 /// Reads below a root and collects problems. Not `Sync`: one inventory is taken on one thread.
 pub struct Source {
     root: PathBuf,
     problems: RefCell<Vec<Problem>>,
+    /// Directories held open, most recent first: readers take several files from one directory
+    /// in a row (a PCI function's attributes, a cache index), and `openat` from an open directory
+    /// skips the walk from `/` (and through `/sys/bus`'s links) that costs most of a sysfs open.
+    dirs: RefCell<Vec<(String, OwnedFd)>>,
+    /// The parent of the last file read: a directory is opened on its second use in a row.
+    last_parent: RefCell<String>,
 }
 
 impl Source {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Source { root: root.into(), problems: RefCell::new(Vec::new()) }
+        Source {
+            root: root.into(),
+            problems: RefCell::new(Vec::new()),
+            dirs: RefCell::new(Vec::new()),
+            last_parent: RefCell::new(String::new()),
+        }
+    }
+
+    /// Runs `f` on the open directory holding `rel` and the name of `rel` in it; `None` where no
+    /// directory is open for it (the caller then goes by path, which reports errors the same way).
+    fn in_dir<T>(&self, rel: &str, f: impl FnOnce(BorrowedFd<'_>, &str) -> nix::Result<T>) -> Option<io::Result<T>> {
+        let (parent, leaf) = rel.rsplit_once('/')?;
+        if leaf.is_empty() || leaf == "." || leaf == ".." {
+            return None;
+        }
+        if let Some(at) = self.dirs.borrow().iter().position(|(p, _)| p == parent) {
+            let dirs = self.dirs.borrow();
+            return Some(f(dirs[at].1.as_fd(), leaf).map_err(io::Error::from));
+        }
+        if *self.last_parent.borrow() != parent {
+            *self.last_parent.borrow_mut() = parent.to_string();
+            return None;
+        }
+        use nix::fcntl::OFlag;
+        let mut flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        if !self.is_live() {
+            flags |= OFlag::O_NOFOLLOW;
+        }
+        let fd = nix::fcntl::open(&self.resolved(parent), flags, nix::sys::stat::Mode::empty()).ok()?;
+        let result = f(fd.as_fd(), leaf).map_err(io::Error::from);
+        let mut dirs = self.dirs.borrow_mut();
+        dirs.insert(0, (parent.to_string(), fd));
+        dirs.truncate(OPEN_DIRS);
+        Some(result)
     }
 
     pub fn root(&self) -> &Path {
@@ -81,10 +124,22 @@ impl Source {
     /// Opens a regular file below the root for reading: resolved inside the root, never through a
     /// final link, never blocking on a FIFO, and never a device, FIFO or socket.
     pub fn open(&self, rel: &str) -> io::Result<std::fs::File> {
+        use nix::fcntl::OFlag;
         use std::os::unix::fs::OpenOptionsExt;
-        let path = self.resolved(rel);
-        let flags = if self.is_live() { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
+        let nofollow = if self.is_live() { OFlag::empty() } else { OFlag::O_NOFOLLOW };
+        let at = self.in_dir(rel, |dir, leaf| {
+            let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | nofollow;
+            nix::fcntl::openat(dir, leaf, flags, nix::sys::stat::Mode::empty())
+        });
+        let file = match at {
+            Some(Ok(fd)) => std::fs::File::from(fd),
+            // In a snapshot the last component is a link: resolved inside the root, by path.
+            Some(Err(e)) if !(e.raw_os_error() == Some(libc::ELOOP) && !self.is_live()) => return Err(e),
+            _ => {
+                let flags = if self.is_live() { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
+                std::fs::OpenOptions::new().read(true).custom_flags(flags).open(self.resolved(rel))?
+            }
+        };
         // The live /proc and /sys hold no FIFOs or devices: the extra fstat is for snapshots only.
         if !self.is_live() && !file.metadata()?.is_file() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
@@ -93,6 +148,15 @@ impl Source {
     }
 
     pub fn exists(&self, rel: &str) -> bool {
+        use nix::fcntl::AtFlags;
+        let follow = if self.is_live() { AtFlags::empty() } else { AtFlags::AT_SYMLINK_NOFOLLOW };
+        if let Some(found) = self.in_dir(rel, |dir, leaf| nix::sys::stat::fstatat(dir, leaf, follow)) {
+            // A link in a snapshot is looked at by path, resolved inside the root.
+            let link = found.as_ref().is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
+            if !link {
+                return found.is_ok();
+            }
+        }
         let path = self.resolved(rel);
         // In a snapshot a link left unresolved (a loop) is not followed out of the root.
         if self.is_live() {
@@ -162,6 +226,9 @@ impl Source {
             let mut file = self.open(rel)?;
             let mut buf = Vec::new();
             let mut chunk = [0u8; 4096];
+            // A sysfs attribute comes whole in its first read (at most a page): a short first
+            // read is the end, and the read that would return 0 is saved.
+            let whole_in_one = rel.starts_with("sys/");
             loop {
                 if buf.len() as u64 > MAX_FILE_BYTES {
                     return Err(io::Error::new(
@@ -171,6 +238,7 @@ impl Source {
                 }
                 match file.read(&mut chunk) {
                     Ok(0) => return Ok(buf),
+                    Ok(n) if whole_in_one && buf.is_empty() && n < chunk.len() => return Ok(chunk[..n].to_vec()),
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),
@@ -202,7 +270,10 @@ impl Source {
 
     /// The target of a symbolic link (sysfs links are relative); absence is silent.
     pub fn link_target(&self, rel: &str) -> Option<std::path::PathBuf> {
-        std::fs::read_link(self.path(rel)).ok()
+        match self.in_dir(rel, |dir, leaf| nix::fcntl::readlinkat(dir, leaf)) {
+            Some(target) => target.ok().map(PathBuf::from),
+            None => std::fs::read_link(self.path(rel)).ok(),
+        }
     }
 
     /// The last component of a link's target: the driver or IOMMU group a sysfs link points at.
