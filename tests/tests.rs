@@ -14,6 +14,7 @@ mod gpu;
 mod hwloc;
 mod kill;
 mod lab;
+mod patterns;
 mod provision;
 mod synthetic;
 mod tidy;

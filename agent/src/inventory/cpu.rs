@@ -647,7 +647,7 @@ type PrivateSizes = BTreeMap<u32, (u64, u64)>;
 /// The caches of the online CPUs, read as hwloc reads them: for each CPU and cache index its
 /// `shared_cpu_map` only, and the cache's level, type, size and geometry once per instance (from
 /// the first CPU that shares it). The map wins where it and `shared_cpu_list` disagree, as in
-/// hwloc, and the contradiction is a problem entry. An empty map (ia64's L3) means the CPU's core.
+/// hwloc, and the contradiction (looked for once per index) is a problem entry. An empty map (ia64's L3) means the CPU's core.
 fn collect_caches(
     src: &Source,
     online: &[u32],
@@ -665,6 +665,7 @@ fn collect_caches(
     let mut seen: BTreeMap<(u32, Vec<u32>), Option<usize>> = BTreeMap::new();
     let mut instances: Vec<Instance> = Vec::new();
     let mut private: PrivateSizes = BTreeMap::new();
+    let mut lists_checked = BTreeSet::new();
     for &cpu in online {
         // Index directories may be sparse (a hand-edited snapshot drops some): list, don't probe.
         let dir = format!("{CPU_DIR}/cpu{cpu}/cache");
@@ -700,8 +701,10 @@ fn collect_caches(
                 Some(at) => *at,
                 None => {
                     let (_, cpus) = &key;
-                    // First CPU of this instance: its attributes, and the list checked against the map.
-                    if had_map {
+                    // First CPU of this instance: its attributes. The list is checked against the
+                    // map once per index (a file per instance would cost a 200-CPU box ~4 ms, and
+                    // the map, which is followed, is right either way).
+                    if had_map && lists_checked.insert(index) {
                         if let Some(list) = from_list().filter(|l| l != cpus) {
                             src.problem(
                                 &list_rel,

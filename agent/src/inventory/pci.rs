@@ -248,6 +248,11 @@ fn read_link(src: &Source, base: &str) -> Option<PciLink> {
             s.parse::<u32>().ok().filter(|&w| w > 0 && w <= 32)
         })
     };
+    // The kernel gives the four files to PCI Express functions only: with neither speed file
+    // there is no link to read (a conventional PCI function, most of a VM's).
+    if !src.exists(&format!("{base}/current_link_speed")) && !src.exists(&format!("{base}/max_link_speed")) {
+        return None;
+    }
     let current_speed = speed("current_link_speed");
     let max_speed = speed("max_link_speed");
     let current_width = width("current_link_width");
@@ -390,11 +395,13 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     }
 }
 
-/// The CPUs near a device: `local_cpulist`, else the older mask file `local_cpus`.
+/// The CPUs near a device: the mask file `local_cpus`, which every kernel has and hwloc reads
+/// (where it and `local_cpulist` disagree, as in a hand-edited snapshot, hwloc follows the mask),
+/// else `local_cpulist`.
 fn local_cpus(src: &Source, base: &str) -> Option<String> {
     use super::cpulist::{format_list, parse_list, parse_mask};
-    let list = src.attr_with(&format!("{base}/local_cpulist"), "a CPU list", &[], parse_list);
-    let cpus = list.or_else(|| src.attr_with(&format!("{base}/local_cpus"), "a CPU mask", &[], parse_mask))?;
+    let mask = src.attr_with(&format!("{base}/local_cpus"), "a CPU mask", &[], parse_mask);
+    let cpus = mask.or_else(|| src.attr_with(&format!("{base}/local_cpulist"), "a CPU list", &[], parse_list))?;
     Some(format_list(&cpus))
 }
 
