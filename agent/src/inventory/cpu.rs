@@ -814,20 +814,24 @@ fn collect_frequency(src: &Source, online: &[u32], info: &CpuInfo) -> (Frequenci
     };
     let mut max_khz = BTreeMap::new();
     let mut min_read_for = BTreeSet::new();
-    for &cpu in online {
+    let mut policy_read = false;
+    for (i, &cpu) in online.iter().enumerate() {
         let base = format!("{CPU_DIR}/cpu{cpu}/cpufreq");
-        let Some(max) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_max_freq")) else { continue };
+        let max = src.attr_parse::<u64>(&format!("{base}/cpuinfo_max_freq"));
+        // The driver and governor: from the first CPU, or the first with a clock range.
+        if !policy_read && (i == 0 || max.is_some()) {
+            freq.base_mhz = src.attr_parse::<u64>(&format!("{base}/base_frequency")).map(khz_to_mhz);
+            freq.scaling_driver = src.attr(&format!("{base}/scaling_driver"));
+            freq.governor = src.attr(&format!("{base}/scaling_governor"));
+            policy_read = max.is_some() || freq.scaling_driver.is_some() || freq.governor.is_some();
+        }
+        let Some(max) = max else { continue };
         max_khz.insert(cpu, max);
         freq.max_mhz = Some(freq.max_mhz.map_or(khz_to_mhz(max), |m| m.max(khz_to_mhz(max))));
         if min_read_for.insert(max) {
             if let Some(min) = src.attr_parse::<u64>(&format!("{base}/cpuinfo_min_freq")).map(khz_to_mhz) {
                 freq.min_mhz = Some(freq.min_mhz.map_or(min, |m| m.min(min)));
             }
-        }
-        if freq.scaling_driver.is_none() {
-            freq.base_mhz = src.attr_parse::<u64>(&format!("{base}/base_frequency")).map(khz_to_mhz);
-            freq.scaling_driver = src.attr(&format!("{base}/scaling_driver"));
-            freq.governor = src.attr(&format!("{base}/scaling_governor"));
         }
     }
     (freq, max_khz)
