@@ -338,3 +338,53 @@ fn live_nics_resolve_to_their_pci_function() {
         }
     }
 }
+
+/// The OS devices hwloc hangs below PCI functions that kiln lists too: network interfaces (kiln's
+/// physical NICs), OpenFabrics devices (kiln's RDMA devices on PCI) and NVMe namespaces, the same
+/// set on every fixture that has them.
+#[test]
+fn os_devices_agree_with_hwloc() {
+    let dir = fixtures().join("hwloc");
+    let expected: BTreeMap<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let mut compared = 0;
+    for (case, exp) in &expected {
+        let os = exp["hwloc_expected"]["os_devices"].as_array().unwrap();
+        if os.is_empty() {
+            continue;
+        }
+        let of_kind = |kinds: &[&str], prefix: &str| -> BTreeSet<String> {
+            os.iter()
+                .filter(|d| kinds.contains(&d[0].as_str().unwrap()) && d[2].as_str().unwrap().starts_with(prefix))
+                .map(|d| d[2].as_str().unwrap().to_string())
+                .collect()
+        };
+        let inv = inventory_json(
+            &unpack(&dir.join(exp["tarball"].as_str().unwrap()))
+                .join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()),
+        );
+        let names = |key: &str, filter: &dyn Fn(&Value) -> bool| -> BTreeSet<String> {
+            inv[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| filter(d))
+                .map(|d| d["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let nics = names("nics", &|_| true);
+        let rdma = names("rdma", &|d| d["pci_address"].is_string());
+        let namespaces: BTreeSet<String> = inv["nvme"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["namespaces"].as_array().unwrap())
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(nics, of_kind(&["Network", "16"], ""), "{case}: network interfaces");
+        assert_eq!(rdma, of_kind(&["OpenFabrics", "48"], ""), "{case}: RDMA devices");
+        assert_eq!(namespaces, of_kind(&["Storage", "1"], "nvme"), "{case}: NVMe namespaces");
+        compared += 1;
+    }
+    assert_eq!(compared, 5, "the five fixtures with OS devices");
+}
