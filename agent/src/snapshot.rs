@@ -39,6 +39,7 @@ const FILES: &[&str] = &[
 const TREES: &[&str] = &[
     "sys/devices",
     "sys/bus/pci/devices",
+    "sys/bus/dax/devices",
     "sys/class/net",
     "sys/class/infiniband",
     "sys/class/nvme",
