@@ -134,7 +134,7 @@ impl Source {
         let file = match at {
             Some(Ok(fd)) => std::fs::File::from(fd),
             // In a snapshot the last component is a link: resolved inside the root, by path.
-            Some(Err(e)) if !(e.raw_os_error() == Some(libc::ELOOP) && !self.is_live()) => return Err(e),
+            Some(Err(e)) if e.raw_os_error() != Some(libc::ELOOP) || self.is_live() => return Err(e),
             _ => {
                 let flags = if self.is_live() { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
                 std::fs::OpenOptions::new().read(true).custom_flags(flags).open(self.resolved(rel))?
