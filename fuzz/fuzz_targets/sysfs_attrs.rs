@@ -1,4 +1,4 @@
-//! The one-line sysfs and procfs attributes: link speeds, AER counters, NUMA nodes, CPU lists and
+//! The one-line sysfs and procfs attributes (and a PCI function's uevent): link speeds, AER counters, NUMA nodes, CPU lists and
 //! masks, distances, os-release. A CPU list that parses must format back to the same set.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -9,6 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     std::hint::black_box(pci::parse_link_speed(&text).and_then(pci::pcie_gen));
     std::hint::black_box(pci::parse_aer_total(&text));
+    std::hint::black_box(pci::parse_uevent(&text));
     std::hint::black_box(pci::parse_numa_node(&text));
     std::hint::black_box(numa::parse_distances(&text));
     std::hint::black_box(os::parse_os_release(&text));
