@@ -206,6 +206,8 @@ fn both_kernel_paths_train_the_same_model_from_the_seed() {
 
 /// Beside a CPU hog, STREAM still reports only what memory moved: every stored sample is under the
 /// physical ceiling the run states (the window cannot miss work), and the run is not `invalid`.
+/// It is `disturbed`: the hogs' share of the machine is measured, stated, and keeps the run from
+/// being a result.
 #[test]
 fn membw_beside_a_cpu_hog_stays_under_its_ceiling() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -222,7 +224,11 @@ fn membw_beside_a_cpu_hog_stays_under_its_ceiling() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    let run = kiln(&["bench", "membw", "--array-mib", "64", "--repetitions", "5", "--json"], &[("KILN_DB", &db)]);
+    let limit = std::path::Path::new("10");
+    let run = kiln(
+        &["bench", "membw", "--array-mib", "64", "--repetitions", "40", "--json"],
+        &[("KILN_DB", &db), ("KILN_MAX_CONTENTION", limit)],
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for h in hogs {
         h.join().unwrap();
@@ -230,6 +236,12 @@ fn membw_beside_a_cpu_hog_stays_under_its_ceiling() {
     let out = run.success().json();
     let report = &out["report"];
     assert!(report["invalid"].is_null(), "{report}");
+    assert_eq!(out["status"], "disturbed", "two hogs on this machine's CPUs");
+    let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
+    let stored = &runs["runs"][0];
+    assert_eq!(stored["status"], "disturbed", "{stored}");
+    let reason = stored["status_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("other processes took") && reason.contains("limit 10 %"), "{stored}");
     for (scope, ceiling) in report["scopes"].as_array().unwrap().iter().zip(report["ceilings"].as_array().unwrap()) {
         let ceiling = ceiling["gbps"].as_f64().unwrap();
         for k in scope["kernels"].as_array().unwrap() {

@@ -118,6 +118,9 @@ impl Run {
 pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.args(args).env_remove("KILN_DB").env_remove("KILN_LOG");
+    // The tests run in parallel, each kiln beside the others: a benchmark here always shares the
+    // CPUs, so its run would be `disturbed`. The contention test sets its own limit.
+    cmd.env("KILN_MAX_CONTENTION", "100");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -91,6 +91,9 @@ named_enum! {
         Failed = "failed",
         /// A figure broke its physical ceiling (the run's `status_reason` says which): never a result.
         Invalid = "invalid",
+        /// Other processes or the hypervisor took more of the CPUs than allowed while it measured
+        /// (`status_reason` gives the shares): kept and shown, never a result.
+        Disturbed = "disturbed",
     }
 }
 
@@ -145,5 +148,6 @@ mod tests {
         assert_eq!(err.to_string(), "unknown RunStatus \"OK\" (known: ok, unstable, failed, invalid)");
         assert!(serde_json::from_str::<RunStatus>("\"done\"").is_err());
         assert!(RunStatus::Unstable.is_result() && !RunStatus::Failed.is_result() && !RunStatus::Invalid.is_result());
+        assert!(!RunStatus::Disturbed.is_result());
     }
 }

@@ -97,6 +97,7 @@ pub fn disk(
     let rand = report.tests.iter().filter(|t| t.test == "rand_read").max_by(|a, b| a.queue_depth.cmp(&b.queue_depth));
     Ok(Outcome {
         status: RunStatus::Ok,
+        status_reason: None,
         started_at,
         config: serde_json::json!({ "target": path, "config": config, "direct": report.direct }),
         headline: format!(

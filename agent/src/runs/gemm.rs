@@ -7,7 +7,7 @@ use kiln_bench::gemm::{GemmResult, PeakResult};
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
 use crate::inventory::Inventory;
 use crate::render::Progress;
 use crate::timefmt::now_rfc3339;
@@ -94,9 +94,10 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     let progress = Progress::new();
     progress.update("measuring the FMA peak");
     let cpus = allowed_cpus(inv);
+    // Sampling (and the contention figures) covers the peak probe too: % of peak divides by it.
+    let sampler = sampler(inv, Duration::from_millis(500));
     let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
     let started_at = now_rfc3339();
-    let sampler = sampler(inv, Duration::from_millis(500));
     let mut results = Vec::new();
     let mut skipped = Vec::new();
     for &dtype in dtypes {
@@ -134,6 +135,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     let dtype_names: Vec<String> = dtypes.iter().map(|d| format!("{d:?}").to_lowercase()).collect();
     Outcome {
         status,
+        status_reason: None,
         started_at,
         config: serde_json::json!({ "sizes": sizes, "dtypes": dtype_names, "repetitions": repetitions }),
         headline,
@@ -143,4 +145,5 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         samples,
         telemetry,
     }
+    .judge_contention(contention_limit())
 }

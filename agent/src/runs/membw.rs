@@ -6,7 +6,7 @@ use kiln_bench::membw;
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
 use crate::inventory::cpulist::parse_list;
 use crate::inventory::Inventory;
 use crate::render::Progress;
@@ -196,6 +196,7 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
     let triad = all.and_then(|s| s.kernels.iter().find(|k| k.kernel == membw::Kernel::Triad));
     Outcome {
         status: report.status,
+        status_reason: None,
         started_at,
         config: serde_json::to_value(&report.config).unwrap_or_default(),
         headline: triad.map_or(String::new(), |t| {
@@ -207,6 +208,7 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
         samples,
         telemetry,
     }
+    .judge_contention(contention_limit())
 }
 
 #[cfg(test)]

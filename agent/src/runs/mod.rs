@@ -132,6 +132,8 @@ impl Report {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub status: RunStatus,
+    /// Why the status is what it is, where the report does not say (a `disturbed` run's shares).
+    pub status_reason: Option<String>,
     pub started_at: String,
     /// The exact configuration (stored with the run).
     pub config: serde_json::Value,
@@ -166,11 +168,46 @@ impl Outcome {
             started_at: self.started_at.clone(),
             finished_at: now_rfc3339(),
             status: self.status,
-            status_reason: self.report.invalid_reason(),
+            status_reason: self.report.invalid_reason().or_else(|| self.status_reason.clone()),
             metrics: self.metrics.clone(),
             samples: self.samples.clone(),
             telemetry: self.telemetry.clone(),
         }
+    }
+}
+
+/// The most of the machine's CPU time, in percent, that other processes (or the hypervisor, as
+/// steal time) may take while a CPU benchmark measures before its run is `disturbed`:
+/// `KILN_MAX_CONTENTION`, else 10. System daemons take 1–2 % of a quiet machine.
+pub fn contention_limit() -> f64 {
+    std::env::var("KILN_MAX_CONTENTION").ok().and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(10.0)
+}
+
+impl Outcome {
+    /// A result measured while others used the CPUs is `disturbed`, with the figures: kept and
+    /// shown, never a result (no peak, comparison or verdict reads it). Runs that are not results
+    /// anyway keep their status.
+    pub fn judge_contention(mut self, limit: f64) -> Outcome {
+        if !self.status.is_result() {
+            return self;
+        }
+        let figure = |name: &str| {
+            self.telemetry.iter().rev().find(|(_, source, n, _)| source == "cpu" && n == name).map(|s| s.3)
+        };
+        let (Some(others), Some(steal)) = (figure(telemetry::OTHERS_PERCENT), figure(telemetry::STEAL_PERCENT)) else {
+            return self;
+        };
+        if others + steal > limit {
+            self.status = RunStatus::Disturbed;
+            let reason = format!(
+                "other processes took {others:.0} % of the machine's CPU time while it measured and the \
+                 hypervisor {steal:.0} % (limit {limit:.0} %, KILN_MAX_CONTENTION): not a result; run it \
+                 on a quiet machine"
+            );
+            self.text.push_str(&format!("status disturbed: {reason}\n"));
+            self.status_reason = Some(reason);
+        }
+        self
     }
 }
 

@@ -29,6 +29,7 @@ pub fn net(server: &str, config: kiln_bench::net::Config) -> anyhow::Result<Outc
         |name: &str, value, unit: &str, direction| Metric { name: name.into(), value, unit: unit.into(), direction };
     Ok(Outcome {
         status: status_of(unstable),
+        status_reason: None,
         started_at,
         config: serde_json::json!({ "server": report.server, "config": config }),
         headline: format!("net to {}: {:.2} Gb/s, round trip p50 {:.1} us", report.server, t.median, report.rtt_us.median),

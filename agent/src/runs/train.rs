@@ -6,7 +6,7 @@ use kiln_bench::gemm::PeakResult;
 use kiln_db::{Direction, Metric, RunStatus};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
 use crate::inventory::Inventory;
 use crate::render::Progress;
 use crate::timefmt::now_rfc3339;
@@ -66,9 +66,10 @@ pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::gemm::Peak
 pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Result<Outcome> {
     let progress = Progress::new();
     progress.update("measuring the FMA peak");
+    // Sampling (and the contention figures) covers the peak probe too: MFU divides by it.
+    let sampler = sampler(inv, Duration::from_millis(500));
     let peak = kiln_bench::gemm::fma_peak(&allowed_cpus(inv), 3, 20_000_000);
     let started_at = now_rfc3339();
-    let sampler = sampler(inv, Duration::from_millis(500));
     let size = config.size.clone();
     let result = kiln_bench::train::run(config, Some(peak.summary.median * 1e9), |step, total, loss| {
         progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));
@@ -93,8 +94,10 @@ pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Res
         text: format!("{}status {status}\n", render_train(&report, &peak)),
         report: Report::Train(TrainReport { peak, train: report }),
         status,
+        status_reason: None,
         metrics,
         samples,
         telemetry,
-    })
+    }
+    .judge_contention(contention_limit()))
 }

@@ -11,24 +11,27 @@ use super::{Checks, Evidence, Measured, RunEvidence, Severity};
 /// The accepted boxes a fleet comparison needs by default.
 pub const FLEET_MIN_BOXES: u32 = 5;
 
+/// Whether a metric's name matches `pattern` (`{n}` stands for a number).
+fn hits(pattern: &str, name: &str) -> bool {
+    match pattern.split_once("{n}") {
+        Some((prefix, suffix)) => {
+            name.len() > prefix.len() + suffix.len()
+                && name.starts_with(prefix)
+                && name.ends_with(suffix)
+                && name[prefix.len()..name.len() - suffix.len()].chars().all(|c| c.is_ascii_digit())
+        }
+        None => name == pattern,
+    }
+}
+
 /// Every stored metric of a result run matching `pattern` (`{n}` stands for a number), with the run
 /// it came from; for a name measured by several runs, the last run's value.
 pub fn matching<'a>(runs: &'a [RunEvidence], pattern: &str) -> Vec<(&'a str, f64, &'a RunEvidence)> {
-    let (prefix, suffix) = pattern.split_once("{n}").unwrap_or((pattern, ""));
-    let group = pattern.contains("{n}");
     let mut out: Vec<(&str, f64, &RunEvidence)> = Vec::new();
-    // Only results: a failed or invalid run's figures judge nothing.
+    // Only results: a failed, invalid or disturbed run's figures judge nothing.
     for run in runs.iter().filter(|r| r.status.is_result()) {
         for (name, value, _) in &run.metrics {
-            let hit = if group {
-                name.len() > prefix.len() + suffix.len()
-                    && name.starts_with(prefix)
-                    && name.ends_with(suffix)
-                    && name[prefix.len()..name.len() - suffix.len()].chars().all(|c| c.is_ascii_digit())
-            } else {
-                name == pattern
-            };
-            if hit {
+            if hits(pattern, name) {
                 out.retain(|(n, _, _)| *n != name.as_str());
                 out.push((name.as_str(), *value, run));
             }
@@ -86,10 +89,13 @@ fn one(p: &PerfSpec, e: &Evidence<'_>, c: &mut Checks) {
         return;
     }
     if found.is_empty() {
-        let why = if e.runs.is_empty() {
-            "no benchmark was run with this inventory"
-        } else {
-            "the benchmark that measures it was not run (or failed)"
+        // A run measured it but is not a result: say which and why, so the technician reruns it.
+        let unusable =
+            e.runs.iter().rev().find(|r| !r.status.is_result() && r.metrics.iter().any(|(n, _, _)| hits(&p.metric, n)));
+        let why = match unusable {
+            Some(r) => format!("{} is {}, not a result (kiln show run {})", run_ref(r), r.status, r.id),
+            None if e.runs.is_empty() => "no benchmark was run with this inventory".to_string(),
+            None => "the benchmark that measures it was not run (or failed)".to_string(),
         };
         c.add(&id, &p.metric, Severity::Performance, describe(p), Measured::missing(why), "", "runs of this inventory");
         return;
@@ -242,6 +248,10 @@ mod tests {
         let names: Vec<&str> = matching(&runs, "membw.node{n}.triad_gbps").iter().map(|x| x.0).collect();
         assert_eq!(names, ["membw.node9.triad_gbps", "membw.node10.triad_gbps"]);
         assert_eq!(matching(&runs, "membw.all.triad_gbps").len(), 1);
+        // A disturbed run measured it, but its figures judge nothing.
+        let disturbed = RunEvidence { status: RunStatus::Disturbed, ..runs[0].clone() };
+        assert!(matching(std::slice::from_ref(&disturbed), "membw.all.triad_gbps").is_empty());
+        assert!(hits("membw.all.triad_gbps", "membw.all.triad_gbps") && !hits("membw.node{n}.x", "membw.node.x"));
         assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.1), Some(1.0));
         assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0], 0.1), Some(2.0));
         assert_eq!(nearest_rank(&[5.0, 1.0, 4.0, 3.0, 2.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9), Some(9.0));
