@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::util::{fixtures, inventory_json, kiln, unpack, unpack_ttar};
+use crate::util::{fixtures, hwloc_case_inventory, hwloc_expected, inventory_json, kiln, unpack, unpack_ttar};
 
 fn hwloc_root(tarball: &str, top: &str) -> std::path::PathBuf {
     unpack(&fixtures().join("hwloc").join(tarball)).join(top)
@@ -19,9 +19,7 @@ fn by_address(inv: &Value) -> BTreeMap<String, &Value> {
 /// hwloc lists each PCI function as "class [vendor:device] [subvendor:subdevice] revision prog-if".
 #[test]
 fn pci_functions_agree_with_hwloc() {
-    let dir = fixtures().join("hwloc");
-    let expected: BTreeMap<String, Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected = hwloc_expected();
     let mut checked = 0;
     let mut links = 0;
     let mut seen_tarballs = std::collections::BTreeSet::new();
@@ -31,7 +29,7 @@ fn pci_functions_agree_with_hwloc() {
         if list.is_empty() || !seen_tarballs.insert(tarball.to_string()) {
             continue;
         }
-        let inv = inventory_json(&unpack(&dir.join(tarball)).join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()));
+        let inv = hwloc_case_inventory(exp);
         let pci = by_address(&inv);
         assert_eq!(
             pci.len() as u64,
@@ -187,16 +185,14 @@ const LOCALITY_DIFFERENCES: &[(&str, &str, &str)] = &[(
 #[test]
 fn pci_localities_agree_with_hwloc() {
     let dir = fixtures().join("hwloc");
-    let expected: BTreeMap<String, Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected = hwloc_expected();
     let mut compared = 0;
     let mut wrong = Vec::new();
     for (case, exp) in &expected {
         if exp["hwloc_expected"]["pci_devices"].as_array().unwrap().is_empty() || case == "fakepcilocalities" {
             continue;
         }
-        let tarball = exp["tarball"].as_str().unwrap();
-        let inv = inventory_json(&unpack(&dir.join(tarball)).join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()));
+        let inv = hwloc_case_inventory(exp);
         let online = cpu_list(inv["cpu"]["online_cpus"].as_str().unwrap());
         let pci = by_address(&inv);
         for (busid, want) in hwloc_localities(&dir, exp["expected_file"].as_str().unwrap()) {
@@ -344,9 +340,7 @@ fn live_nics_resolve_to_their_pci_function() {
 /// set on every fixture that has them.
 #[test]
 fn os_devices_agree_with_hwloc() {
-    let dir = fixtures().join("hwloc");
-    let expected: BTreeMap<String, Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected = hwloc_expected();
     let mut compared = 0;
     for (case, exp) in &expected {
         let os = exp["hwloc_expected"]["os_devices"].as_array().unwrap();
@@ -359,10 +353,7 @@ fn os_devices_agree_with_hwloc() {
                 .map(|d| d[2].as_str().unwrap().to_string())
                 .collect()
         };
-        let inv = inventory_json(
-            &unpack(&dir.join(exp["tarball"].as_str().unwrap()))
-                .join(exp["raw_sysfs_facts"]["topdir"].as_str().unwrap()),
-        );
+        let inv = hwloc_case_inventory(exp);
         let names = |key: &str, filter: &dyn Fn(&Value) -> bool| -> BTreeSet<String> {
             inv[key]
                 .as_array()

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::util::{fixtures, inventory_json, unpack};
+use crate::util::{fixtures, hwloc_expected, inventory_json, unpack};
 
 /// (case, field, why kiln and hwloc differ there).
 const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
@@ -376,8 +376,7 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
 #[test]
 fn hwloc_snapshots_agree_with_hwloc() {
     let dir = fixtures().join("hwloc");
-    let expected: BTreeMap<String, Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected = hwloc_expected();
     let mut unexpected = Vec::new();
     let mut seen_known = BTreeSet::new();
     let mut checked = 0;

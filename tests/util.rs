@@ -129,6 +129,18 @@ pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
     Run { cmdline, output }
 }
 
+/// hwloc's expected results per test case (`../shared/fixtures/hwloc/expected.json`), by case name.
+pub fn hwloc_expected() -> std::collections::BTreeMap<String, serde_json::Value> {
+    let path = fixtures().join("hwloc/expected.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// The inventory of one hwloc case's snapshot (its tarball, unpacked, at its top directory).
+pub fn hwloc_case_inventory(case: &serde_json::Value) -> serde_json::Value {
+    let tarball = fixtures().join("hwloc").join(case["tarball"].as_str().unwrap());
+    inventory_json(&unpack(&tarball).join(case["raw_sysfs_facts"]["topdir"].as_str().unwrap()))
+}
+
 /// The inventory of a root, as the binary prints it with `--json`.
 pub fn inventory_json(root: &Path) -> serde_json::Value {
     kiln(&["inventory", "--json", "--root", root.to_str().unwrap()], &[]).success().json()

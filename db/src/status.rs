@@ -145,7 +145,7 @@ mod tests {
             assert_eq!(s.as_str().parse::<StepStatus>(), Ok(*s));
         }
         let err = "OK".parse::<RunStatus>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown RunStatus \"OK\" (known: ok, unstable, failed, invalid)");
+        assert_eq!(err.to_string(), "unknown RunStatus \"OK\" (known: ok, unstable, failed, invalid, disturbed)");
         assert!(serde_json::from_str::<RunStatus>("\"done\"").is_err());
         assert!(RunStatus::Unstable.is_result() && !RunStatus::Failed.is_result() && !RunStatus::Invalid.is_result());
         assert!(!RunStatus::Disturbed.is_result());
