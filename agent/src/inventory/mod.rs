@@ -102,21 +102,35 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
     if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
         return Err(InventoryError::NotASnapshot { path: display });
     }
+    // An inventory is mostly waiting on sysfs opens: the devices (PCI, NVMe, NICs, RDMA) are read
+    // on a second thread while this one reads the processors, memory and system, each through a
+    // `Source` of its own. Problems keep the order of a single-threaded reading.
     let src = Source::new(root);
-    let cpu = cpu::collect(&src);
-    let present: std::collections::BTreeSet<u32> = cpu.logical_cpus.iter().map(|c| c.id).collect();
-    let mut numa = numa::collect(&src, &present);
-    let memory = memory::collect(&src);
-    let system = system::collect(&src);
-    let os = os::collect(&src, &cpu, &system);
-    let pci = pci::collect(&src);
+    let ((cpu, mut numa, memory, system, os), (pci, nvme, nics, rdma, device_problems)) = std::thread::scope(|s| {
+        let devices = s.spawn(|| {
+            let src = Source::new(root);
+            let pci = pci::collect(&src);
+            let nvme = nvme::collect(&src);
+            let nics = net::collect(&src, options.all_nics);
+            let rdma = rdma::collect(&src);
+            (pci, nvme, nics, rdma, src.take_problems())
+        });
+        let cpu = cpu::collect(&src);
+        let present: std::collections::BTreeSet<u32> = cpu.logical_cpus.iter().map(|c| c.id).collect();
+        let numa = numa::collect(&src, &present);
+        let memory = memory::collect(&src);
+        let system = system::collect(&src);
+        let os = os::collect(&src, &cpu, &system);
+        let devices = devices.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        ((cpu, numa, memory, system, os), devices)
+    });
+    let mut problems = src.take_problems();
+    problems.extend(device_problems);
     let gpus = gpu::collect(&src, &pci, options.nvml_library.as_deref());
     numa::mark_gpu_memory(&mut numa, &gpus);
-    let nvme = nvme::collect(&src);
-    let nics = net::collect(&src, options.all_nics);
-    let rdma = rdma::collect(&src);
     let topology = topology::compute(&pci, &gpus, &nics, &rdma, &numa);
     let kernel_log = kmsg::collect(&src, &gpus.pci_gpus);
+    problems.extend(src.take_problems());
     let fingerprints = fingerprint::compute(&cpu, &memory, &system, &os, &gpus, &pci, &nvme, &nics);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,
@@ -137,6 +151,6 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
         topology,
         fingerprints,
         kernel_log,
-        problems: src.take_problems(),
+        problems,
     })
 }
