@@ -297,3 +297,39 @@ fn pci_class_names_ids_and_locality() {
     assert!(dev["vendor_id"].is_null() && dev["device_id"].is_null(), "{dev}");
     assert_eq!((dev["class_name"].as_str(), dev["local_cpus"].as_str()), (Some("ISA bridge"), Some("0-3")));
 }
+
+/// Hugepage pools: an empty pool (no persistent, no surplus pages) is known empty without reading
+/// its free and reserved counts; a used pool, or one of surplus pages only, is read whole; a node's
+/// pool has no reservations of its own. A minimal snapshot, since every fixture's pools are plain.
+#[test]
+fn hugepage_pools_empty_used_and_surplus() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    put(root, "proc/cpuinfo", "processor\t: 0\n\n");
+    let global = "sys/kernel/mm/hugepages";
+    put(root, &format!("{global}/hugepages-2048kB/nr_hugepages"), "0\n");
+    put(root, &format!("{global}/hugepages-2048kB/surplus_hugepages"), "0\n");
+    put(root, &format!("{global}/hugepages-1048576kB/nr_hugepages"), "0\n");
+    put(root, &format!("{global}/hugepages-1048576kB/surplus_hugepages"), "2\n");
+    put(root, &format!("{global}/hugepages-1048576kB/free_hugepages"), "1\n");
+    put(root, &format!("{global}/hugepages-1048576kB/resv_hugepages"), "1\n");
+    let node = "sys/devices/system/node/node0/hugepages/hugepages-1048576kB";
+    put(root, "sys/devices/system/node/node0/cpulist", "0\n");
+    put(root, &format!("{node}/nr_hugepages"), "4\n");
+    put(root, &format!("{node}/free_hugepages"), "3\n");
+    put(root, &format!("{node}/surplus_hugepages"), "0\n");
+    let inv = inventory_json(root);
+    let pools = &inv["memory"]["hugepages"];
+    assert_eq!(
+        pools[0],
+        serde_json::json!({"size_bytes": 2097152, "total": 0, "free": 0, "reserved": 0, "surplus": 0})
+    );
+    assert_eq!(
+        pools[1],
+        serde_json::json!({"size_bytes": 1073741824u64, "total": 0, "free": 1, "reserved": 1, "surplus": 2})
+    );
+    assert_eq!(
+        inv["numa"]["nodes"][0]["hugepages"][0],
+        serde_json::json!({"size_bytes": 1073741824u64, "total": 4, "free": 3, "reserved": null, "surplus": 0})
+    );
+}

@@ -61,12 +61,21 @@ pub fn collect_hugepages(src: &Source, dir: &str) -> Vec<HugePages> {
         .filter_map(|name| {
             let kb: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
             let base = format!("{dir}/{name}");
+            let total = src.attr_parse(&format!("{base}/nr_hugepages")).unwrap_or(0);
+            let surplus = src.attr_parse(&format!("{base}/surplus_hugepages"));
+            // An empty pool (no persistent, no surplus pages) has nothing free or reserved: two
+            // reads saved per size, most machines' case. Reservations are kept system-wide only:
+            // a node's pool has no resv_hugepages.
+            if total == 0 && surplus.unwrap_or(0) == 0 {
+                let reserved = (!dir.contains("/node/")).then_some(0);
+                return Some(HugePages { size_bytes: kb * 1024, total, free: 0, reserved, surplus });
+            }
             Some(HugePages {
                 size_bytes: kb * 1024,
-                total: src.attr_parse(&format!("{base}/nr_hugepages")).unwrap_or(0),
+                total,
                 free: src.attr_parse(&format!("{base}/free_hugepages")).unwrap_or(0),
                 reserved: src.attr_parse(&format!("{base}/resv_hugepages")),
-                surplus: src.attr_parse(&format!("{base}/surplus_hugepages")),
+                surplus,
             })
         })
         .collect();
