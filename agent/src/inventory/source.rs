@@ -44,7 +44,8 @@ pub const MAX_FILE_BYTES: u64 = 16 << 20;
 /// How many open directories [`Source`] keeps for `openat`.
 const OPEN_DIRS: usize = 8;
 
-/// Reads below a root and collects problems. Not `Sync`: one inventory is taken on one thread.
+/// Reads below a root and collects problems. Not `Sync`: each thread of an inventory (the
+/// processors' and the devices') reads through a `Source` of its own.
 pub struct Source {
     root: PathBuf,
     problems: RefCell<Vec<Problem>>,
