@@ -91,6 +91,12 @@ fn amd_compute_units_are_two_cores_each() {
     let logical = c["logical_cpus"].as_array().unwrap();
     assert_eq!((logical[3]["core"].as_i64(), logical[3]["core_cpus"].as_str()), (Some(3), Some("3")));
     assert_eq!(logical[3]["compute_unit_cpus"], "2-3");
+    let summary = kiln(&["inventory", "--root", root.to_str().unwrap()], &[]).success();
+    assert!(
+        summary.stdout().contains("1 package(s), 8 cores × 1 threads in 4 compute units"),
+        "{}",
+        summary.describe()
+    );
     // Self-consistent: the cores counted are the distinct core sets listed.
     let distinct: std::collections::BTreeSet<&str> = logical.iter().map(|l| l["core_cpus"].as_str().unwrap()).collect();
     assert_eq!(distinct.len() as u64, c["cores"].as_u64().unwrap());
@@ -212,6 +218,12 @@ fn gpu_memory_nodes_name_their_gpu() {
     assert_eq!(node1["memory_only"], true);
     assert_eq!(node1["memory_of"], serde_json::json!({"kind": "gpu", "device": "0009:01:00.0", "parent": null}));
     assert_eq!(inv["numa"]["nodes"][0]["memory_only"], false);
+    let summary = kiln(
+        &["inventory", "--root", root.to_str().unwrap(), "--nvml-lib", lib.to_str().unwrap()],
+        &[("KILN_FAKE_NVML_FIXTURE", machine.as_path())],
+    )
+    .success();
+    assert!(summary.stdout().contains("node1 no CPUs (memory of gpu 0009:01:00.0)"), "{}", summary.describe());
 }
 
 /// Old kernels list every possible CPU in node 0 ("0-87" on a 32-CPU box): no fixture shows it, so

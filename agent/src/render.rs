@@ -52,6 +52,10 @@ fn summary_cpu(out: &mut String, inv: &Inventory) {
     let cpu = &inv.cpu;
     let _ = writeln!(out, "cpu       {} [{}]", or_unknown(&cpu.model_name), cpu.architecture.as_str());
     let smt = cpu.threads_per_core.map(|t| format!(" × {t} threads")).unwrap_or_default();
+    let smt = match cpu.compute_units {
+        Some(units) => format!("{smt} in {units} compute units"),
+        None => smt,
+    };
     let _ = writeln!(
         out,
         "          {} package(s), {} cores{smt}, {} logical CPUs online{}{}",
@@ -135,8 +139,11 @@ fn summary_numa(out: &mut String, inv: &Inventory) {
     } else {
         let _ = writeln!(out, "numa      {} node(s)", inv.numa.nodes.len());
         for node in &inv.numa.nodes {
-            let cpus =
-                if node.cpus.is_empty() { "no CPUs (memory only)".to_string() } else { format!("CPUs {}", node.cpus) };
+            let cpus = match (&node.memory_of, node.cpus.is_empty()) {
+                (Some(of), true) => format!("no CPUs (memory of {} {})", of.kind, of.device),
+                (None, true) => "no CPUs (memory only)".to_string(),
+                (_, false) => format!("CPUs {}", node.cpus),
+            };
             let _ = writeln!(
                 out,
                 "          node{} {cpus}, {}",
