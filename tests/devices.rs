@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::util::{fixtures, hwloc_case_inventory, hwloc_expected, inventory_json, kiln, unpack, unpack_ttar};
+use crate::util::{cpu_set, fixtures, hwloc_case_inventory, hwloc_expected, inventory_json, kiln, unpack, unpack_ttar};
 
 fn hwloc_root(tarball: &str, top: &str) -> std::path::PathBuf {
     unpack(&fixtures().join("hwloc").join(tarball)).join(top)
@@ -100,19 +100,6 @@ fn mask_set(mask: &str) -> BTreeSet<u64> {
     set
 }
 
-fn cpu_list(text: &str) -> BTreeSet<u64> {
-    let mut set = BTreeSet::new();
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => set.extend(a.parse::<u64>().unwrap()..=b.parse().unwrap()),
-            None => {
-                set.insert(part.parse().unwrap());
-            }
-        }
-    }
-    set
-}
-
 /// Where hwloc attaches each PCI function, as the CPUs of the object above it: from the XML's
 /// nesting (the nearest enclosing object with a cpuset), or the console's indentation (the PUs
 /// under the object its host bridge hangs from).
@@ -193,11 +180,11 @@ fn pci_localities_agree_with_hwloc() {
             continue;
         }
         let inv = hwloc_case_inventory(exp);
-        let online = cpu_list(inv["cpu"]["online_cpus"].as_str().unwrap());
+        let online = cpu_set(inv["cpu"]["online_cpus"].as_str().unwrap());
         let pci = by_address(&inv);
         for (busid, want) in hwloc_localities(&dir, exp["expected_file"].as_str().unwrap()) {
             let dev = pci.get(&busid).unwrap_or_else(|| panic!("{case}: {busid} missing"));
-            let local = dev["local_cpus"].as_str().map(cpu_list).unwrap_or_else(|| online.clone());
+            let local = dev["local_cpus"].as_str().map(cpu_set).unwrap_or_else(|| online.clone());
             let got: BTreeSet<u64> = local.intersection(&online).copied().collect();
             let got = if got.is_empty() { online.clone() } else { got };
             let known = LOCALITY_DIFFERENCES.iter().find(|(c, b, _)| c == case && *b == busid);

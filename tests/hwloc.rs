@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::util::{fixtures, hwloc_expected, inventory_json, unpack};
+use crate::util::{cpu_set, fixtures, hwloc_expected, inventory_json, unpack};
 
 /// (case, field, why kiln and hwloc differ there).
 const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
@@ -52,19 +52,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-fn list(text: &str) -> BTreeSet<u64> {
-    let mut out = BTreeSet::new();
-    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
-        match part.trim().split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<u64>().unwrap()..=b.parse().unwrap()),
-            None => {
-                out.insert(part.trim().parse().unwrap());
-            }
-        }
-    }
-    out
-}
-
 fn unquote(v: &str) -> String {
     let v = v.trim();
     let v = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(v);
@@ -95,12 +82,12 @@ impl View {
 /// a package stays when it holds a usable CPU or a usable NUMA node (memory hangs off packages).
 fn restricted_view(inv: &Value, whole_machine: bool) -> View {
     let cpu = &inv["cpu"];
-    let online = list(cpu["online_cpus"].as_str().unwrap());
-    let allowed = cpu["allowed_cpus"].as_str().map(list).unwrap_or_else(|| online.clone());
+    let online = cpu_set(cpu["online_cpus"].as_str().unwrap());
+    let allowed = cpu["allowed_cpus"].as_str().map(cpu_set).unwrap_or_else(|| online.clone());
     let usable: BTreeSet<u64> = online.intersection(&allowed).copied().collect();
     let numa_nodes: Vec<u64> =
         inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
-    let allowed_nodes = inv["numa"]["allowed_nodes"].as_str().map(list);
+    let allowed_nodes = inv["numa"]["allowed_nodes"].as_str().map(cpu_set);
     let nodes = match &allowed_nodes {
         Some(a) => numa_nodes.iter().filter(|n| a.contains(n)).count(),
         None => numa_nodes.len(),
@@ -127,11 +114,11 @@ fn restricted_view(inv: &Value, whole_machine: bool) -> View {
     let mut node_cpus = Vec::new();
     for node in inv["numa"]["nodes"].as_array().unwrap() {
         if allowed_nodes.as_ref().is_none_or(|a| a.contains(&node["id"].as_u64().unwrap())) {
-            node_cpus.push(list(node["cpus"].as_str().unwrap()));
+            node_cpus.push(cpu_set(node["cpus"].as_str().unwrap()));
         }
         if allowed_nodes.as_ref().is_some_and(|a| a.contains(&node["id"].as_u64().unwrap())) {
             let node_packages: BTreeSet<_> =
-                list(node["cpus"].as_str().unwrap()).into_iter().filter_map(package_of).collect();
+                cpu_set(node["cpus"].as_str().unwrap()).into_iter().filter_map(package_of).collect();
             if node_packages.len() == 1 {
                 packages.extend(node_packages);
             }
@@ -250,7 +237,7 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
                 .iter()
                 .filter(|c| c["level"] == level && c["type"] == kind)
                 .flat_map(|c| c["instance_cpus"].as_array().unwrap())
-                .filter(|set| view.shows(&list(set.as_str().unwrap())))
+                .filter(|set| view.shows(&cpu_set(set.as_str().unwrap())))
                 .count();
             check(&format!("{name} instances"), want.to_string(), got.to_string());
         }
@@ -260,7 +247,7 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     if let Some(want) = hw["numa_latency"].as_str().and_then(hwloc_matrix) {
         let nodes: Vec<u64> =
             inv["numa"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_u64().unwrap()).collect();
-        let allowed = inv["numa"]["allowed_nodes"].as_str().map(list);
+        let allowed = inv["numa"]["allowed_nodes"].as_str().map(cpu_set);
         let keep: Vec<usize> = (0..nodes.len())
             .filter(|&i| whole_machine || allowed.as_ref().is_none_or(|a| a.contains(&nodes[i])))
             .collect();
@@ -285,8 +272,8 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     // offline CPUs.)
     let nodes = inv["numa"]["nodes"].as_array().unwrap();
     if !nodes.is_empty() {
-        let in_nodes: BTreeSet<u64> = nodes.iter().flat_map(|n| list(n["cpus"].as_str().unwrap())).collect();
-        let online = list(inv["cpu"]["online_cpus"].as_str().unwrap());
+        let in_nodes: BTreeSet<u64> = nodes.iter().flat_map(|n| cpu_set(n["cpus"].as_str().unwrap())).collect();
+        let online = cpu_set(inv["cpu"]["online_cpus"].as_str().unwrap());
         let homeless: Vec<u64> = online.difference(&in_nodes).copied().collect();
         check("online CPUs outside every NUMA node", "[]".to_string(), format!("{homeless:?}"));
     }
@@ -295,13 +282,17 @@ fn compare(case: &str, expected: &Value, inv: &Value) -> Vec<(String, String)> {
     let raw = &expected["raw_sysfs_facts"];
     let cpu = &inv["cpu"];
     if let Some(online) = raw.get("online").and_then(Value::as_str) {
-        check("raw online", format!("{:?}", list(online)), format!("{:?}", list(cpu["online_cpus"].as_str().unwrap())));
+        check(
+            "raw online",
+            format!("{:?}", cpu_set(online)),
+            format!("{:?}", cpu_set(cpu["online_cpus"].as_str().unwrap())),
+        );
     }
     if let Some(offline) = raw.get("offline").and_then(Value::as_str) {
         check(
             "raw offline",
-            format!("{:?}", list(offline)),
-            format!("{:?}", list(cpu["offline_cpus"].as_str().unwrap())),
+            format!("{:?}", cpu_set(offline)),
+            format!("{:?}", cpu_set(cpu["offline_cpus"].as_str().unwrap())),
         );
     }
     if let Some(possible) = raw.get("possible").and_then(Value::as_str) {

@@ -129,6 +129,20 @@ pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
     Run { cmdline, output }
 }
 
+/// A kernel CPU list ("0-3,8") as a set; the tests' own reading, independent of kiln's parser.
+pub fn cpu_set(text: &str) -> std::collections::BTreeSet<u64> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u64>().unwrap()..=b.parse().unwrap()),
+            None => {
+                out.insert(part.parse().unwrap());
+            }
+        }
+    }
+    out
+}
+
 /// hwloc's expected results per test case (`../shared/fixtures/hwloc/expected.json`), by case name.
 pub fn hwloc_expected() -> std::collections::BTreeMap<String, serde_json::Value> {
     let path = fixtures().join("hwloc/expected.json");

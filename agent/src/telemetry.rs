@@ -79,12 +79,8 @@ pub fn contention(before: (MachineTicks, u64), after: (MachineTicks, u64)) -> Op
 
 /// (busy, total) jiffies of the aggregate "cpu" line.
 fn cpu_jiffies() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3)? + v.get(4).unwrap_or(&0);
-    Some((total - idle, total))
+    let t = parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    Some((t.busy + t.steal, t.total))
 }
 
 fn mean_mhz() -> Option<f64> {

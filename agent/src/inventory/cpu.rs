@@ -357,7 +357,7 @@ fn arm_parts(info: &CpuInfo) -> Vec<(u32, u32, Vec<u32>)> {
 }
 
 /// Reads a CPU list file, accepting the old mask form (`foo` beside `foo_list`).
-fn read_cpu_set(src: &Source, list_rel: &str, mask_rel: &str) -> Option<Vec<u32>> {
+pub(super) fn read_cpu_set(src: &Source, list_rel: &str, mask_rel: &str) -> Option<Vec<u32>> {
     if let Some(text) = src.attr(list_rel) {
         return parse_list(&text).or_else(|| {
             src.problem(list_rel, ProblemKind::Malformed, format!("not a CPU list: {text:?}"));
@@ -675,12 +675,7 @@ fn collect_caches(
             let base = format!("{dir}/index{index}");
             let map_rel = format!("{base}/shared_cpu_map");
             let list_rel = format!("{base}/shared_cpu_list");
-            let map = src.attr(&map_rel).and_then(|text| {
-                parse_mask(&text).or_else(|| {
-                    src.problem(&map_rel, ProblemKind::Malformed, format!("not a CPU mask: {text:?}"));
-                    None
-                })
-            });
+            let map = src.attr_with(&map_rel, "a CPU mask", &[], parse_mask);
             let from_list = || src.attr_with(&list_rel, "a CPU list", &[], parse_list);
             let had_map = map.is_some();
             let mut cpus = map.or_else(from_list).unwrap_or_else(|| vec![cpu]);

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::cpulist::{format_list, parse_list, parse_mask};
+use super::cpulist::{format_list, parse_list};
 use super::memory::{collect_hugepages, parse_meminfo, HugePages};
 use super::source::{ProblemKind, Source};
 
@@ -65,17 +65,9 @@ pub fn collect(src: &Source, present: &std::collections::BTreeSet<u32>) -> Numa 
     let mut distances = Vec::new();
     for id in ids {
         let base = format!("{NODE_DIR}/node{id}");
-        let list_rel = format!("{base}/cpulist");
-        let cpus = match src.attr(&list_rel) {
-            Some(text) => parse_list(&text).or_else(|| {
-                src.problem(&list_rel, ProblemKind::Malformed, format!("a CPU list expected, found {text:?}"));
-                None
-            }),
-            // An empty list is a node without CPUs; an old kernel has only the mask.
-            None if src.exists(&list_rel) => Some(Vec::new()),
-            None => src.attr_with(&format!("{base}/cpumap"), "a CPU mask", &[], parse_mask),
-        }
-        .unwrap_or_default();
+        // An empty list (a node without CPUs) falls through to the mask, all zeros.
+        let cpus =
+            super::cpu::read_cpu_set(src, &format!("{base}/cpulist"), &format!("{base}/cpumap")).unwrap_or_default();
         let (cpus, absent): (Vec<u32>, Vec<u32>) =
             cpus.into_iter().partition(|c| present.is_empty() || present.contains(c));
         if !absent.is_empty() {

@@ -184,7 +184,6 @@ pub fn numa_node_of(src: &Source, address: &str) -> Option<u32> {
 /// separate attribute files take six.
 #[derive(Debug, Default, PartialEq)]
 pub struct Uevent {
-    pub present: bool,
     pub driver: Option<String>,
     /// Six hex digits, lower case.
     pub class: Option<String>,
@@ -195,7 +194,7 @@ pub struct Uevent {
 }
 
 pub fn parse_uevent(text: &str) -> Uevent {
-    let mut u = Uevent { present: true, ..Uevent::default() };
+    let mut u = Uevent::default();
     let pair = |v: &str| -> Option<(String, String)> {
         let (a, b) = v.split_once(':')?;
         let ok = |x: &str| x.len() == 4 && x.chars().all(|c| c.is_ascii_hexdigit());
@@ -283,9 +282,10 @@ fn read_acs(src: &Source, base: &str) -> Option<Acs> {
 
 fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let base = format!("{PCI_DIR}/{address}");
-    let uevent = src.read_optional(&format!("{base}/uevent")).map(|t| parse_uevent(&t)).unwrap_or_default();
-    let vendor_attr = uevent.vendor.clone().or_else(|| hex_attr(src, &format!("{base}/vendor")));
-    let device_attr = uevent.device.clone().or_else(|| hex_attr(src, &format!("{base}/device")));
+    let uevent = src.read_optional(&format!("{base}/uevent")).map(|t| parse_uevent(&t));
+    let from_uevent = |field: fn(&Uevent) -> &Option<String>| uevent.as_ref().and_then(|u| field(u).clone());
+    let vendor_attr = from_uevent(|u| &u.vendor).or_else(|| hex_attr(src, &format!("{base}/vendor")));
+    let device_attr = from_uevent(|u| &u.device).or_else(|| hex_attr(src, &format!("{base}/device")));
     let revision_attr = hex_attr(src, &format!("{base}/revision"));
     // Old kernels lack some attributes; the standard header (first 64 bytes of config space,
     // readable by anyone) has them all. Read it only then: config reads are slow in VMs.
@@ -302,17 +302,13 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
     let device_id = device_attr.or_else(|| from_header(2, 2));
     // Subsystem ids live at 0x2c only in type-0 (endpoint) headers.
     let endpoint = header.as_ref().is_some_and(|h| h[0x0e] & 0x7f == 0);
-    let sub_vendor = uevent
-        .subsystem_vendor
-        .clone()
+    let sub_vendor = from_uevent(|u| &u.subsystem_vendor)
         .or_else(|| hex_attr(src, &format!("{base}/subsystem_vendor")))
         .or_else(|| from_header(0x2c, 2).filter(|_| endpoint));
-    let sub_device = uevent
-        .subsystem_device
-        .clone()
+    let sub_device = from_uevent(|u| &u.subsystem_device)
         .or_else(|| hex_attr(src, &format!("{base}/subsystem_device")))
         .or_else(|| from_header(0x2e, 2).filter(|_| endpoint));
-    let class_raw = uevent.class.clone().or_else(|| hex_attr(src, &format!("{base}/class"))).unwrap_or_default();
+    let class_raw = from_uevent(|u| &u.class).or_else(|| hex_attr(src, &format!("{base}/class"))).unwrap_or_default();
     let class_raw = format!("{class_raw:0>6}");
     let (class, prog_if) = (class_raw[..4].to_string(), class_raw[4..6].to_string());
     let h16 = |s: &str| u16::from_str_radix(s, 16).ok();
@@ -381,7 +377,10 @@ fn read_device(src: &Source, ids: &PciIds, address: &str) -> PciDevice {
         prog_if_name,
         revision: revision_attr.or_else(|| from_header(8, 1)),
         // The uevent names the bound driver; without one the link is the only word.
-        driver: if uevent.present { uevent.driver } else { src.link_name(&format!("{base}/driver")) },
+        driver: match uevent {
+            Some(u) => u.driver,
+            None => src.link_name(&format!("{base}/driver")),
+        },
         numa_node: numa_node_of(src, address),
         local_cpus: local_cpus(src, &base),
         iommu_group: src.link_name(&format!("{base}/iommu_group")).and_then(|g| g.parse().ok()),
@@ -469,7 +468,7 @@ mod tests {
         assert_eq!((u.vendor.as_deref(), u.device.as_deref()), (Some("10de"), Some("2330")));
         assert_eq!((u.subsystem_vendor.as_deref(), u.subsystem_device.as_deref()), (Some("10de"), Some("16c1")));
         let unbound = parse_uevent("PCI_CLASS=60400\nPCI_ID=8086:zzzz\n");
-        assert!(unbound.present && unbound.driver.is_none() && unbound.vendor.is_none());
+        assert!(unbound.driver.is_none() && unbound.vendor.is_none());
     }
 
     #[test]
