@@ -270,13 +270,13 @@ fn training_too_short_to_judge_is_refused() {
 #[test]
 fn gemm_small_sizes_against_the_peak() {
     let run = kiln(
-        &["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32", "--repetitions", "3", "--no-save", "--json"],
+        &["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32,bf16", "--repetitions", "3", "--no-save", "--json"],
         &[],
     )
     .success();
     let out = run.json();
     let typed: kiln::runs::GemmReport = run.report();
-    assert_eq!(typed.results.len(), 2);
+    assert_eq!(typed.results.len(), 4);
     assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
     // Where the processor is in the FLOPs-per-cycle table, the datasheet view comes with it.
     let t = &out["report"]["theoretical_peak"];
@@ -284,8 +284,29 @@ fn gemm_small_sizes_against_the_peak() {
         assert!(t["flops_per_cycle"].as_u64().unwrap() >= 8 && t["implied_clock_mhz"].as_f64().unwrap() > 0.0, "{t}");
     }
     let results = out["report"]["results"].as_array().unwrap();
-    assert_eq!(results.len(), 2);
+    assert_eq!(results.len(), 4);
     assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));
+    // Every type has a measured ceiling, and no GEMM repetition is above it (issue 16).
+    assert_eq!(typed.ceilings.iter().map(|c| c.dtype.as_str()).collect::<Vec<_>>(), ["f32", "bf16"]);
+    for r in &typed.results {
+        let ceiling = typed.ceilings.iter().find(|c| c.dtype == r.dtype).unwrap();
+        assert!(r.gflops.iter().all(|g| *g <= ceiling.gflops), "{} {}: {:?} above {ceiling:?}", r.dtype, r.n, r.gflops);
+    }
+    assert!(typed.invalid.is_none() && out["status"] != "invalid", "{}", out["report"]["invalid"]);
+    // The peaks per type this CPU has instructions for, each with its rate per cycle at the
+    // measured clock.
+    let dtypes: Vec<&str> = typed.peaks.iter().map(|p| p.dtype.as_str()).collect();
+    assert_eq!(dtypes[0], "f32");
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert_eq!(dtypes.contains(&"bf16"), std::arch::is_x86_feature_detected!("avx512bf16"), "{dtypes:?}");
+        assert_eq!(dtypes.contains(&"int8"), std::arch::is_x86_feature_detected!("avx512vnni"), "{dtypes:?}");
+    }
+    let clock = typed.clock.as_ref().expect("x86-64 and aarch64 measure the clock");
+    assert!((500.0..7000.0).contains(&clock.summary.median), "{clock:?}");
+    assert!(typed.peaks.iter().all(|p| p.per_cycle.unwrap() > 0.0));
+    let fma = typed.fma_per_cycle.unwrap();
+    assert!(fma > 0.0 && fma < 8.0, "{fma}");
 }
 
 /// A loop device over a file, detached when dropped.

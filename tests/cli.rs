@@ -258,13 +258,17 @@ fn commission_runs_the_quick_suite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
     let out = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
-    let benchmarks: Vec<&str> =
+    let mut benchmarks: Vec<&str> =
         out["benchmarks"].as_array().unwrap().iter().map(|b| b["benchmark"].as_str().unwrap()).collect();
-    assert_eq!(benchmarks, ["membw", "gemm", "train", "disk"]);
     let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
-    assert_eq!(runs["runs"].as_array().unwrap().len(), 4);
+    assert_eq!(runs["runs"].as_array().unwrap().len(), benchmarks.len());
+    // A run that came out unstable on a busy machine is measured again (at most three times).
+    assert!(benchmarks.len() <= 10, "{benchmarks:?}");
+    benchmarks.dedup();
+    assert_eq!(benchmarks, ["membw", "gemm", "train", "disk"]);
     // Every run points at the inventory the commission stored.
-    let id = out["benchmarks"][2]["run_id"].as_str().unwrap();
+    let train = out["benchmarks"].as_array().unwrap().iter().find(|b| b["benchmark"] == "train").unwrap();
+    let id = train["run_id"].as_str().unwrap();
     let shown = kiln(&["show", "run", id, "--json"], &[("KILN_DB", &db)]).success().json();
     assert_eq!(shown["host_id"], out["stored"]["host_id"]);
     // The box was judged against the built-in CPU-server spec, with its performance, and the

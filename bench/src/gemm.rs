@@ -15,7 +15,8 @@ pub struct GemmResult {
     pub n: usize,
     pub gflops: Vec<f64>,
     pub summary: Summary,
-    /// Share of the measured f32 FMA peak (bf16/f16 on CPUs without native support run at f32 speed at best).
+    /// Share of the measured peak of its type (`ceilings`): bf16 against the bf16 dot-product peak
+    /// where the CPU has one, otherwise (and f16) against the f32 FMA peak.
     pub percent_of_peak: Option<f64>,
 }
 

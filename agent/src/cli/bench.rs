@@ -248,20 +248,23 @@ fn run_suite(
         }
         out
     };
+    let spent = || started.elapsed() > budget || INTERRUPTED.load(Ordering::Relaxed);
     if !over("membw") {
         let elements = runs::default_membw_elements(inv);
         let repetitions = if quick { 8 } else { 20 };
-        keep(runs::membw(inv, kiln_bench::membw::Config { elements, warmup: 1, repetitions }))?;
+        let config = kiln_bench::membw::Config { elements, warmup: 1, repetitions };
+        until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::membw(inv, config.clone())), keep)?;
     }
     if !over("gemm") {
         use candle_core::DType::{BF16, F32};
         let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
         let dtypes: &[candle_core::DType] = if quick { &[F32] } else { &[F32, BF16] };
-        keep(runs::gemm(inv, sizes, dtypes, if quick { 5 } else { 10 }))?;
+        let repetitions = if quick { 5 } else { 10 };
+        until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::gemm(inv, sizes, dtypes, repetitions)), keep)?;
     }
     if !over("train") {
         let config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
-        keep(runs::train(inv, &config)?)?;
+        until_settled(SUITE_ATTEMPTS, &spent, || runs::train(inv, &config), keep)?;
     }
     if !over("disk") && !INTERRUPTED.load(Ordering::Relaxed) {
         let dir = disk_path.unwrap_or_else(std::env::temp_dir);
@@ -271,6 +274,72 @@ fn run_suite(
             queue_depths: vec![1, 32],
         };
         keep(runs::disk(&dir, config, false, &INTERRUPTED)?)?;
+    }
+    Ok(())
+}
+
+/// How often the suite measures a benchmark whose run was `disturbed` or `unstable` before it
+/// gives up on a result (Phoronix Test Suite's rule: repeat until stable or out of budget).
+pub const SUITE_ATTEMPTS: usize = 3;
+
+/// Whether a run's status asks for another attempt: someone shared the CPUs, or the samples
+/// spread too far.
+fn unsettled(status: RunStatus) -> bool {
+    matches!(status, RunStatus::Disturbed | RunStatus::Unstable)
+}
+
+/// What [`until_settled`] needs of a run.
+trait Attempt {
+    fn status(&self) -> RunStatus;
+    fn benchmark(&self) -> &'static str;
+    /// Adds a line to the run's text and headline.
+    fn annotate(&mut self, line: &str);
+}
+
+impl Attempt for Outcome {
+    fn status(&self) -> RunStatus {
+        self.status
+    }
+
+    fn benchmark(&self) -> &'static str {
+        Outcome::benchmark(self)
+    }
+
+    fn annotate(&mut self, line: &str) {
+        self.text.push_str(&format!("{line}\n"));
+        self.headline = format!("{} ({line})", self.headline);
+    }
+}
+
+/// Measures until a run is settled (neither disturbed nor unstable), `attempts` are spent or
+/// `spent()` says the budget is; every attempt is kept (stored as what it is: a disturbed run is
+/// never a result) and an unsettled one says what happens next.
+fn until_settled<T: Attempt>(
+    attempts: usize,
+    spent: &dyn Fn() -> bool,
+    mut measure: impl FnMut() -> Result<T>,
+    keep: &mut dyn FnMut(T) -> Result<()>,
+) -> Result<()> {
+    for attempt in 1..=attempts.max(1) {
+        let mut outcome = measure()?;
+        let settled = !unsettled(outcome.status());
+        let last = settled || attempt >= attempts || spent();
+        if !settled {
+            let next = if !last {
+                "measuring it again".to_string()
+            } else if attempt >= attempts {
+                format!("no settled result after {attempts} attempts")
+            } else {
+                "the time budget is spent: no settled result".to_string()
+            };
+            let line = format!("attempt {attempt} of {attempts} was {}; {next}", outcome.status());
+            eprintln!("kiln: {} {line}", outcome.benchmark());
+            outcome.annotate(&line);
+        }
+        keep(outcome)?;
+        if last {
+            break;
+        }
     }
     Ok(())
 }
@@ -459,4 +528,65 @@ pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool
     };
     let exit = if failed && exit == Exit::Ok { Exit::CheckFailed } else { exit };
     Ok(ctx.output(&view)?.with_exit(exit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake(RunStatus, Vec<String>);
+
+    impl Attempt for Fake {
+        fn status(&self) -> RunStatus {
+            self.0
+        }
+        fn benchmark(&self) -> &'static str {
+            "membw"
+        }
+        fn annotate(&mut self, line: &str) {
+            self.1.push(line.to_string());
+        }
+    }
+
+    /// Runs `until_settled` over a scripted series of statuses; what was kept.
+    fn settle(script: &[RunStatus], attempts: usize, budget_after: usize) -> Vec<(RunStatus, Vec<String>)> {
+        let measured = std::cell::Cell::new(0);
+        let mut kept = Vec::new();
+        let spent = || measured.get() >= budget_after;
+        until_settled(
+            attempts,
+            &spent,
+            || {
+                measured.set(measured.get() + 1);
+                Ok(Fake(script[measured.get() - 1], Vec::new()))
+            },
+            &mut |f: Fake| {
+                kept.push((f.0, f.1));
+                Ok(())
+            },
+        )
+        .unwrap();
+        kept
+    }
+
+    #[test]
+    fn disturbed_runs_are_repeated_until_settled_or_spent() {
+        use RunStatus::{Disturbed, Invalid, Ok, Unstable};
+        // Settled at once: one run, nothing said.
+        assert_eq!(settle(&[Ok], 3, 99), [(Ok, vec![])]);
+        // Disturbed, then unstable, then settled: all three kept, each unsettled one says so.
+        let kept = settle(&[Disturbed, Unstable, Ok], 3, 99);
+        assert_eq!(kept.iter().map(|k| k.0).collect::<Vec<_>>(), [Disturbed, Unstable, Ok]);
+        assert_eq!(kept[0].1, ["attempt 1 of 3 was disturbed; measuring it again"]);
+        assert!(kept[2].1.is_empty());
+        // Never settled: the last attempt says the attempts are spent.
+        let kept = settle(&[Disturbed; 3], 3, 99);
+        assert_eq!(kept[2].1, ["attempt 3 of 3 was disturbed; no settled result after 3 attempts"]);
+        // The budget ends the repeats early, and says so.
+        let kept = settle(&[Disturbed; 3], 3, 1);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].1, ["attempt 1 of 3 was disturbed; the time budget is spent: no settled result"]);
+        // A failed check is not repeated: it is an answer.
+        assert_eq!(settle(&[Invalid], 3, 99).len(), 1);
+    }
 }

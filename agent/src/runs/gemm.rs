@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kiln_bench::ceilings::{self, Clock, TypePeak};
 use kiln_bench::gemm::{GemmResult, PeakResult};
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
@@ -17,8 +18,58 @@ use crate::timefmt::now_rfc3339;
 pub struct GemmReport {
     pub peak: PeakResult,
     pub theoretical_peak: Option<TheoreticalPeak>,
+    /// The all-core clock the peaks ran at (a chain of dependent adds on every CPU).
+    #[serde(default)]
+    pub clock: Option<Clock>,
+    /// Every data type's measured peak: f32 (the same figures as `peak`), bf16 and int8 where
+    /// the CPU has dot-product instructions for them.
+    #[serde(default)]
+    pub peaks: Vec<TypePeak>,
+    /// f32 FMA instructions of the peak's width completed per cycle per CPU, measured (FLOP per
+    /// cycle / (lanes × 2)): the FMA units, a unit that runs the width in two halves counting half.
+    #[serde(default)]
+    pub fma_per_cycle: Option<f64>,
+    /// The fastest each measured GEMM type can run here; a figure above it is impossible.
+    #[serde(default)]
+    pub ceilings: Vec<GemmCeiling>,
     pub results: Vec<GemmResult>,
     pub skipped: Vec<String>,
+    /// Why the run is `invalid`: a GEMM figure above its type's ceiling.
+    #[serde(default)]
+    pub invalid: Option<String>,
+}
+
+/// The ceiling of one GEMM data type and what it rests on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmCeiling {
+    pub dtype: String,
+    pub gflops: f64,
+    pub basis: String,
+}
+
+/// The first GEMM repetition above its type's ceiling, said for people.
+pub fn above_ceiling(results: &[GemmResult], ceilings: &[GemmCeiling]) -> Option<String> {
+    results.iter().find_map(|r| {
+        let c = ceilings.iter().find(|c| c.dtype == r.dtype)?;
+        let top = r.gflops.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (top > c.gflops).then(|| {
+            format!(
+                "GEMM {} {}³ measured {top:.1} GFLOP/s, above the {} ceiling of {:.1} GFLOP/s ({}): the peak \
+                 or the timing is wrong",
+                r.dtype, r.n, r.dtype, c.gflops, c.basis
+            )
+        })
+    })
+}
+
+/// Lanes of one f32 FMA instruction of the peak's ISA.
+fn f32_lanes(isa: &str) -> f64 {
+    match isa {
+        "avx512f" => 16.0,
+        "avx2+fma" => 8.0,
+        _ => 1.0,
+    }
 }
 
 /// The datasheet view: CPUs × clock × FLOPs per cycle of the microarchitecture.
@@ -60,7 +111,7 @@ fn theoretical_peak(inv: &Inventory, cpus: usize, measured_gflops: f64) -> Optio
 pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
     let peak = &report.peak;
     let mut text = format!(
-        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s{}\n{:<6} {:>6} {:>12} {:>8} {:>7}\n",
+        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s{}\n",
         peak.isa,
         cpus,
         peak.summary.median,
@@ -68,12 +119,27 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
             "; datasheet {:.1} GFLOP/s at {} MHz x {} FLOP/cycle ({}), implied sustained clock {:.0} MHz",
             t.gflops, t.clock_mhz, t.flops_per_cycle, t.basis, t.implied_clock_mhz
         )),
-        "dtype",
-        "n",
-        "GFLOP/s",
-        "of peak",
-        "CV"
     );
+    if let Some(c) = &report.clock {
+        text.push_str(&format!(
+            "all-core clock (dependent adds): {:.0} MHz{}\n",
+            c.summary.median,
+            report
+                .fma_per_cycle
+                .map_or(String::new(), |u| format!("; f32 FMAs ({}) per cycle per CPU, measured: {u:.2}", peak.isa))
+        ));
+    }
+    for p in &report.peaks {
+        text.push_str(&format!(
+            "peak {:<5} {:<16} {:>9.1} G{}/s{}\n",
+            p.dtype,
+            p.instruction,
+            p.summary.median,
+            if p.dtype == "int8" { "OP" } else { "FLOP" },
+            p.per_cycle.map_or(String::new(), |c| format!("  {c:.1} per cycle per CPU"))
+        ));
+    }
+    text.push_str(&format!("{:<6} {:>6} {:>12} {:>8} {:>7}\n", "dtype", "n", "GFLOP/s", "of peak", "CV"));
     for r in &report.results {
         text.push_str(&format!(
             "{:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n",
@@ -84,8 +150,14 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
             r.summary.cv * 100.0
         ));
     }
+    for c in &report.ceilings {
+        text.push_str(&format!("ceiling {:<5} {:.1} GFLOP/s ({})\n", c.dtype, c.gflops, c.basis));
+    }
     for s in &report.skipped {
         text.push_str(&format!("skipped {s}\n"));
+    }
+    if let Some(why) = &report.invalid {
+        text.push_str(&format!("status invalid: {why}\n"));
     }
     text
 }
@@ -97,13 +169,24 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     // Sampling (and the contention figures) covers the peak probe too: % of peak divides by it.
     let sampler = sampler(inv, Duration::from_millis(500));
     let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
+    progress.update("measuring the clock and the bf16/int8 peaks");
+    let clock = ceilings::clock(&cpus, 3, 2_000_000);
+    let mut peaks = vec![ceilings::f32_peak(&peak)];
+    peaks.extend(ceilings::low_precision_peaks(&cpus, 3, 10_000_000));
+    ceilings::per_cycle(&mut peaks, clock.as_ref(), cpus.len());
+    let fma_per_cycle = peaks[0].per_cycle.map(|c| c / (f32_lanes(&peak.isa) * 2.0));
+    let has_fp16 = inv.cpu.ml_features.iter().any(|f| f == "avx512_fp16");
     let started_at = now_rfc3339();
     let mut results = Vec::new();
     let mut skipped = Vec::new();
     for &dtype in dtypes {
         for &n in sizes {
             progress.update(&format!("gemm {dtype:?} {n}x{n}x{n}"));
-            match kiln_bench::gemm::measure(dtype, n, repetitions, Some(peak.summary.median)) {
+            // "% of peak" divides by the type's own peak where the CPU has one (bf16 dot
+            // products), else by the f32 FMA peak it converts to.
+            let name = format!("{dtype:?}").to_lowercase();
+            let type_peak = peaks.iter().find(|p| p.dtype == name).unwrap_or(&peaks[0]).summary.median;
+            match kiln_bench::gemm::measure(dtype, n, repetitions, Some(type_peak)) {
                 Ok(r) => results.push(r),
                 Err(e) => skipped.push(format!("{dtype:?} {n}: {e}")),
             }
@@ -114,6 +197,24 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
     let gflops = |name: String, value| Metric { name, value, unit: "GFLOP/s".into(), direction: Direction::Higher };
     let mut metrics = vec![gflops("cpu.fma_peak_gflops".into(), peak.summary.median)];
     let mut samples: Vec<(String, i64, f64)> = samples_of("cpu.fma_peak_gflops", &peak.gflops).collect();
+    for p in peaks.iter().filter(|p| p.dtype != "f32") {
+        let (name, unit) = if p.dtype == "int8" {
+            (format!("cpu.{}_peak_gops", p.dtype), "GOP/s")
+        } else {
+            (format!("cpu.{}_peak_gflops", p.dtype), "GFLOP/s")
+        };
+        samples.extend(samples_of(&name, &p.gops));
+        metrics.push(Metric { name, value: p.summary.median, unit: unit.into(), direction: Direction::Higher });
+    }
+    if let Some(c) = &clock {
+        samples.extend(samples_of("cpu.clock_mhz", &c.mhz));
+        metrics.push(Metric {
+            name: "cpu.clock_mhz".into(),
+            value: c.summary.median,
+            unit: "MHz".into(),
+            direction: Direction::Higher,
+        });
+    }
     for r in &results {
         let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
         samples.extend(samples_of(&name, &r.gflops));
@@ -129,9 +230,33 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
             peak.summary.median
         )
     });
-    let status = status_of(results.iter().any(|r| r.summary.cv > MAX_CV));
-    let report =
-        GemmReport { theoretical_peak: theoretical_peak(inv, cpus.len(), peak.summary.median), peak, results, skipped };
+    let mut gemm_ceilings: Vec<GemmCeiling> = Vec::new();
+    for r in &results {
+        if gemm_ceilings.iter().any(|c| c.dtype == r.dtype) {
+            continue;
+        }
+        if let Some((gflops, basis)) = ceilings::gemm_ceiling(&r.dtype, &peaks, has_fp16) {
+            gemm_ceilings.push(GemmCeiling { dtype: r.dtype.clone(), gflops, basis });
+        }
+    }
+    // No figure above its ceiling is a result: the run is stored `invalid`, with the reason.
+    let invalid = above_ceiling(&results, &gemm_ceilings);
+    let status = if invalid.is_some() {
+        kiln_db::RunStatus::Invalid
+    } else {
+        status_of(results.iter().any(|r| r.summary.cv > MAX_CV))
+    };
+    let report = GemmReport {
+        theoretical_peak: theoretical_peak(inv, cpus.len(), peak.summary.median),
+        peak,
+        clock,
+        peaks,
+        fma_per_cycle,
+        ceilings: gemm_ceilings,
+        results,
+        skipped,
+        invalid,
+    };
     let dtype_names: Vec<String> = dtypes.iter().map(|d| format!("{d:?}").to_lowercase()).collect();
     Outcome {
         status,
@@ -146,4 +271,37 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         telemetry,
     }
     .judge_contention(contention_limit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(dtype: &str, n: usize, gflops: Vec<f64>) -> GemmResult {
+        GemmResult {
+            dtype: dtype.into(),
+            n,
+            summary: kiln_bench::stats::summarize(&gflops).unwrap(),
+            gflops,
+            percent_of_peak: None,
+        }
+    }
+
+    /// A GEMM repetition above its type's ceiling (the window missed work, or the peak was
+    /// measured while something else ran) is named, with the type and the size.
+    #[test]
+    fn a_gemm_above_its_ceiling_is_named() {
+        let ceilings = vec![
+            GemmCeiling { dtype: "f32".into(), gflops: 210.0, basis: "vfmadd231ps zmm".into() },
+            GemmCeiling { dtype: "bf16".into(), gflops: 400.0, basis: "vdpbf16ps zmm".into() },
+        ];
+        let fine = vec![result("f32", 1024, vec![190.0, 205.0]), result("bf16", 1024, vec![350.0, 399.0])];
+        assert_eq!(above_ceiling(&fine, &ceilings), None);
+        // 300 GFLOP/s is below the bf16 ceiling but not the f32 one.
+        let broken = vec![result("bf16", 512, vec![300.0]), result("f32", 2048, vec![190.0, 300.0])];
+        let why = above_ceiling(&broken, &ceilings).unwrap();
+        assert!(why.starts_with("GEMM f32 2048³ measured 300.0 GFLOP/s, above the f32 ceiling of 210.0"), "{why}");
+        // A type without a ceiling is not judged.
+        assert_eq!(above_ceiling(&[result("f16", 64, vec![1e6])], &ceilings), None);
+    }
 }

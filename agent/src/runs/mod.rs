@@ -113,6 +113,7 @@ impl Report {
     pub fn invalid_reason(&self) -> Option<String> {
         match self {
             Report::Membw(m) => m.invalid.clone(),
+            Report::Gemm(g) => g.invalid.clone(),
             _ => None,
         }
     }

@@ -267,6 +267,10 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "GB/s"
     } else if ends("gflops") || m.starts_with("gemm.") {
         "GFLOP/s"
+    } else if ends("_gops") {
+        "GOP/s"
+    } else if ends("_mhz") {
+        "MHz"
     } else if ends("tokens_per_s") {
         "tokens/s"
     } else if ends("_s") {
@@ -320,6 +324,9 @@ mod tests {
             ("membw.all.triad_gbps", "GB/s"),
             ("membw.node1.copy_gbps", "GB/s"),
             ("cpu.fma_peak_gflops", "GFLOP/s"),
+            ("cpu.bf16_peak_gflops", "GFLOP/s"),
+            ("cpu.int8_peak_gops", "GOP/s"),
+            ("cpu.clock_mhz", "MHz"),
             ("gemm.f32.1024.gflops", "GFLOP/s"),
             ("train.tiny.tokens_per_s", "tokens/s"),
             ("train.tiny.step_p50_s", "s"),

@@ -1,0 +1,329 @@
+//! The processor's compute ceilings per data type, measured, and the clock they ran at.
+//!
+//! For each data type the CPU has a multiply-accumulate instruction for (f32 FMA, bf16 dot
+//! products with `vdpbf16ps`, int8 dot products with `vpdpbusd`), every allowed CPU runs
+//! independent chains of the widest form at once: the rate no GEMM of that type can beat, since a
+//! GEMM also loads, packs and stores. A dependent chain of register adds (one cycle each on every
+//! x86-64 and Arm core) on every CPU at once measures the all-core clock, and from the two the
+//! operations per cycle per CPU, which count the execution units: a Zen 5 core shows 64 f32
+//! FLOP/cycle, two 512-bit FMA units.
+//!
+//! Not measured: AMX tiles (Rust's AMX intrinsics are not stable), AVX-VNNI without AVX-512, and
+//! f16 arithmetic (AVX512-FP16); a GEMM in f16 is bounded by twice the f32 rate where the CPU has
+//! AVX512-FP16, else by the f32 rate.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gemm::PeakResult;
+use crate::stats::{pin_to_cpu, summarize, Summary};
+
+/// A GEMM figure may exceed its type's measured peak by this factor before it is impossible: the
+/// peak's repetitions and the GEMM's are taken seconds apart, and a clock can move that much.
+pub const CEILING_MARGIN: f64 = 1.05;
+
+/// One data type's measured peak on all the CPUs at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TypePeak {
+    /// "f32", "bf16" or "int8".
+    pub dtype: String,
+    /// The instruction the chains ran ("vdpbf16ps zmm").
+    pub instruction: String,
+    /// Giga-operations per second (FLOP for floating point, multiply-adds × 2 for int8), one
+    /// value per repetition.
+    pub gops: Vec<f64>,
+    pub summary: Summary,
+    /// Operations per cycle per CPU at the measured all-core clock.
+    pub per_cycle: Option<f64>,
+}
+
+/// The all-core clock, measured by a chain of dependent register adds on every CPU at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Clock {
+    pub mhz: Vec<f64>,
+    pub summary: Summary,
+}
+
+/// Runs `work` on every CPU at once (one pinned thread each), `repetitions` times after one
+/// warm-up; the seconds of each repetition. The window opens before the first thread is spawned
+/// and closes after the last has finished, so it cannot miss work.
+fn on_all_cpus(cpus: &[u32], repetitions: usize, work: impl Fn() + Sync) -> Vec<f64> {
+    let threads = cpus.len().max(1);
+    let mut seconds = Vec::new();
+    for rep in 0..=repetitions {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let cpu = cpus.get(t).copied();
+                let work = &work;
+                s.spawn(move || {
+                    if let Some(c) = cpu {
+                        pin_to_cpu(c);
+                    }
+                    work();
+                });
+            }
+        });
+        if rep > 0 {
+            seconds.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    seconds
+}
+
+/// Adds executed by [`add_chain`] per iteration, one cycle each.
+const ADDS_PER_ITERATION: u64 = 100;
+
+/// `iterations` × 100 dependent register-register adds (register operands: some cores fold
+/// add-immediate chains at rename, none fold these).
+#[cfg(target_arch = "x86_64")]
+fn add_chain(iterations: u64) -> u64 {
+    let (mut x, mut n) = (0u64, iterations.max(1));
+    // SAFETY: register arithmetic only; no memory, no stack.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            ".rept 100",
+            "add {x}, {y}",
+            ".endr",
+            "dec {n}",
+            "jnz 2b",
+            x = inout(reg) x,
+            y = in(reg) 1u64,
+            n = inout(reg) n,
+            options(nomem, nostack),
+        );
+    }
+    std::hint::black_box(n);
+    x
+}
+
+#[cfg(target_arch = "aarch64")]
+fn add_chain(iterations: u64) -> u64 {
+    let (mut x, mut n) = (0u64, iterations.max(1));
+    // SAFETY: register arithmetic only; no memory, no stack.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            ".rept 100",
+            "add {x}, {x}, {y}",
+            ".endr",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            x = inout(reg) x,
+            y = in(reg) 1u64,
+            n = inout(reg) n,
+            options(nomem, nostack),
+        );
+    }
+    std::hint::black_box(n);
+    x
+}
+
+/// The all-core clock in MHz; `None` on architectures without the add chain.
+pub fn clock(cpus: &[u32], repetitions: usize, iterations: u64) -> Option<Clock> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let seconds = on_all_cpus(cpus, repetitions, || {
+            std::hint::black_box(add_chain(iterations));
+        });
+        let mhz: Vec<f64> = seconds.iter().map(|s| (iterations * ADDS_PER_ITERATION) as f64 / s / 1e6).collect();
+        Some(Clock { summary: summarize(&mhz)?, mhz })
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (cpus, repetitions, iterations);
+        None
+    }
+}
+
+/// Independent accumulators per thread: more than latency × throughput of every core's dot
+/// product unit (6 × 2 on Zen 5), so the chains measure throughput, not latency.
+const CHAINS: usize = 16;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bf16,avx512f")]
+fn bf16_chains(iterations: u64) -> f32 {
+    use std::arch::x86_64::*;
+    // Pairs of bf16 ones and tiny values, so the sums grow slowly and stay finite.
+    let a: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.0), _mm512_set1_ps(1.0));
+    let b: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6), _mm512_set1_ps(1e-6));
+    let mut acc = [_mm512_setzero_ps(); CHAINS];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbf16_ps(*x, a, b);
+        }
+    }
+    acc.iter().map(|x| _mm512_reduce_add_ps(*x)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512vnni,avx512f")]
+fn int8_chains(iterations: u64) -> i64 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(1));
+    let mut acc = [_mm512_setzero_si512(); CHAINS];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbusd_epi32(*x, a, b);
+        }
+    }
+    acc.iter().map(|x| i64::from(_mm512_reduce_add_epi32(*x))).sum()
+}
+
+/// The bf16 and int8 peaks this CPU has instructions for (none on other architectures).
+pub fn low_precision_peaks(cpus: &[u32], repetitions: usize, iterations: u64) -> Vec<TypePeak> {
+    let threads = cpus.len().max(1) as f64;
+    let mut peaks = Vec::new();
+    let mut push = |dtype: &str, instruction: &str, ops_per_iteration: f64, seconds: Vec<f64>| {
+        let gops: Vec<f64> =
+            seconds.iter().map(|s| iterations as f64 * ops_per_iteration * threads / s / 1e9).collect();
+        if let Some(summary) = summarize(&gops) {
+            peaks.push(TypePeak {
+                dtype: dtype.into(),
+                instruction: instruction.into(),
+                gops,
+                summary,
+                per_cycle: None,
+            });
+        }
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512f") {
+            // 16 lanes × 2 bf16 products, each a multiply and an add.
+            let seconds = on_all_cpus(cpus, repetitions, || {
+                // SAFETY: the features were detected at run time just above.
+                std::hint::black_box(unsafe { bf16_chains(iterations) });
+            });
+            push("bf16", "vdpbf16ps zmm", (CHAINS * 16 * 2 * 2) as f64, seconds);
+        }
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512f") {
+            // 16 lanes × 4 u8·i8 products, each a multiply and an add.
+            let seconds = on_all_cpus(cpus, repetitions, || {
+                // SAFETY: the features were detected at run time just above.
+                std::hint::black_box(unsafe { int8_chains(iterations) });
+            });
+            push("int8", "vpdpbusd zmm", (CHAINS * 16 * 4 * 2) as f64, seconds);
+        }
+    }
+    let _ = &mut push;
+    peaks
+}
+
+/// The f32 peak as a [`TypePeak`].
+pub fn f32_peak(peak: &PeakResult) -> TypePeak {
+    let instruction = match peak.isa.as_str() {
+        "avx512f" => "vfmadd231ps zmm",
+        "avx2+fma" => "vfmadd231ps ymm",
+        _ => "fused multiply-add (scalar)",
+    };
+    TypePeak {
+        dtype: "f32".into(),
+        instruction: instruction.into(),
+        gops: peak.gflops.clone(),
+        summary: peak.summary.clone(),
+        per_cycle: None,
+    }
+}
+
+/// Fills in each peak's operations per cycle per CPU at the measured clock.
+pub fn per_cycle(peaks: &mut [TypePeak], clock: Option<&Clock>, cpus: usize) {
+    let Some(mhz) = clock.map(|c| c.summary.median).filter(|m| *m > 0.0) else { return };
+    for p in peaks {
+        p.per_cycle = Some(p.summary.median * 1e3 / mhz / cpus.max(1) as f64);
+    }
+}
+
+/// The fastest a GEMM in `dtype` ("f32", "bf16", "f16") can run here, in GFLOP/s, and what it
+/// rests on: the best repetition of the fastest peak that computes in that type, with the margin.
+/// `None` when no peak bounds the type.
+pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Option<(f64, String)> {
+    let best = |d: &str| peaks.iter().find(|p| p.dtype == d).map(|p| (p.summary.max, p.instruction.clone()));
+    let f32_peak = best("f32");
+    let (gflops, basis) = match dtype {
+        "f32" => f32_peak?,
+        // A bf16 GEMM computes with bf16 dot products or converts to f32: the faster bounds it.
+        "bf16" => match (best("bf16"), f32_peak) {
+            (Some(b), Some(f)) => {
+                if b.0 >= f.0 {
+                    b
+                } else {
+                    f
+                }
+            }
+            (b, f) => b.or(f)?,
+        },
+        "f16" => {
+            let (g, i) = f32_peak?;
+            if has_avx512fp16 {
+                (2.0 * g, format!("2 x {i} (AVX512-FP16 has twice the f32 lanes; not measured)"))
+            } else {
+                (g, i)
+            }
+        }
+        _ => return None,
+    };
+    Some((
+        gflops * CEILING_MARGIN,
+        format!("{basis}, best repetition {gflops:.1} GFLOP/s + {:.0} %", (CEILING_MARGIN - 1.0) * 100.0),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peak(dtype: &str, max: f64) -> TypePeak {
+        TypePeak {
+            dtype: dtype.into(),
+            instruction: format!("{dtype} op"),
+            gops: vec![max * 0.9, max],
+            summary: summarize(&[max * 0.9, max]).unwrap(),
+            per_cycle: None,
+        }
+    }
+
+    #[test]
+    fn clock_is_plausible() {
+        let c = clock(&[0], 2, 200_000).expect("x86-64 or aarch64");
+        // Any core of the last twenty years runs between 0.5 and 7 GHz.
+        assert!((500.0..7000.0).contains(&c.summary.median), "{c:?}");
+    }
+
+    #[test]
+    fn low_precision_peaks_match_the_cpu() {
+        let peaks = low_precision_peaks(&[0], 2, 100_000);
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(peaks.iter().any(|p| p.dtype == "bf16"), std::arch::is_x86_feature_detected!("avx512bf16"));
+            assert_eq!(peaks.iter().any(|p| p.dtype == "int8"), std::arch::is_x86_feature_detected!("avx512vnni"));
+        }
+        for p in &peaks {
+            assert!(p.summary.median > 0.0 && p.gops.len() == 2, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn ceilings_by_type() {
+        let peaks = vec![peak("f32", 100.0), peak("bf16", 200.0)];
+        assert_eq!(gemm_ceiling("f32", &peaks, false).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("bf16", &peaks, false).unwrap().0, 210.0);
+        assert_eq!(gemm_ceiling("f16", &peaks, false).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("f16", &peaks, true).unwrap().0, 210.0);
+        // Without a bf16 unit, bf16 runs at f32 speed at best.
+        assert_eq!(gemm_ceiling("bf16", &peaks[..1], false).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("f64", &peaks, false), None);
+        assert_eq!(gemm_ceiling("f32", &[], false), None);
+    }
+
+    #[test]
+    fn operations_per_cycle() {
+        let mut peaks = vec![peak("f32", 256.0)];
+        let clock = Clock { mhz: vec![4000.0], summary: summarize(&[4000.0]).unwrap() };
+        per_cycle(&mut peaks, Some(&clock), 2);
+        // median of (230.4, 256) = 243.2 GFLOP/s over 2 CPUs at 4 GHz.
+        assert!((peaks[0].per_cycle.unwrap() - 30.4).abs() < 1e-9);
+    }
+}
