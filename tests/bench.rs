@@ -1,7 +1,7 @@
 //! Benchmarks as users run them: `kiln bench membw` stores a run that `kiln runs` and
 //! `kiln show run` read back with every raw sample. Timings are not asserted (see benches/).
 
-use crate::util::kiln;
+use crate::util::{kiln, needs};
 
 #[test]
 fn membw_run_is_measured_stored_and_shown() {
@@ -270,7 +270,20 @@ fn training_too_short_to_judge_is_refused() {
 #[test]
 fn gemm_small_sizes_against_the_peak() {
     let run = kiln(
-        &["bench", "gemm", "--sizes", "64,128", "--dtypes", "f32,bf16", "--repetitions", "3", "--no-save", "--json"],
+        &[
+            "bench",
+            "gemm",
+            "--sizes",
+            "64,128",
+            "--dtypes",
+            "f32,bf16",
+            "--repetitions",
+            "3",
+            "--libraries",
+            "none",
+            "--no-save",
+            "--json",
+        ],
         &[],
     )
     .success();
@@ -307,6 +320,112 @@ fn gemm_small_sizes_against_the_peak() {
     assert!(typed.peaks.iter().all(|p| p.per_cycle.unwrap() > 0.0));
     let fma = typed.fma_per_cycle.unwrap();
     assert!(fma > 0.0 && fma < 8.0, "{fma}");
+}
+
+/// The maintained GEMM libraries this machine has (OpenBLAS, BLIS, oneDNN; `.ci/run` installs
+/// Debian's), found at run time: each multiplies f32 (oneDNN bf16 too) beside candle, under the
+/// same ceilings, with its version recorded and its figures under metric names of its own.
+#[test]
+fn gemm_through_the_libraries_found() {
+    let solib = |soname: &str, package: &str| {
+        let found = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
+            .iter()
+            .any(|d| std::path::Path::new(d).join(soname).exists());
+        (!found).then(|| format!("{soname} (Debian package {package})"))
+    };
+    let missing: Vec<String> = [
+        solib("libopenblas.so.0", "libopenblas0-pthread"),
+        solib("libblis.so.4", "libblis4-pthread"),
+        solib("libdnnl.so.2", "libdnnl2"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !needs("gemm_through_the_libraries_found", &missing) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let args = ["bench", "gemm", "--sizes", "96", "--dtypes", "f32,bf16", "--repetitions", "2", "--json"];
+    let run = kiln(&args, &[("KILN_DB", &db)]).success();
+    let typed: kiln::runs::GemmReport = run.report();
+    let got: Vec<(&str, &str)> = typed.results.iter().map(|r| (r.backend.as_str(), r.dtype.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            ("candle", "f32"),
+            ("candle", "bf16"),
+            ("openblas", "f32"),
+            ("blis", "f32"),
+            ("onednn", "f32"),
+            ("onednn", "bf16")
+        ],
+        "{:?}",
+        typed.skipped
+    );
+    for r in &typed.results {
+        let ceiling = typed.ceilings.iter().find(|c| c.dtype == r.dtype).unwrap();
+        assert!(
+            r.gflops.iter().all(|g| *g <= ceiling.gflops),
+            "{} {}: {:?} above {ceiling:?}",
+            r.backend,
+            r.dtype,
+            r.gflops
+        );
+        if r.backend != "candle" {
+            let version = r.implementation.as_deref().unwrap();
+            assert!(["OpenBLAS 0.", "BLIS 0.", "oneDNN 2."].iter().any(|v| version.starts_with(v)), "{version}");
+        }
+    }
+    // The stored metrics keep candle's names and give each library its own.
+    let id = run.json()["run_id"].as_str().unwrap().to_string();
+    let shown = kiln(&["show", "run", &id, "--json"], &[("KILN_DB", &db)]).success().json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for name in ["gemm.f32.96.gflops", "gemm.openblas.f32.96.gflops", "gemm.onednn.bf16.96.gflops"] {
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+    // A library asked for by name and absent is said, not silently dropped.
+    let none = kiln(
+        &[
+            "bench",
+            "gemm",
+            "--sizes",
+            "32",
+            "--dtypes",
+            "f32",
+            "--repetitions",
+            "1",
+            "--libraries",
+            "onednn",
+            "--no-save",
+            "--json",
+        ],
+        &[],
+    );
+    let skipped = none.success().json()["report"]["skipped"].clone();
+    assert_eq!(skipped, serde_json::json!([]), "oneDNN is installed: nothing to skip");
+    let hidden = kiln(
+        &[
+            "bench",
+            "gemm",
+            "--sizes",
+            "32",
+            "--dtypes",
+            "f32",
+            "--repetitions",
+            "1",
+            "--libraries",
+            "onednn",
+            "--no-save",
+            "--json",
+        ],
+        &[("KILN_GEMM_LIBRARIES", std::path::Path::new(""))],
+    );
+    let skipped = hidden.success().json()["report"]["skipped"].clone();
+    assert!(skipped[0].as_str().unwrap().starts_with("onednn: not found (install it"), "{skipped}");
+    let wrong = kiln(&["bench", "gemm", "--libraries", "mkl", "--no-save"], &[]);
+    assert_eq!(wrong.code(), Some(2), "{}", wrong.describe());
+    assert!(wrong.stderr().contains("give all, none, or some of openblas, blis, onednn"), "{}", wrong.describe());
 }
 
 /// A loop device over a file, detached when dropped.

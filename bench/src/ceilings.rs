@@ -45,31 +45,42 @@ pub struct Clock {
     pub summary: Summary,
 }
 
+/// One repetition of [`on_all_cpus`]: the window over all threads, and each thread's own time.
+struct Timed {
+    window: f64,
+    threads: Vec<f64>,
+}
+
 /// Runs `work` on every CPU at once (one pinned thread each), `repetitions` times after one
-/// warm-up; the seconds of each repetition. The window opens before the first thread is spawned
-/// and closes after the last has finished, so it cannot miss work.
-fn on_all_cpus(cpus: &[u32], repetitions: usize, work: impl Fn() + Sync) -> Vec<f64> {
+/// warm-up. The window opens before the first thread is spawned and closes after the last has
+/// finished, so it cannot miss work; each thread also times its own part.
+fn on_all_cpus(cpus: &[u32], repetitions: usize, work: impl Fn() + Sync) -> Vec<Timed> {
     let threads = cpus.len().max(1);
-    let mut seconds = Vec::new();
+    let mut timed = Vec::new();
     for rep in 0..=repetitions {
         let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let cpu = cpus.get(t).copied();
-                let work = &work;
-                s.spawn(move || {
-                    if let Some(c) = cpu {
-                        pin_to_cpu(c);
-                    }
-                    work();
-                });
-            }
+        let own: Vec<f64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let cpu = cpus.get(t).copied();
+                    let work = &work;
+                    s.spawn(move || {
+                        if let Some(c) = cpu {
+                            pin_to_cpu(c);
+                        }
+                        let start = Instant::now();
+                        work();
+                        start.elapsed().as_secs_f64()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
         });
         if rep > 0 {
-            seconds.push(t0.elapsed().as_secs_f64());
+            timed.push(Timed { window: t0.elapsed().as_secs_f64(), threads: own });
         }
     }
-    seconds
+    timed
 }
 
 /// Adds executed by [`add_chain`] per iteration, one cycle each.
@@ -125,10 +136,16 @@ fn add_chain(iterations: u64) -> u64 {
 pub fn clock(cpus: &[u32], repetitions: usize, iterations: u64) -> Option<Clock> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
-        let seconds = on_all_cpus(cpus, repetitions, || {
+        let timed = on_all_cpus(cpus, repetitions, || {
             std::hint::black_box(add_chain(iterations));
         });
-        let mhz: Vec<f64> = seconds.iter().map(|s| (iterations * ADDS_PER_ITERATION) as f64 / s / 1e6).collect();
+        // A clock is each core's own: the median of the threads' own rates, so that one thread
+        // the scheduler delayed does not read as a slow clock.
+        let cycles = (iterations * ADDS_PER_ITERATION) as f64;
+        let mhz: Vec<f64> = timed
+            .iter()
+            .map(|t| crate::stats::median(&t.threads.iter().map(|s| cycles / s / 1e6).collect::<Vec<_>>()))
+            .collect();
         Some(Clock { summary: summarize(&mhz)?, mhz })
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -176,9 +193,10 @@ fn int8_chains(iterations: u64) -> i64 {
 pub fn low_precision_peaks(cpus: &[u32], repetitions: usize, iterations: u64) -> Vec<TypePeak> {
     let threads = cpus.len().max(1) as f64;
     let mut peaks = Vec::new();
-    let mut push = |dtype: &str, instruction: &str, ops_per_iteration: f64, seconds: Vec<f64>| {
+    // A peak is all CPUs together over the one window, as a GEMM on all of them is timed.
+    let mut push = |dtype: &str, instruction: &str, ops_per_iteration: f64, timed: Vec<Timed>| {
         let gops: Vec<f64> =
-            seconds.iter().map(|s| iterations as f64 * ops_per_iteration * threads / s / 1e9).collect();
+            timed.iter().map(|t| iterations as f64 * ops_per_iteration * threads / t.window / 1e9).collect();
         if let Some(summary) = summarize(&gops) {
             peaks.push(TypePeak {
                 dtype: dtype.into(),
@@ -193,19 +211,19 @@ pub fn low_precision_peaks(cpus: &[u32], repetitions: usize, iterations: u64) ->
     {
         if std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512f") {
             // 16 lanes × 2 bf16 products, each a multiply and an add.
-            let seconds = on_all_cpus(cpus, repetitions, || {
+            let timed = on_all_cpus(cpus, repetitions, || {
                 // SAFETY: the features were detected at run time just above.
                 std::hint::black_box(unsafe { bf16_chains(iterations) });
             });
-            push("bf16", "vdpbf16ps zmm", (CHAINS * 16 * 2 * 2) as f64, seconds);
+            push("bf16", "vdpbf16ps zmm", (CHAINS * 16 * 2 * 2) as f64, timed);
         }
         if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512f") {
             // 16 lanes × 4 u8·i8 products, each a multiply and an add.
-            let seconds = on_all_cpus(cpus, repetitions, || {
+            let timed = on_all_cpus(cpus, repetitions, || {
                 // SAFETY: the features were detected at run time just above.
                 std::hint::black_box(unsafe { int8_chains(iterations) });
             });
-            push("int8", "vpdpbusd zmm", (CHAINS * 16 * 4 * 2) as f64, seconds);
+            push("int8", "vpdpbusd zmm", (CHAINS * 16 * 4 * 2) as f64, timed);
         }
     }
     let _ = &mut push;

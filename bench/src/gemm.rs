@@ -13,11 +13,22 @@ use crate::stats::{pin_to_cpu, summarize, Summary};
 pub struct GemmResult {
     pub dtype: String,
     pub n: usize,
+    /// What multiplied: "candle" (kiln's built-in path) or a library found at run time
+    /// ("onednn", "openblas", "blis"; `blas`), so that no comparison mixes two kernels silently.
+    #[serde(default = "candle")]
+    pub backend: String,
+    /// The library's version and, where it says, the kernel it chose.
+    #[serde(default)]
+    pub implementation: Option<String>,
     pub gflops: Vec<f64>,
     pub summary: Summary,
     /// Share of the measured peak of its type (`ceilings`): bf16 against the bf16 dot-product peak
     /// where the CPU has one, otherwise (and f16) against the f32 FMA peak.
     pub percent_of_peak: Option<f64>,
+}
+
+fn candle() -> String {
+    "candle".into()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -156,6 +167,71 @@ pub fn measure(
     Ok(GemmResult {
         dtype: format!("{dtype:?}").to_lowercase(),
         n,
+        backend: candle(),
+        implementation: None,
+        percent_of_peak: peak_gflops.map(|p| 100.0 * summary.median / p),
+        summary,
+        gflops,
+    })
+}
+
+/// Seeded values in [-1, 1).
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..len).map(|_| (crate::stats::splitmix64(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+}
+
+/// Multiplies two n×n matrices of `dtype` ("f32", "bf16") through `lib` on `threads` threads,
+/// `repetitions` times after a warm-up; each repetition times the call alone.
+///
+/// # Errors
+/// When the library does not multiply that type, or a call fails.
+pub fn measure_library(
+    lib: &crate::blas::Library,
+    dtype: &str,
+    n: usize,
+    repetitions: usize,
+    threads: usize,
+    peak_gflops: Option<f64>,
+) -> Result<GemmResult, String> {
+    if !lib.supports(dtype) {
+        return Err(format!("{} does not multiply {dtype}", lib.version));
+    }
+    lib.set_threads(threads);
+    let (a, b) = (random(n * n, 1), random(n * n, 2));
+    let mut seconds = Vec::new();
+    let implementation = if dtype == "bf16" {
+        let mut mm = lib.bf16_matmul(n, n, n)?;
+        mm.a_mut().iter_mut().zip(&a).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
+        mm.b_mut().iter_mut().zip(&b).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
+        for rep in 0..=repetitions {
+            let t0 = Instant::now();
+            mm.run()?;
+            if rep > 0 {
+                seconds.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        std::hint::black_box(mm.c());
+        format!("{} ({})", lib.version, mm.implementation)
+    } else {
+        let mut c = vec![0.0f32; n * n];
+        for rep in 0..=repetitions {
+            let t0 = Instant::now();
+            lib.sgemm(n, n, n, &a, &b, &mut c)?;
+            if rep > 0 {
+                seconds.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        std::hint::black_box(&c);
+        lib.version.clone()
+    };
+    let gflops: Vec<f64> = seconds.iter().map(|s| 2.0 * (n as f64).powi(3) / s / 1e9).collect();
+    let summary = summarize(&gflops).ok_or("no repetitions")?;
+    Ok(GemmResult {
+        dtype: dtype.into(),
+        n,
+        backend: lib.kind.key().into(),
+        implementation: Some(implementation),
         percent_of_peak: peak_gflops.map(|p| 100.0 * summary.median / p),
         summary,
         gflops,

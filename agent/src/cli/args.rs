@@ -521,6 +521,10 @@ pub enum Bench {
         /// Measured multiplies per size
         #[arg(long, default_value_t = 10)]
         repetitions: usize,
+        /// Maintained libraries to measure beside candle, found at run time: `all` (every one
+        /// installed), `none`, or some of openblas, blis, onednn
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        libraries: Vec<String>,
         #[command(flatten)]
         store: Store,
     },

@@ -175,18 +175,38 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             }
             finish(ctx, &inv, outcome, store)
         }
-        Bench::Gemm { sizes, dtypes, repetitions, store } => {
+        Bench::Gemm { sizes, dtypes, repetitions, libraries, store } => {
             preflight(ctx, store)?;
             anyhow::ensure!(
                 repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1),
                 "--sizes and --repetitions must be positive"
             );
+            let libraries = gemm_libraries(&libraries)?;
             let dtypes: Vec<candle_core::DType> = dtypes.iter().map(|d| d.candle()).collect();
             let inv = live_inventory()?;
-            let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions);
+            let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions, &libraries);
             finish(ctx, &inv, outcome, store)
         }
         Bench::Suite { quick, budget, disk_path, store } => suite(ctx, quick, budget, disk_path, store),
+    }
+}
+
+/// `--libraries`: `all`, `none`, or library keys.
+fn gemm_libraries(values: &[String]) -> Result<runs::Libraries> {
+    const KEYS: [&str; 3] = ["openblas", "blis", "onednn"];
+    match values {
+        [one] if one == "all" => Ok(runs::Libraries::All),
+        [one] if one == "none" => Ok(runs::Libraries::Only(Vec::new())),
+        keys => {
+            for k in keys {
+                anyhow::ensure!(
+                    KEYS.contains(&k.as_str()),
+                    "--libraries {k}: give all, none, or some of {}",
+                    KEYS.join(", ")
+                );
+            }
+            Ok(runs::Libraries::Only(keys.to_vec()))
+        }
     }
 }
 
@@ -260,7 +280,8 @@ fn run_suite(
         let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
         let dtypes: &[candle_core::DType] = if quick { &[F32] } else { &[F32, BF16] };
         let repetitions = if quick { 5 } else { 10 };
-        until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::gemm(inv, sizes, dtypes, repetitions)), keep)?;
+        let libraries = runs::Libraries::All;
+        until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::gemm(inv, sizes, dtypes, repetitions, &libraries)), keep)?;
     }
     if !over("train") {
         let config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;

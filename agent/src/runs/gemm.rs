@@ -139,16 +139,25 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
             p.per_cycle.map_or(String::new(), |c| format!("  {c:.1} per cycle per CPU"))
         ));
     }
-    text.push_str(&format!("{:<6} {:>6} {:>12} {:>8} {:>7}\n", "dtype", "n", "GFLOP/s", "of peak", "CV"));
+    text.push_str(&format!(
+        "{:<9} {:<6} {:>6} {:>12} {:>8} {:>7}\n",
+        "backend", "dtype", "n", "GFLOP/s", "of peak", "CV"
+    ));
     for r in &report.results {
         text.push_str(&format!(
-            "{:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n",
+            "{:<9} {:<6} {:>6} {:>12.1} {:>7.1}% {:>6.1}%\n",
+            r.backend,
             r.dtype,
             r.n,
             r.summary.median,
             r.percent_of_peak.unwrap_or(0.0),
             r.summary.cv * 100.0
         ));
+    }
+    let mut libraries: Vec<&str> = report.results.iter().filter_map(|r| r.implementation.as_deref()).collect();
+    libraries.dedup();
+    for l in libraries {
+        text.push_str(&format!("library {l}\n"));
     }
     for c in &report.ceilings {
         text.push_str(&format!("ceiling {:<5} {:.1} GFLOP/s ({})\n", c.dtype, c.gflops, c.basis));
@@ -162,7 +171,22 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
     text
 }
 
-pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], repetitions: usize) -> Outcome {
+/// Which maintained GEMM libraries a run measures beside candle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Libraries {
+    /// Every one found (`kiln_bench::blas::find`).
+    All,
+    /// Only these (`openblas`, `blis`, `onednn`); one not found is a skipped entry.
+    Only(Vec<String>),
+}
+
+pub fn gemm(
+    inv: &Inventory,
+    sizes: &[usize],
+    dtypes: &[candle_core::DType],
+    repetitions: usize,
+    libraries: &Libraries,
+) -> Outcome {
     let progress = Progress::new();
     progress.update("measuring the FMA peak");
     let cpus = allowed_cpus(inv);
@@ -192,6 +216,33 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
             }
         }
     }
+    let (found, unusable) = kiln_bench::blas::find();
+    skipped.extend(unusable);
+    let found: Vec<_> = match libraries {
+        Libraries::All => found,
+        Libraries::Only(keys) => {
+            for k in keys.iter().filter(|k| !found.iter().any(|l| l.kind.key() == k.as_str())) {
+                skipped.push(format!("{k}: not found (install it: Debian's libopenblas0, libblis4, libdnnl2)"));
+            }
+            found.into_iter().filter(|l| keys.iter().any(|k| k == l.kind.key())).collect()
+        }
+    };
+    for lib in &found {
+        for &dtype in dtypes {
+            let name = format!("{dtype:?}").to_lowercase();
+            if !lib.supports(&name) {
+                continue;
+            }
+            let type_peak = peaks.iter().find(|p| p.dtype == name).unwrap_or(&peaks[0]).summary.median;
+            for &n in sizes {
+                progress.update(&format!("gemm {name} {n}x{n}x{n} through {}", lib.version));
+                match kiln_bench::gemm::measure_library(lib, &name, n, repetitions, cpus.len(), Some(type_peak)) {
+                    Ok(r) => results.push(r),
+                    Err(e) => skipped.push(format!("{} {name} {n}: {e}", lib.kind.key())),
+                }
+            }
+        }
+    }
     progress.finish();
     let telemetry = sampler.stop();
     let gflops = |name: String, value| Metric { name, value, unit: "GFLOP/s".into(), direction: Direction::Higher };
@@ -216,16 +267,28 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[candle_core::DType], rep
         });
     }
     for r in &results {
-        let name = format!("gemm.{}.{}.gflops", r.dtype, r.n);
+        // candle's figures keep their names; a library's carry its key, so that no comparison
+        // or verdict mixes two kernels.
+        let name = if r.backend == "candle" {
+            format!("gemm.{}.{}.gflops", r.dtype, r.n)
+        } else {
+            format!("gemm.{}.{}.{}.gflops", r.backend, r.dtype, r.n)
+        };
         samples.extend(samples_of(&name, &r.gflops));
         metrics.push(gflops(name, r.summary.median));
     }
-    let best = results.iter().filter(|r| r.dtype == "f32").max_by(|a, b| a.n.cmp(&b.n));
+    // The headline: the largest f32 size, through the fastest kernel that ran it.
+    let largest = results.iter().filter(|r| r.dtype == "f32").map(|r| r.n).max();
+    let best = results
+        .iter()
+        .filter(|r| r.dtype == "f32" && Some(r.n) == largest)
+        .max_by(|a, b| a.summary.median.total_cmp(&b.summary.median));
     let headline = best.map_or(String::new(), |b| {
         format!(
-            "GEMM f32 {}³ {:.1} GFLOP/s, {:.0} % of the {:.1} GFLOP/s FMA peak",
+            "GEMM f32 {}³ {:.1} GFLOP/s ({}), {:.0} % of the {:.1} GFLOP/s FMA peak",
             b.n,
             b.summary.median,
+            b.backend,
             b.percent_of_peak.unwrap_or(0.0),
             peak.summary.median
         )
@@ -281,6 +344,8 @@ mod tests {
         GemmResult {
             dtype: dtype.into(),
             n,
+            backend: "candle".into(),
+            implementation: None,
             summary: kiln_bench::stats::summarize(&gflops).unwrap(),
             gflops,
             percent_of_peak: None,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use disk::disk;
-pub use gemm::{gemm, GemmReport, TheoreticalPeak};
+pub use gemm::{gemm, GemmReport, Libraries, TheoreticalPeak};
 pub use membw::{default_membw_elements, membw, membw_scopes, render_membw, MembwReport};
 pub use net::net;
 pub use train::{render_train, train, train_metrics, TrainReport};
