@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{pin_to_cpu, summarize, Summary};
+use crate::stats::{summarize, Summary};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GemmResult {
@@ -38,6 +38,10 @@ pub struct PeakResult {
     pub summary: Summary,
     /// "avx512f", "avx2+fma" or "scalar": the widest instructions used.
     pub isa: String,
+    /// GFLOP/s of all CPUs at the best rate one of them showed over its own CPU time: the
+    /// ceiling's basis (`ceilings::best_rate`).
+    #[serde(default)]
+    pub best_gflops: f64,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -115,30 +119,21 @@ fn run_chains(iterations: u64) -> f32 {
     fma_chains_scalar(iterations)
 }
 
-/// Measures the f32 FMA peak over `cpus` (one pinned thread each).
+/// Measures the f32 FMA peak over `cpus` (one pinned thread each, all at once).
 pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult {
     let (name, flops_per_iter) = isa();
-    let threads = cpus.len().max(1);
-    let mut gflops = Vec::new();
-    for rep in 0..repetitions + 1 {
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let cpu = cpus.get(t).copied();
-                s.spawn(move || {
-                    if let Some(c) = cpu {
-                        pin_to_cpu(c);
-                    }
-                    std::hint::black_box(run_chains(iterations));
-                });
-            }
-        });
-        let secs = t0.elapsed().as_secs_f64();
-        if rep > 0 {
-            gflops.push(iterations as f64 * flops_per_iter * threads as f64 / secs / 1e9);
-        }
+    let threads = cpus.len().max(1) as f64;
+    let timed = crate::ceilings::on_all_cpus(cpus, repetitions, || {
+        std::hint::black_box(run_chains(iterations));
+    });
+    let per_thread = iterations as f64 * flops_per_iter;
+    let gflops: Vec<f64> = timed.iter().map(|t| per_thread * threads / t.window / 1e9).collect();
+    PeakResult {
+        summary: summarize(&gflops).expect("repetitions"),
+        gflops,
+        isa: name.to_string(),
+        best_gflops: crate::ceilings::best_rate(&timed, per_thread) / 1e9,
     }
-    PeakResult { summary: summarize(&gflops).expect("repetitions"), gflops, isa: name.to_string() }
 }
 
 /// Multiplies two n×n matrices of `dtype` on the CPU `repetitions` times after a warm-up.

@@ -216,67 +216,10 @@ pub fn gemm(
             }
         }
     }
-    let (found, unusable) = kiln_bench::blas::find();
-    skipped.extend(unusable);
-    let found: Vec<_> = match libraries {
-        Libraries::All => found,
-        Libraries::Only(keys) => {
-            for k in keys.iter().filter(|k| !found.iter().any(|l| l.kind.key() == k.as_str())) {
-                skipped.push(format!("{k}: not found (install it: Debian's libopenblas0, libblis4, libdnnl2)"));
-            }
-            found.into_iter().filter(|l| keys.iter().any(|k| k == l.kind.key())).collect()
-        }
-    };
-    for lib in &found {
-        for &dtype in dtypes {
-            let name = format!("{dtype:?}").to_lowercase();
-            if !lib.supports(&name) {
-                continue;
-            }
-            let type_peak = peaks.iter().find(|p| p.dtype == name).unwrap_or(&peaks[0]).summary.median;
-            for &n in sizes {
-                progress.update(&format!("gemm {name} {n}x{n}x{n} through {}", lib.version));
-                match kiln_bench::gemm::measure_library(lib, &name, n, repetitions, cpus.len(), Some(type_peak)) {
-                    Ok(r) => results.push(r),
-                    Err(e) => skipped.push(format!("{} {name} {n}: {e}", lib.kind.key())),
-                }
-            }
-        }
-    }
+    measure_libraries(libraries, dtypes, sizes, repetitions, cpus.len(), &peaks, &progress, &mut results, &mut skipped);
     progress.finish();
     let telemetry = sampler.stop();
-    let gflops = |name: String, value| Metric { name, value, unit: "GFLOP/s".into(), direction: Direction::Higher };
-    let mut metrics = vec![gflops("cpu.fma_peak_gflops".into(), peak.summary.median)];
-    let mut samples: Vec<(String, i64, f64)> = samples_of("cpu.fma_peak_gflops", &peak.gflops).collect();
-    for p in peaks.iter().filter(|p| p.dtype != "f32") {
-        let (name, unit) = if p.dtype == "int8" {
-            (format!("cpu.{}_peak_gops", p.dtype), "GOP/s")
-        } else {
-            (format!("cpu.{}_peak_gflops", p.dtype), "GFLOP/s")
-        };
-        samples.extend(samples_of(&name, &p.gops));
-        metrics.push(Metric { name, value: p.summary.median, unit: unit.into(), direction: Direction::Higher });
-    }
-    if let Some(c) = &clock {
-        samples.extend(samples_of("cpu.clock_mhz", &c.mhz));
-        metrics.push(Metric {
-            name: "cpu.clock_mhz".into(),
-            value: c.summary.median,
-            unit: "MHz".into(),
-            direction: Direction::Higher,
-        });
-    }
-    for r in &results {
-        // candle's figures keep their names; a library's carry its key, so that no comparison
-        // or verdict mixes two kernels.
-        let name = if r.backend == "candle" {
-            format!("gemm.{}.{}.gflops", r.dtype, r.n)
-        } else {
-            format!("gemm.{}.{}.{}.gflops", r.backend, r.dtype, r.n)
-        };
-        samples.extend(samples_of(&name, &r.gflops));
-        metrics.push(gflops(name, r.summary.median));
-    }
+    let (metrics, samples) = metrics_of(&peak, &peaks, clock.as_ref(), &results);
     // The headline: the largest f32 size, through the fastest kernel that ran it.
     let largest = results.iter().filter(|r| r.dtype == "f32").map(|r| r.n).max();
     let best = results
@@ -334,6 +277,86 @@ pub fn gemm(
         telemetry,
     }
     .judge_contention(contention_limit())
+}
+
+/// Measures every GEMM library wanted and found, for each type it multiplies and each size.
+#[allow(clippy::too_many_arguments)]
+fn measure_libraries(
+    libraries: &Libraries,
+    dtypes: &[candle_core::DType],
+    sizes: &[usize],
+    repetitions: usize,
+    threads: usize,
+    peaks: &[TypePeak],
+    progress: &Progress,
+    results: &mut Vec<GemmResult>,
+    skipped: &mut Vec<String>,
+) {
+    let (found, unusable) = kiln_bench::blas::find();
+    skipped.extend(unusable);
+    let found: Vec<_> = match libraries {
+        Libraries::All => found,
+        Libraries::Only(keys) => {
+            for k in keys.iter().filter(|k| !found.iter().any(|l| l.kind.key() == k.as_str())) {
+                skipped.push(format!("{k}: not found (install it: Debian's libopenblas0, libblis4, libdnnl2)"));
+            }
+            found.into_iter().filter(|l| keys.iter().any(|k| k == l.kind.key())).collect()
+        }
+    };
+    for lib in &found {
+        for &dtype in dtypes {
+            let name = format!("{dtype:?}").to_lowercase();
+            if !lib.supports(&name) {
+                continue;
+            }
+            let type_peak = peaks.iter().find(|p| p.dtype == name).unwrap_or(&peaks[0]).summary.median;
+            for &n in sizes {
+                progress.update(&format!("gemm {name} {n}x{n}x{n} through {}", lib.version));
+                match kiln_bench::gemm::measure_library(lib, &name, n, repetitions, threads, Some(type_peak)) {
+                    Ok(r) => results.push(r),
+                    Err(e) => skipped.push(format!("{} {name} {n}: {e}", lib.kind.key())),
+                }
+            }
+        }
+    }
+}
+
+/// The stored metrics and raw samples: the peaks, the clock, and every GEMM result.
+fn metrics_of(
+    peak: &PeakResult,
+    peaks: &[TypePeak],
+    clock: Option<&Clock>,
+    results: &[GemmResult],
+) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
+    let metric =
+        |name: String, value, unit: &str| Metric { name, value, unit: unit.into(), direction: Direction::Higher };
+    let mut metrics = vec![metric("cpu.fma_peak_gflops".into(), peak.summary.median, "GFLOP/s")];
+    let mut samples: Vec<(String, i64, f64)> = samples_of("cpu.fma_peak_gflops", &peak.gflops).collect();
+    for p in peaks.iter().filter(|p| p.dtype != "f32") {
+        let (name, unit) = if p.dtype == "int8" {
+            (format!("cpu.{}_peak_gops", p.dtype), "GOP/s")
+        } else {
+            (format!("cpu.{}_peak_gflops", p.dtype), "GFLOP/s")
+        };
+        samples.extend(samples_of(&name, &p.gops));
+        metrics.push(metric(name, p.summary.median, unit));
+    }
+    if let Some(c) = clock {
+        samples.extend(samples_of("cpu.clock_mhz", &c.mhz));
+        metrics.push(metric("cpu.clock_mhz".into(), c.summary.median, "MHz"));
+    }
+    for r in results {
+        // candle's figures keep their names; a library's carry its key, so that no comparison
+        // or verdict mixes two kernels.
+        let name = if r.backend == "candle" {
+            format!("gemm.{}.{}.gflops", r.dtype, r.n)
+        } else {
+            format!("gemm.{}.{}.{}.gflops", r.backend, r.dtype, r.n)
+        };
+        samples.extend(samples_of(&name, &r.gflops));
+        metrics.push(metric(name, r.summary.median, "GFLOP/s"));
+    }
+    (metrics, samples)
 }
 
 #[cfg(test)]
