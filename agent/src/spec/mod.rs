@@ -339,6 +339,8 @@ mod tests {
             ("net.tcp_rtt_p50_us", "us"),
         ] {
             assert_eq!(super::metric_unit(metric), Some(unit), "{metric}");
+            // A spec captured from stored evidence writes the unit back: it must read.
+            assert!(super::units::parse_any(&format!("1 {unit}")).is_ok(), "{metric}: {unit}");
         }
         assert_eq!(super::metric_unit("train.tiny.loss_end"), None);
     }

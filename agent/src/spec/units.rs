@@ -161,6 +161,10 @@ pub fn parse_unit(unit: &str) -> Result<(Dimension, f64, Option<String>), String
         if let Some(s) = prefixed(per, "FLOP") {
             return Ok((Dimension::FlopRate, s, None));
         }
+        // Integer operations (int8 dot products): "900 GOP/s".
+        if let Some(s) = prefixed(per, "OP") {
+            return Ok((Dimension::ItemRate, s, Some("ops".to_string())));
+        }
         if let Some(item) = ["tokens", "samples", "steps", "ops"].into_iter().find(|i| per == *i) {
             return Ok((Dimension::ItemRate, 1.0, Some(item.to_string())));
         }
@@ -368,6 +372,7 @@ mod tests {
             ("4800 MT/s", Dimension::TransferRate, 4.8e9),
             ("29250 GFLOP/s", Dimension::FlopRate, 29.25e12),
             ("989 TFLOPS", Dimension::FlopRate, 989e12),
+            ("900 GOP/s", Dimension::ItemRate, 900e9),
             ("5 %", Dimension::Fraction, 0.05),
             ("5%", Dimension::Fraction, 0.05),
             ("Gen5", Dimension::PcieGen, 5.0),
@@ -436,6 +441,7 @@ mod properties {
         ("GFLOP/s", Dimension::FlopRate),
         ("TFLOPS", Dimension::FlopRate),
         ("tokens/s", Dimension::ItemRate),
+        ("GOP/s", Dimension::ItemRate),
         ("IOPS", Dimension::ItemRate),
         ("us", Dimension::Time),
         ("%", Dimension::Fraction),
