@@ -171,6 +171,7 @@ type Cblas = unsafe extern "C" fn(
 );
 const CBLAS_ROW_MAJOR: c_int = 101;
 const CBLAS_NO_TRANS: c_int = 111;
+const CBLAS_TRANS: c_int = 112;
 
 /// `dnnl_sgemm`: row-major, transposes as 'N'/'T'.
 type DnnlSgemm = unsafe extern "C" fn(
@@ -214,7 +215,25 @@ impl Library {
 
     /// `c = a × b` for row-major `m×k` and `k×n` f32 matrices.
     pub fn sgemm(&self, m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), String> {
+        self.sgemm_t(false, false, m, n, k, a, b, c)
+    }
+
+    /// `c = op(a) × op(b)`, row-major, `c` `m×n`: `op(a)` is `m×k` (stored `k×m` when
+    /// `trans_a`), `op(b)` is `k×n` (stored `n×k` when `trans_b`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm_t(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        c: &mut [f32],
+    ) -> Result<(), String> {
         assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matrix sizes");
+        let (lda, ldb, ldc) = (if trans_a { m } else { k }, if trans_b { k } else { n }, n);
         let int = |x: usize| c_int::try_from(x).map_err(|_| format!("{x} is too large for a BLAS int"));
         // SAFETY: the slices hold the matrices the dimensions describe (asserted above), and the
         // symbols are called with their documented C signatures.
@@ -222,42 +241,42 @@ impl Library {
             match self.kind {
                 Kind::OpenBlas | Kind::Blis => {
                     let f = self.dl.get::<Cblas>(b"cblas_sgemm").map_err(err)?;
-                    let (m, n, k) = (int(m)?, int(n)?, int(k)?);
+                    let trans = |t: bool| if t { CBLAS_TRANS } else { CBLAS_NO_TRANS };
                     f(
                         CBLAS_ROW_MAJOR,
-                        CBLAS_NO_TRANS,
-                        CBLAS_NO_TRANS,
-                        m,
-                        n,
-                        k,
+                        trans(trans_a),
+                        trans(trans_b),
+                        int(m)?,
+                        int(n)?,
+                        int(k)?,
                         1.0,
                         a.as_ptr(),
-                        k,
+                        int(lda)?,
                         b.as_ptr(),
-                        n,
+                        int(ldb)?,
                         0.0,
                         c.as_mut_ptr(),
-                        n,
+                        int(ldc)?,
                     );
                     Ok(())
                 }
                 Kind::OneDnn => {
                     let f = self.dl.get::<DnnlSgemm>(b"dnnl_sgemm").map_err(err)?;
-                    let (m, n, k) = (m as i64, n as i64, k as i64);
+                    let trans = |t: bool| (if t { b'T' } else { b'N' }) as c_char;
                     let status = f(
-                        b'N' as c_char,
-                        b'N' as c_char,
-                        m,
-                        n,
-                        k,
+                        trans(trans_a),
+                        trans(trans_b),
+                        m as i64,
+                        n as i64,
+                        k as i64,
                         1.0,
                         a.as_ptr(),
-                        k,
+                        lda as i64,
                         b.as_ptr(),
-                        n,
+                        ldb as i64,
                         0.0,
                         c.as_mut_ptr(),
-                        n,
+                        ldc as i64,
                     );
                     dnnl_ok(status, "dnnl_sgemm")
                 }
@@ -289,6 +308,29 @@ impl Library {
         }
         Ok(())
     }
+}
+
+/// The libraries this process found, opened once, each with as many threads as the process
+/// may use: what the training run's dense layers multiply through.
+fn opened() -> &'static [Library] {
+    static OPENED: std::sync::OnceLock<Vec<Library>> = std::sync::OnceLock::new();
+    OPENED.get_or_init(|| {
+        let (found, _) = find();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        found.iter().for_each(|l| l.set_threads(threads));
+        found
+    })
+}
+
+/// The library of this kind, if the process found it.
+pub fn for_training(kind: Kind) -> Option<&'static Library> {
+    opened().iter().find(|l| l.kind == kind)
+}
+
+/// The library the training run uses when not told: OpenBLAS, else oneDNN (BLIS is slow at the
+/// training's shapes, and oneDNN at some of them); `None` when neither is installed.
+pub fn training_default() -> Option<Kind> {
+    [Kind::OpenBlas, Kind::OneDnn].into_iter().find(|k| for_training(*k).is_some())
 }
 
 /// The plain triple loop, row-major.
@@ -515,6 +557,28 @@ mod tests {
     #[test]
     fn reference_product() {
         assert_eq!(reference(2, 2, 2, &[1., 2., 3., 4.], &[1., 2., 3., 4.]), [7., 10., 15., 22.]);
+    }
+
+    /// Transposed operands, as the training's backward pass uses them.
+    #[test]
+    fn transposed_products() {
+        let (found, _) = find();
+        let (m, n, k) = (6, 5, 4);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.25 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 - 3.0).collect();
+        let want = reference(m, n, k, &a, &b);
+        let transpose = |x: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+            (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows]).collect()
+        };
+        let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+        for lib in &found {
+            for (ta, tb) in [(false, true), (true, false), (true, true)] {
+                let mut c = vec![0.0; m * n];
+                let (a, b) = (if ta { &at } else { &a }, if tb { &bt } else { &b });
+                lib.sgemm_t(ta, tb, m, n, k, a, b, &mut c).unwrap();
+                assert_eq!(c, want, "{} trans_a {ta} trans_b {tb}", lib.version);
+            }
+        }
     }
 
     /// Whatever libraries this machine has multiply correctly through kiln's calls; the test

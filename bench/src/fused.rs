@@ -9,6 +9,7 @@
 //! - [`layer_norm`]: LayerNorm over the last dimension with weight and bias;
 //! - [`attention`]: causal multi-head self-attention straight from the fused QKV projection;
 //! - [`residual`]: `x + y + bias`, a residual connection with its layer's bias;
+//! - [`library_matmul`]: a dense layer's product through OpenBLAS or oneDNN where installed;
 //! - [`cross_entropy`]: mean negative log-likelihood of targets under softmax(logits);
 //! - [`AdamW`]: decoupled weight decay, bias-corrected moments and global-norm clipping, in place.
 //!
@@ -228,6 +229,66 @@ impl CustomOp2 for AddBias {
 /// When the bias does not tile `x`, or either is not f32 on the CPU.
 pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&bias.contiguous()?, AddBias)
+}
+
+/// `x · w` through a maintained BLAS library (`blas::for_training`): `x` is `(…, k)`, `w` is
+/// `(k, n)`, both contiguous f32; backward is two more products, `dx = dy · wᵀ` and
+/// `dw = xᵀ · dy`, through the same library.
+struct LibraryMatmul(&'static crate::blas::Library);
+
+impl LibraryMatmul {
+    fn dims(&self, x: &Shape, w: &Shape) -> Result<(usize, usize, usize)> {
+        let (k, n) = w.dims2()?;
+        let dims = x.dims();
+        if dims.last() != Some(&k) {
+            bail!("{}: x of shape {x:?} does not match weights of shape {w:?}", self.name())
+        }
+        Ok((x.elem_count() / k.max(1), n, k))
+    }
+}
+
+impl CustomOp2 for LibraryMatmul {
+    fn name(&self) -> &'static str {
+        "kiln-library-matmul"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (m, n, k) = self.dims(l1.shape(), l2.shape())?;
+        let (x, w) = (cpu_f32(s1, l1, self.name())?, cpu_f32(s2, l2, self.name())?);
+        let mut out = vec![0f32; m * n];
+        self.0.sgemm(m, n, k, x, w, &mut out).map_err(candle_core::Error::msg)?;
+        let mut dims = l1.shape().dims().to_vec();
+        *dims.last_mut().expect("checked in dims") = n;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (m, n, k) = self.dims(x.shape(), w.shape())?;
+        let lib = self.0;
+        let dx = with_values(grad, self.name(), |dy| {
+            with_values(w, self.name(), |w| {
+                let mut dx = vec![0f32; m * k];
+                lib.sgemm_t(false, true, m, k, n, dy, w, &mut dx).map_err(candle_core::Error::msg)?;
+                Ok(dx)
+            })
+        })?;
+        let dw = with_values(x, self.name(), |x| {
+            with_values(grad, self.name(), |dy| {
+                let mut dw = vec![0f32; k * n];
+                lib.sgemm_t(true, false, k, n, m, x, dy, &mut dw).map_err(candle_core::Error::msg)?;
+                Ok(dw)
+            })
+        })?;
+        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+    }
+}
+
+/// `x · w` through `lib` (see [`LibraryMatmul`]).
+///
+/// # Errors
+/// Shapes that do not multiply, or tensors that are not f32 on the CPU.
+pub fn library_matmul(x: &Tensor, w: &Tensor, lib: &'static crate::blas::Library) -> Result<Tensor> {
+    x.contiguous()?.apply_op2(&w.contiguous()?, LibraryMatmul(lib))
 }
 
 const GELU_C: f32 = 0.797_884_6; // sqrt(2 / pi)

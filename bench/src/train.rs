@@ -42,6 +42,58 @@ pub struct Config {
     /// Absent in runs stored before the fused kernels existed, which ran composed ops.
     #[serde(default = "composed")]
     pub kernels: Kernels,
+    /// What the fused path's dense layers multiply with (absent in runs from before: candle).
+    #[serde(default)]
+    pub gemm: Gemm,
+}
+
+/// What the dense layers (the linear projections, forward and backward) multiply with on the
+/// fused path: candle's own matmul, or a maintained library found at run time (`blas`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gemm {
+    #[default]
+    Candle,
+    Openblas,
+    Onednn,
+}
+
+impl Gemm {
+    /// The best this machine has: OpenBLAS or oneDNN where installed, else candle.
+    pub fn auto() -> Gemm {
+        match crate::blas::training_default() {
+            Some(crate::blas::Kind::OpenBlas) => Gemm::Openblas,
+            Some(crate::blas::Kind::OneDnn) => Gemm::Onednn,
+            _ => Gemm::Candle,
+        }
+    }
+
+    /// The library to multiply through; `None` for candle.
+    ///
+    /// # Errors
+    /// A library asked for that this machine does not have.
+    pub fn library(self) -> Result<Option<&'static crate::blas::Library>, ConfigError> {
+        let kind = match self {
+            Gemm::Candle => return Ok(None),
+            Gemm::Openblas => crate::blas::Kind::OpenBlas,
+            Gemm::Onednn => crate::blas::Kind::OneDnn,
+        };
+        crate::blas::for_training(kind).map(Some).ok_or(ConfigError::Gemm(kind.key()))
+    }
+}
+
+impl std::str::FromStr for Gemm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Gemm, String> {
+        match s {
+            "auto" => Ok(Gemm::auto()),
+            "candle" => Ok(Gemm::Candle),
+            "openblas" => Ok(Gemm::Openblas),
+            "onednn" => Ok(Gemm::Onednn),
+            _ => Err(format!("{s}: give auto, candle, openblas or onednn")),
+        }
+    }
 }
 
 fn composed() -> Kernels {
@@ -76,6 +128,7 @@ impl Config {
             grad_clip: 1.0,
             seed: 1234,
             kernels: Kernels::Fused,
+            gemm: Gemm::Candle,
         })
     }
 
@@ -106,6 +159,8 @@ pub enum ConfigError {
     Vocab(usize),
     #[error("unknown kernels {0:?}: choose fused or composed")]
     Kernels(String),
+    #[error("--gemm {0}: the library is not installed (Debian's libopenblas0-pthread, libdnnl2)")]
+    Gemm(&'static str),
 }
 
 /// A deterministic corpus with learnable structure: a first-order Markov chain in which every
@@ -220,21 +275,38 @@ fn gelu_tanh(x: &Tensor) -> candle_core::Result<Tensor> {
 struct Dense {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// The library the fused path multiplies through; `None`: candle's matmul.
+    library: Option<&'static crate::blas::Library>,
 }
 
 impl Dense {
     /// Weights and bias uniform in ±1/√in, as candle-nn's and PyTorch's `Linear`.
-    fn new(inputs: usize, outputs: usize, bias: bool, vb: VarBuilder) -> candle_core::Result<Dense> {
+    fn new(
+        inputs: usize,
+        outputs: usize,
+        bias: bool,
+        vb: VarBuilder,
+        library: Option<&'static crate::blas::Library>,
+    ) -> candle_core::Result<Dense> {
         let bound = 1.0 / (inputs as f64).sqrt();
         let init = candle_nn::Init::Uniform { lo: -bound, up: bound };
         Ok(Dense {
             weight: vb.get_with_hints((inputs, outputs), "weight", init)?,
             bias: if bias { Some(vb.get_with_hints(outputs, "bias", init)?) } else { None },
+            library,
         })
     }
 
+    /// `x · W`: through the library on the fused path where one was chosen.
+    fn matmul(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
+        match (self.library, k) {
+            (Some(lib), Kernels::Fused) => fused::library_matmul(x, &self.weight, lib),
+            _ => x.matmul(&self.weight),
+        }
+    }
+
     fn forward(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.weight)?;
+        let y = self.matmul(x, k)?;
         match (&self.bias, k) {
             (None, _) => Ok(y),
             (Some(b), Kernels::Fused) => fused::add_bias(&y, b),
@@ -244,7 +316,7 @@ impl Dense {
 
     /// `residual + x · W + b`, fused.
     fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.weight)?;
+        let y = self.matmul(x, Kernels::Fused)?;
         match &self.bias {
             Some(b) => fused::residual(residual, &y, b),
             None => residual + y,
@@ -254,7 +326,7 @@ impl Dense {
     /// `gelu_tanh(x · W + b)`.
     fn forward_gelu(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
         match (&self.bias, k) {
-            (Some(b), Kernels::Fused) => fused::bias_gelu(&x.matmul(&self.weight)?, b),
+            (Some(b), Kernels::Fused) => fused::bias_gelu(&self.matmul(x, k)?, b),
             _ => gelu_tanh(&self.forward(x, k)?),
         }
     }
@@ -271,14 +343,19 @@ struct Block {
 }
 
 impl Block {
-    fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Block> {
+    fn new(
+        d: usize,
+        heads: usize,
+        vb: VarBuilder,
+        library: Option<&'static crate::blas::Library>,
+    ) -> candle_core::Result<Block> {
         Ok(Block {
             ln1: Norm::new(d, vb.pp("ln1"))?,
-            qkv: Dense::new(d, 3 * d, true, vb.pp("qkv"))?,
-            proj: Dense::new(d, d, true, vb.pp("proj"))?,
+            qkv: Dense::new(d, 3 * d, true, vb.pp("qkv"), library)?,
+            proj: Dense::new(d, d, true, vb.pp("proj"), library)?,
             ln2: Norm::new(d, vb.pp("ln2"))?,
-            fc: Dense::new(d, 4 * d, true, vb.pp("fc"))?,
-            out: Dense::new(4 * d, d, true, vb.pp("out"))?,
+            fc: Dense::new(d, 4 * d, true, vb.pp("fc"), library)?,
+            out: Dense::new(4 * d, d, true, vb.pp("out"), library)?,
             heads,
         })
     }
@@ -320,6 +397,8 @@ pub struct Gpt {
 
 impl Gpt {
     pub fn new(c: &Config, vb: VarBuilder, device: &Device) -> candle_core::Result<Gpt> {
+        let fused = device.is_cpu() && c.kernels == Kernels::Fused;
+        let library = if fused { c.gemm.library().map_err(|e| candle_core::Error::Msg(e.to_string()))? } else { None };
         let mask: Vec<f32> = (0..c.seq).flat_map(|i| (0..c.seq).map(move |j| if j > i { -1e9 } else { 0.0 })).collect();
         Ok(Gpt {
             tok: embedding(c.vocab, c.d_model, vb.pp("tok"))?,
@@ -329,10 +408,10 @@ impl Gpt {
                 candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 },
             )?,
             blocks: (0..c.layers)
-                .map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}"))))
+                .map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}")), library))
                 .collect::<candle_core::Result<_>>()?,
             ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
-            head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"))?,
+            head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"), library)?,
             mask: Tensor::from_vec(mask, (c.seq, c.seq), device)?,
             kernels: if device.is_cpu() { c.kernels } else { Kernels::Composed },
         })
@@ -753,6 +832,29 @@ mod tests {
                 let scale = r.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let worst = f.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 assert!(worst <= 1e-4 * scale, "{name}: gradients differ by {worst} (largest {scale})");
+            }
+        }
+    }
+
+    /// The dense layers through each library this machine has (OpenBLAS, oneDNN) give candle's
+    /// loss and gradients: the library's forward and both backward products are right.
+    #[test]
+    fn library_matmuls_match_candles() {
+        let libraries: Vec<Gemm> =
+            [Gemm::Openblas, Gemm::Onednn].into_iter().filter(|g| g.library().is_ok_and(|l| l.is_some())).collect();
+        if libraries.is_empty() {
+            eprintln!("library_matmuls_match_candles: no OpenBLAS or oneDNN here, nothing to compare");
+        }
+        for gemm in libraries {
+            for c in [micro(), Config { d_model: 36, heads: 3, seq: 13, batch: 3, vocab: 50, ..micro() }] {
+                let (lib_loss, lib) = loss_and_grads(&Config { gemm, ..c.clone() }, Kernels::Fused);
+                let (loss, candle) = loss_and_grads(&c, Kernels::Fused);
+                assert!((lib_loss - loss).abs() < 1e-5 * loss.abs(), "{gemm:?}: loss {lib_loss} vs {loss}");
+                for ((name, f), (_, r)) in lib.iter().zip(&candle) {
+                    let scale = r.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let worst = f.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(worst <= 1e-4 * scale, "{gemm:?} {name}: gradients differ by {worst} (largest {scale})");
+                }
             }
         }
     }

@@ -507,6 +507,10 @@ pub enum Bench {
         /// fused: kiln's CPU kernels with hand-written backward passes; composed: candle's elementary ops
         #[arg(long, default_value = "fused")]
         kernels: kiln_bench::train::Kernels,
+        /// What the fused path's dense layers multiply with: auto (OpenBLAS, else oneDNN, where
+        /// installed; else candle), candle, openblas or onednn; the choice is stored with the run
+        #[arg(long, default_value = "auto")]
+        gemm: kiln_bench::train::Gemm,
         #[command(flatten)]
         store: Store,
     },

@@ -137,7 +137,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let inv = live_inventory()?;
             finish(ctx, &inv, outcome, store)
         }
-        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, store } => {
+        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, gemm, store } => {
             preflight(ctx, store)?;
             anyhow::ensure!(
                 dtype == Dtype::F32,
@@ -154,6 +154,10 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
             config.seed = seed.unwrap_or(config.seed);
             config.kernels = kernels;
+            // The composed path is candle's reference: it multiplies with candle.
+            config.gemm =
+                if kernels == kiln_bench::train::Kernels::Fused { gemm } else { kiln_bench::train::Gemm::Candle };
+            config.gemm.library()?;
             config.validate()?;
             anyhow::ensure!(
                 config.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,
@@ -284,7 +288,8 @@ fn run_suite(
         until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::gemm(inv, sizes, dtypes, repetitions, &libraries)), keep)?;
     }
     if !over("train") {
-        let config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
+        let mut config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
+        config.gemm = kiln_bench::train::Gemm::auto();
         until_settled(SUITE_ATTEMPTS, &spent, || runs::train(inv, &config), keep)?;
     }
     if !over("disk") && !INTERRUPTED.load(Ordering::Relaxed) {
