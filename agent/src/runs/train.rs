@@ -46,12 +46,12 @@ pub fn train_metrics(r: &kiln_bench::train::Report) -> (Vec<Metric>, Vec<(String
 pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::gemm::PeakResult) -> String {
     let c = &r.config;
     format!(
-        "train {}: {} layers, d_model {}, {} heads, seq {}, batch {}, {} steps, seed {} ({} parameters, {} without embeddings)\n\
+        "train {}: {} layers, d_model {}, {} heads, seq {}, batch {}, {} steps, seed {} ({} parameters, {} without embeddings; {} kernels, dense layers through {})\n\
          tokens/s {:.0}  samples/s {:.1}  step p50 {:.1} ms  p95 {:.1} ms  max {:.1} ms  (CV {:.1} %, first {} steps excluded)\n\
          achieved {:.2} GFLOP/s ({}), {:.1} % of the measured {} peak {:.1} GFLOP/s\n\
          loss {:.3} -> {:.3} (chance {:.3}, corpus entropy {:.3}){}\n\
          peak memory {}\n",
-        c.size, c.layers, c.d_model, c.heads, c.seq, c.batch, c.steps, c.seed, r.parameters, r.non_embedding_parameters,
+        c.size, c.layers, c.d_model, c.heads, c.seq, c.batch, c.steps, c.seed, r.parameters, r.non_embedding_parameters, format!("{:?}", c.kernels).to_lowercase(), format!("{:?}", c.gemm).to_lowercase(),
         r.tokens_per_s, r.samples_per_s, r.step_s.median * 1e3, r.step_p95_s * 1e3, r.step_max_s * 1e3, r.step_s.cv * 100.0, r.warmup_steps_excluded,
         r.achieved_flops / 1e9, r.flops_formula, r.mfu.unwrap_or(0.0) * 100.0, peak.isa, peak.summary.median,
         r.loss_start, r.loss_end, r.loss_chance, r.loss_floor, if r.learned { "" } else { "  DID NOT LEARN" },
