@@ -385,42 +385,13 @@ fn gemm_through_the_libraries_found() {
         assert!(names.contains(&name), "{name} not in {names:?}");
     }
     // A library asked for by name and absent is said, not silently dropped.
-    let none = kiln(
-        &[
-            "bench",
-            "gemm",
-            "--sizes",
-            "32",
-            "--dtypes",
-            "f32",
-            "--repetitions",
-            "1",
-            "--libraries",
-            "onednn",
-            "--no-save",
-            "--json",
-        ],
-        &[],
-    );
-    let skipped = none.success().json()["report"]["skipped"].clone();
+    let onednn_only = |env: &[(&str, &std::path::Path)]| {
+        let args = ["bench", "gemm", "--sizes", "32", "--dtypes", "f32", "--repetitions", "1", "--libraries", "onednn"];
+        kiln(&[&args[..], &["--no-save", "--json"]].concat(), env)
+    };
+    let skipped = onednn_only(&[]).success().json()["report"]["skipped"].clone();
     assert_eq!(skipped, serde_json::json!([]), "oneDNN is installed: nothing to skip");
-    let hidden = kiln(
-        &[
-            "bench",
-            "gemm",
-            "--sizes",
-            "32",
-            "--dtypes",
-            "f32",
-            "--repetitions",
-            "1",
-            "--libraries",
-            "onednn",
-            "--no-save",
-            "--json",
-        ],
-        &[("KILN_GEMM_LIBRARIES", std::path::Path::new(""))],
-    );
+    let hidden = onednn_only(&[("KILN_GEMM_LIBRARIES", std::path::Path::new(""))]);
     let skipped = hidden.success().json()["report"]["skipped"].clone();
     assert!(skipped[0].as_str().unwrap().starts_with("onednn: not found (install it"), "{skipped}");
     let wrong = kiln(&["bench", "gemm", "--libraries", "mkl", "--no-save"], &[]);

@@ -115,44 +115,23 @@ const ADDS_PER_ITERATION: u64 = 100;
 
 /// `iterations` × 100 dependent register-register adds (register operands: some cores fold
 /// add-immediate chains at rename, none fold these).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn add_chain(iterations: u64) -> u64 {
     let (mut x, mut n) = (0u64, iterations.max(1));
+    #[cfg(target_arch = "x86_64")]
     // SAFETY: register arithmetic only; no memory, no stack.
     unsafe {
         std::arch::asm!(
-            "2:",
-            ".rept 100",
-            "add {x}, {y}",
-            ".endr",
-            "dec {n}",
-            "jnz 2b",
-            x = inout(reg) x,
-            y = in(reg) 1u64,
-            n = inout(reg) n,
-            options(nomem, nostack),
+            "2:", ".rept 100", "add {x}, {y}", ".endr", "dec {n}", "jnz 2b",
+            x = inout(reg) x, y = in(reg) 1u64, n = inout(reg) n, options(nomem, nostack),
         );
     }
-    std::hint::black_box(n);
-    x
-}
-
-#[cfg(target_arch = "aarch64")]
-fn add_chain(iterations: u64) -> u64 {
-    let (mut x, mut n) = (0u64, iterations.max(1));
+    #[cfg(target_arch = "aarch64")]
     // SAFETY: register arithmetic only; no memory, no stack.
     unsafe {
         std::arch::asm!(
-            "2:",
-            ".rept 100",
-            "add {x}, {x}, {y}",
-            ".endr",
-            "subs {n}, {n}, #1",
-            "b.ne 2b",
-            x = inout(reg) x,
-            y = in(reg) 1u64,
-            n = inout(reg) n,
-            options(nomem, nostack),
+            "2:", ".rept 100", "add {x}, {x}, {y}", ".endr", "subs {n}, {n}, #1", "b.ne 2b",
+            x = inout(reg) x, y = in(reg) 1u64, n = inout(reg) n, options(nomem, nostack),
         );
     }
     std::hint::black_box(n);
