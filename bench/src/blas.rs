@@ -1,12 +1,12 @@
 //! Matrix multiplies through the maintained libraries a machine has, found at run time: OpenBLAS
-//! and BLIS (`cblas_sgemm`) for f32, oneDNN for f32 (`dnnl_sgemm`) and bf16 (its matmul
-//! primitive, which runs `vdpbf16ps` or AMX where the CPU has them). None is needed to build or
+//! and BLIS (`cblas_sgemm`) for f32, oneDNN for f32 (`dnnl_sgemm`), bf16 (its matmul primitive,
+//! which runs `vdpbf16ps` or AMX where the CPU has them) and int8 (`dnnl_gemm_u8s8s32`, VNNI). None is needed to build or
 //! run kiln: a library that is absent, of an interface kiln does not speak, or that computes a
 //! wrong product in the check every library passes before it is measured, is reported and skipped.
 //!
 //! Each is opened by its soname through the dynamic loader's search path (`KILN_GEMM_LIBRARIES`,
 //! a `:`-separated list of paths or sonames, replaces the list; empty disables them all).
-//! Not supported yet: MKL (`libmkl_rt`), oneDNN 3.x (its C API changed), int8 GEMM.
+//! Not supported yet: MKL (`libmkl_rt`), oneDNN 3.x (its C API changed).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -191,9 +191,62 @@ type DnnlSgemm = unsafe extern "C" fn(
 ) -> c_int;
 
 impl Library {
-    /// Whether this library multiplies `dtype` ("f32", "bf16").
+    /// Whether this library multiplies `dtype` ("f32", "bf16", "int8").
     pub fn supports(&self, dtype: &str) -> bool {
-        dtype == "f32" || (dtype == "bf16" && self.kind == Kind::OneDnn)
+        dtype == "f32" || (matches!(dtype, "bf16" | "int8") && self.kind == Kind::OneDnn)
+    }
+
+    /// `c (i32) = a (u8, m×k) × b (i8, k×n)`, row-major, no offsets (oneDNN only).
+    pub fn gemm_u8s8s32(&self, m: usize, n: usize, k: usize, a: &[u8], b: &[i8], c: &mut [i32]) -> Result<(), String> {
+        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "matrix sizes");
+        if self.kind != Kind::OneDnn {
+            return Err(format!("{} has no int8 GEMM", self.version));
+        }
+        type U8s8s32 = unsafe extern "C" fn(
+            c_char,
+            c_char,
+            c_char,
+            i64,
+            i64,
+            i64,
+            f32,
+            *const u8,
+            i64,
+            u8,
+            *const i8,
+            i64,
+            i8,
+            f32,
+            *mut i32,
+            i64,
+            *const i32,
+        ) -> c_int;
+        let zero = 0i32;
+        // SAFETY: the slices hold the matrices the dimensions describe (asserted above); the
+        // symbol is called with its documented signature; `offsetc` 'F' reads one offset.
+        unsafe {
+            let f = self.dl.get::<U8s8s32>(b"dnnl_gemm_u8s8s32").map_err(err)?;
+            let status = f(
+                b'N' as c_char,
+                b'N' as c_char,
+                b'F' as c_char,
+                m as i64,
+                n as i64,
+                k as i64,
+                1.0,
+                a.as_ptr(),
+                k as i64,
+                0,
+                b.as_ptr(),
+                n as i64,
+                0,
+                0.0,
+                c.as_mut_ptr(),
+                n as i64,
+                &zero,
+            );
+            dnnl_ok(status, "dnnl_gemm_u8s8s32")
+        }
     }
 
     /// Limits the library's own threads to `n` where it has a call for it (OpenBLAS, BLIS;
@@ -595,6 +648,16 @@ mod tests {
             lib.sgemm(m, n, k, &a, &b, &mut c).unwrap();
             let want = reference(m, n, k, &a, &b);
             assert!(c.iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-3), "{}", lib.version);
+            if lib.supports("int8") {
+                let a: Vec<u8> = (0..m * k).map(|i| (i * 37 % 251) as u8).collect();
+                let b: Vec<i8> = (0..k * n).map(|i| (i * 11 % 255) as i8).collect();
+                let mut c = vec![0i32; m * n];
+                lib.gemm_u8s8s32(m, n, k, &a, &b, &mut c).unwrap();
+                let want: Vec<i32> = (0..m * n)
+                    .map(|ij| (0..k).map(|p| i32::from(a[ij / n * k + p]) * i32::from(b[p * n + ij % n])).sum())
+                    .collect();
+                assert_eq!(c, want, "{} int8", lib.version);
+            }
             if lib.supports("bf16") {
                 // Values exact in bf16, so the product is exact in f32.
                 let mut mm = lib.bf16_matmul(m, n, k).unwrap();

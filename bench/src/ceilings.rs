@@ -263,7 +263,7 @@ pub fn per_cycle(peaks: &mut [TypePeak], clock: Option<&Clock>, cpus: usize) {
     }
 }
 
-/// The fastest a GEMM in `dtype` ("f32", "bf16", "f16") can run here, in GFLOP/s, and what it
+/// The fastest a GEMM in `dtype` ("f32", "bf16", "f16", "int8") can run here, in GFLOP/s (GOP/s), and what it
 /// rests on: the best repetition of the fastest peak that computes in that type, with the margin.
 /// `None` when no peak bounds the type.
 pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Option<(f64, String)> {
@@ -283,6 +283,7 @@ pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Op
             }
             (b, f) => b.or(f)?,
         },
+        "int8" => best("int8")?,
         "f16" => {
             let (g, i) = f32_peak?;
             if has_avx512fp16 {
@@ -296,7 +297,8 @@ pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Op
     Some((
         gflops * CEILING_MARGIN,
         format!(
-            "{basis}, every CPU at the best rate one showed, {gflops:.1} GFLOP/s, + {:.0} %",
+            "{basis}, every CPU at the best rate one showed, {gflops:.1} G{}/s, + {:.0} %",
+            if dtype == "int8" { "OP" } else { "FLOP" },
             (CEILING_MARGIN - 1.0) * 100.0
         ),
     ))
@@ -377,6 +379,9 @@ mod tests {
         // Without a bf16 unit, bf16 runs at f32 speed at best.
         assert_eq!(gemm_ceiling("bf16", &peaks[..1], false).unwrap().0, 105.0);
         assert_eq!(gemm_ceiling("f64", &peaks, false), None);
+        // int8 has only its own peak.
+        assert_eq!(gemm_ceiling("int8", &peaks, false), None);
+        assert_eq!(gemm_ceiling("int8", &[peak("int8", 800.0)], false).unwrap().0, 840.0);
         assert_eq!(gemm_ceiling("f32", &[], false), None);
     }
 

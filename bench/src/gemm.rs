@@ -176,7 +176,7 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
     (0..len).map(|_| (crate::stats::splitmix64(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
 }
 
-/// Multiplies two n×n matrices of `dtype` ("f32", "bf16") through `lib` on `threads` threads,
+/// Multiplies two n×n matrices of `dtype` ("f32", "bf16", "int8": GOP/s in `gflops`) through `lib` on `threads` threads,
 /// `repetitions` times after a warm-up; each repetition times the call alone.
 ///
 /// # Errors
@@ -195,7 +195,21 @@ pub fn measure_library(
     lib.set_threads(threads);
     let (a, b) = (random(n * n, 1), random(n * n, 2));
     let mut seconds = Vec::new();
-    let implementation = if dtype == "bf16" {
+    let implementation = if dtype == "int8" {
+        // Bytes over their whole ranges; i32 sums cannot overflow below k = 66,000.
+        let a: Vec<u8> = a.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
+        let b: Vec<i8> = b.iter().map(|v| (v * 127.0) as i8).collect();
+        let mut c = vec![0i32; n * n];
+        for rep in 0..=repetitions {
+            let t0 = Instant::now();
+            lib.gemm_u8s8s32(n, n, n, &a, &b, &mut c)?;
+            if rep > 0 {
+                seconds.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        std::hint::black_box(&c);
+        lib.version.clone()
+    } else if dtype == "bf16" {
         let mut mm = lib.bf16_matmul(n, n, n)?;
         mm.a_mut().iter_mut().zip(&a).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
         mm.b_mut().iter_mut().zip(&b).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));

@@ -400,14 +400,18 @@ pub enum Dtype {
     F32,
     Bf16,
     F16,
+    /// u8 × i8 → i32 (VNNI), through oneDNN where installed; in GOP/s
+    Int8,
 }
 
 impl Dtype {
-    pub fn candle(self) -> candle_core::DType {
+    /// The name results and metrics use.
+    pub fn name(self) -> &'static str {
         match self {
-            Dtype::F32 => candle_core::DType::F32,
-            Dtype::Bf16 => candle_core::DType::BF16,
-            Dtype::F16 => candle_core::DType::F16,
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::Int8 => "int8",
         }
     }
 }

@@ -186,7 +186,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
                 "--sizes and --repetitions must be positive"
             );
             let libraries = gemm_libraries(&libraries)?;
-            let dtypes: Vec<candle_core::DType> = dtypes.iter().map(|d| d.candle()).collect();
+            let dtypes: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
             let inv = live_inventory()?;
             let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions, &libraries);
             finish(ctx, &inv, outcome, store)
@@ -280,9 +280,8 @@ fn run_suite(
         until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::membw(inv, config.clone())), keep)?;
     }
     if !over("gemm") {
-        use candle_core::DType::{BF16, F32};
         let sizes: &[usize] = if quick { &[512, 1024] } else { &[256, 512, 1024, 2048, 4096] };
-        let dtypes: &[candle_core::DType] = if quick { &[F32] } else { &[F32, BF16] };
+        let dtypes: &[&str] = if quick { &["f32"] } else { &["f32", "bf16"] };
         let repetitions = if quick { 5 } else { 10 };
         let libraries = runs::Libraries::All;
         until_settled(SUITE_ATTEMPTS, &spent, || Ok(runs::gemm(inv, sizes, dtypes, repetitions, &libraries)), keep)?;

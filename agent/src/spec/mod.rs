@@ -265,10 +265,10 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "us"
     } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") {
         "GB/s"
+    } else if ends("gops") {
+        "GOP/s"
     } else if ends("gflops") || m.starts_with("gemm.") {
         "GFLOP/s"
-    } else if ends("_gops") {
-        "GOP/s"
     } else if ends("_mhz") {
         "MHz"
     } else if ends("tokens_per_s") {
@@ -326,6 +326,7 @@ mod tests {
             ("cpu.fma_peak_gflops", "GFLOP/s"),
             ("cpu.bf16_peak_gflops", "GFLOP/s"),
             ("cpu.int8_peak_gops", "GOP/s"),
+            ("gemm.onednn.int8.1024.gops", "GOP/s"),
             ("cpu.clock_mhz", "MHz"),
             ("gemm.f32.1024.gflops", "GFLOP/s"),
             ("train.tiny.tokens_per_s", "tokens/s"),
