@@ -194,45 +194,38 @@ pub fn measure_library(
     }
     lib.set_threads(threads);
     let (a, b) = (random(n * n, 1), random(n * n, 2));
-    let mut seconds = Vec::new();
-    let implementation = if dtype == "int8" {
+    // Each repetition times the call alone, after one warm-up call.
+    let timed = |call: &mut dyn FnMut() -> Result<(), String>| -> Result<Vec<f64>, String> {
+        let mut seconds = Vec::new();
+        for rep in 0..=repetitions {
+            let t0 = Instant::now();
+            call()?;
+            if rep > 0 {
+                seconds.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(seconds)
+    };
+    let (seconds, implementation) = if dtype == "int8" {
         // Bytes over their whole ranges; i32 sums cannot overflow below k = 66,000.
         let a: Vec<u8> = a.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
         let b: Vec<i8> = b.iter().map(|v| (v * 127.0) as i8).collect();
         let mut c = vec![0i32; n * n];
-        for rep in 0..=repetitions {
-            let t0 = Instant::now();
-            lib.gemm_u8s8s32(n, n, n, &a, &b, &mut c)?;
-            if rep > 0 {
-                seconds.push(t0.elapsed().as_secs_f64());
-            }
-        }
+        let seconds = timed(&mut || lib.gemm_u8s8s32(n, n, n, &a, &b, &mut c))?;
         std::hint::black_box(&c);
-        lib.version.clone()
+        (seconds, lib.version.clone())
     } else if dtype == "bf16" {
         let mut mm = lib.bf16_matmul(n, n, n)?;
         mm.a_mut().iter_mut().zip(&a).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
         mm.b_mut().iter_mut().zip(&b).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
-        for rep in 0..=repetitions {
-            let t0 = Instant::now();
-            mm.run()?;
-            if rep > 0 {
-                seconds.push(t0.elapsed().as_secs_f64());
-            }
-        }
+        let seconds = timed(&mut || mm.run())?;
         std::hint::black_box(mm.c());
-        format!("{} ({})", lib.version, mm.implementation)
+        (seconds, format!("{} ({})", lib.version, mm.implementation))
     } else {
         let mut c = vec![0.0f32; n * n];
-        for rep in 0..=repetitions {
-            let t0 = Instant::now();
-            lib.sgemm(n, n, n, &a, &b, &mut c)?;
-            if rep > 0 {
-                seconds.push(t0.elapsed().as_secs_f64());
-            }
-        }
+        let seconds = timed(&mut || lib.sgemm(n, n, n, &a, &b, &mut c))?;
         std::hint::black_box(&c);
-        lib.version.clone()
+        (seconds, lib.version.clone())
     };
     let gflops: Vec<f64> = seconds.iter().map(|s| 2.0 * (n as f64).powi(3) / s / 1e9).collect();
     let summary = summarize(&gflops).ok_or("no repetitions")?;
