@@ -21,6 +21,8 @@ pub enum Kind {
 }
 
 impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::OpenBlas, Kind::Blis, Kind::OneDnn];
+
     /// The short name used on the command line and in metric names.
     pub fn key(self) -> &'static str {
         match self {
@@ -363,21 +365,22 @@ impl Library {
     }
 }
 
-/// The libraries this process found, opened once, each with as many threads as the process
-/// may use: what the training run's dense layers multiply through.
-fn opened() -> &'static [Library] {
-    static OPENED: std::sync::OnceLock<Vec<Library>> = std::sync::OnceLock::new();
-    OPENED.get_or_init(|| {
-        let (found, _) = find();
+/// [`find`]'s answer for this process, found (opened and checked) once: the libraries, each with
+/// as many threads as the process may use, and why the others are unusable. The GEMM benchmark
+/// and the training run share it.
+pub fn found() -> &'static (Vec<Library>, Vec<String>) {
+    static FOUND: std::sync::OnceLock<(Vec<Library>, Vec<String>)> = std::sync::OnceLock::new();
+    FOUND.get_or_init(|| {
+        let found = find();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        found.iter().for_each(|l| l.set_threads(threads));
+        found.0.iter().for_each(|l| l.set_threads(threads));
         found
     })
 }
 
 /// The library of this kind, if the process found it.
 pub fn for_training(kind: Kind) -> Option<&'static Library> {
-    opened().iter().find(|l| l.kind == kind)
+    found().0.iter().find(|l| l.kind == kind)
 }
 
 /// The library the training run uses when not told: OpenBLAS, else oneDNN (BLIS is slow at the

@@ -42,6 +42,19 @@ pub struct TypePeak {
     pub best_gops: f64,
 }
 
+impl TypePeak {
+    /// The rate "% of peak" and the operations per cycle divide by: every CPU at the best rate one
+    /// showed over its own CPU time, which other work taking turns on the CPUs does not lower (the
+    /// window median does); the window median only where no CPU time was measured.
+    pub fn rate(&self) -> f64 {
+        if self.best_gops > 0.0 {
+            self.best_gops
+        } else {
+            self.summary.median
+        }
+    }
+}
+
 /// The all-core clock, measured by a chain of dependent register adds on every CPU at once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Clock {
@@ -259,10 +272,8 @@ pub fn f32_peak(peak: &PeakResult) -> TypePeak {
 pub fn per_cycle(peaks: &mut [TypePeak], clock: Option<&Clock>, cpus: usize) {
     let Some(mhz) = clock.map(|c| c.summary.median).filter(|m| *m > 0.0) else { return };
     for p in peaks {
-        // The best CPU's rate: what a core does per cycle while it runs, like the clock (each
-        // thread's own); the window median also counts turns others took.
-        let rate = if p.best_gops > 0.0 { p.best_gops } else { p.summary.median };
-        p.per_cycle = Some(rate * 1e3 / mhz / cpus.max(1) as f64);
+        // What a core does per cycle while it runs, like the clock (each thread's own).
+        p.per_cycle = Some(p.rate() * 1e3 / mhz / cpus.max(1) as f64);
     }
 }
 

@@ -89,18 +89,29 @@ fn fma_chains_scalar(iterations: u64) -> f32 {
     acc.iter().sum()
 }
 
-/// The instruction set used for the peak, and FLOPs per iteration of one thread.
+/// f32 lanes of one FMA instruction of the peak's instruction set (`PeakResult::isa`).
+pub fn f32_lanes(isa: &str) -> f64 {
+    match isa {
+        "avx512f" => 16.0,
+        "avx2+fma" => 8.0,
+        _ => 1.0,
+    }
+}
+
+/// The instruction set used for the peak, and FLOPs per iteration of one thread: its chains
+/// (12 vector, 16 scalar) × lanes × 2.
 fn isa() -> (&'static str, f64) {
+    let flops = |name: &'static str, chains: f64| (name, chains * f32_lanes(name) * 2.0);
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return ("avx512f", 12.0 * 16.0 * 2.0);
+            return flops("avx512f", 12.0);
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return ("avx2+fma", 12.0 * 8.0 * 2.0);
+            return flops("avx2+fma", 12.0);
         }
     }
-    ("scalar", 16.0 * 2.0)
+    flops("scalar", 16.0)
 }
 
 fn run_chains(iterations: u64) -> f32 {
@@ -149,21 +160,43 @@ pub fn measure(
     let device = Device::Cpu;
     let a = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;
     let b = Tensor::randn(0f32, 1.0, (n, n), &device)?.to_dtype(dtype)?;
-    let _ = a.matmul(&b)?; // warm-up: thread pool, caches
-    let mut gflops = Vec::new();
-    for _ in 0..repetitions {
+    // The warm-up call starts the thread pool and fills the caches.
+    let seconds = timed(repetitions, || a.matmul(&b))?;
+    Ok(result(&format!("{dtype:?}").to_lowercase(), n, candle(), None, &seconds, peak_gflops).expect("repetitions"))
+}
+
+/// Seconds of each of `repetitions` calls after one warm-up call, each timing the call alone
+/// (what it returns is dropped outside the window).
+fn timed<T, E>(repetitions: usize, mut call: impl FnMut() -> Result<T, E>) -> Result<Vec<f64>, E> {
+    let mut seconds = Vec::new();
+    for rep in 0..=repetitions {
         let t0 = Instant::now();
-        let c = a.matmul(&b)?;
+        let out = call()?;
         let secs = t0.elapsed().as_secs_f64();
-        std::hint::black_box(c);
-        gflops.push(2.0 * (n as f64).powi(3) / secs / 1e9);
+        std::hint::black_box(out);
+        if rep > 0 {
+            seconds.push(secs);
+        }
     }
-    let summary = summarize(&gflops).expect("repetitions");
-    Ok(GemmResult {
-        dtype: format!("{dtype:?}").to_lowercase(),
+    Ok(seconds)
+}
+
+/// An n×n×n multiply's result from the seconds of its repetitions; `None` without any.
+fn result(
+    dtype: &str,
+    n: usize,
+    backend: String,
+    implementation: Option<String>,
+    seconds: &[f64],
+    peak_gflops: Option<f64>,
+) -> Option<GemmResult> {
+    let gflops: Vec<f64> = seconds.iter().map(|s| 2.0 * (n as f64).powi(3) / s / 1e9).collect();
+    let summary = summarize(&gflops)?;
+    Some(GemmResult {
+        dtype: dtype.into(),
         n,
-        backend: candle(),
-        implementation: None,
+        backend,
+        implementation,
         percent_of_peak: peak_gflops.map(|p| 100.0 * summary.median / p),
         summary,
         gflops,
@@ -194,50 +227,29 @@ pub fn measure_library(
     }
     lib.set_threads(threads);
     let (a, b) = (random(n * n, 1), random(n * n, 2));
-    // Each repetition times the call alone, after one warm-up call.
-    let timed = |call: &mut dyn FnMut() -> Result<(), String>| -> Result<Vec<f64>, String> {
-        let mut seconds = Vec::new();
-        for rep in 0..=repetitions {
-            let t0 = Instant::now();
-            call()?;
-            if rep > 0 {
-                seconds.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        Ok(seconds)
-    };
     let (seconds, implementation) = if dtype == "int8" {
         // Bytes over their whole ranges; i32 sums cannot overflow below k = 66,000.
         let a: Vec<u8> = a.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
         let b: Vec<i8> = b.iter().map(|v| (v * 127.0) as i8).collect();
         let mut c = vec![0i32; n * n];
-        let seconds = timed(&mut || lib.gemm_u8s8s32(n, n, n, &a, &b, &mut c))?;
+        let seconds = timed(repetitions, || lib.gemm_u8s8s32(n, n, n, &a, &b, &mut c))?;
         std::hint::black_box(&c);
         (seconds, lib.version.clone())
     } else if dtype == "bf16" {
         let mut mm = lib.bf16_matmul(n, n, n)?;
         mm.a_mut().iter_mut().zip(&a).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
         mm.b_mut().iter_mut().zip(&b).for_each(|(d, s)| *d = crate::blas::to_bf16(*s));
-        let seconds = timed(&mut || mm.run())?;
+        let seconds = timed(repetitions, || mm.run())?;
         std::hint::black_box(mm.c());
         (seconds, format!("{} ({})", lib.version, mm.implementation))
     } else {
         let mut c = vec![0.0f32; n * n];
-        let seconds = timed(&mut || lib.sgemm(n, n, n, &a, &b, &mut c))?;
+        let seconds = timed(repetitions, || lib.sgemm(n, n, n, &a, &b, &mut c))?;
         std::hint::black_box(&c);
         (seconds, lib.version.clone())
     };
-    let gflops: Vec<f64> = seconds.iter().map(|s| 2.0 * (n as f64).powi(3) / s / 1e9).collect();
-    let summary = summarize(&gflops).ok_or("no repetitions")?;
-    Ok(GemmResult {
-        dtype: dtype.into(),
-        n,
-        backend: lib.kind.key().into(),
-        implementation: Some(implementation),
-        percent_of_peak: peak_gflops.map(|p| 100.0 * summary.median / p),
-        summary,
-        gflops,
-    })
+    result(dtype, n, lib.kind.key().into(), Some(implementation), &seconds, peak_gflops)
+        .ok_or_else(|| "no repetitions".into())
 }
 
 #[cfg(test)]

@@ -197,16 +197,16 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 
 /// `--libraries`: `all`, `none`, or library keys.
 fn gemm_libraries(values: &[String]) -> Result<runs::Libraries> {
-    const KEYS: [&str; 3] = ["openblas", "blis", "onednn"];
+    let known = kiln_bench::blas::Kind::ALL.map(kiln_bench::blas::Kind::key);
     match values {
         [one] if one == "all" => Ok(runs::Libraries::All),
         [one] if one == "none" => Ok(runs::Libraries::Only(Vec::new())),
         keys => {
             for k in keys {
                 anyhow::ensure!(
-                    KEYS.contains(&k.as_str()),
+                    known.contains(&k.as_str()),
                     "--libraries {k}: give all, none, or some of {}",
-                    KEYS.join(", ")
+                    known.join(", ")
                 );
             }
             Ok(runs::Libraries::Only(keys.to_vec()))

@@ -64,25 +64,10 @@ pub fn above_ceiling(results: &[GemmResult], ceilings: &[GemmCeiling]) -> Option
 }
 
 /// What "% of peak" divides a GEMM of `dtype` by: its type's own peak where the CPU has one
-/// (bf16 dot products), else the f32 FMA peak it converts to; as the rate of every CPU at the
-/// best one showed over its own CPU time (`best_gops`), which other work taking turns on the CPUs
-/// does not lower — the window median does, and a GEMM then reads above 100 % of it.
+/// (bf16 dot products), else the f32 FMA peak it converts to, at its `rate` (a window median
+/// lowered by others' turns on the CPUs would read a GEMM above 100 %).
 fn type_peak(peaks: &[TypePeak], dtype: &str) -> f64 {
-    let p = peaks.iter().find(|p| p.dtype == dtype).unwrap_or(&peaks[0]);
-    if p.best_gops > 0.0 {
-        p.best_gops
-    } else {
-        p.summary.median
-    }
-}
-
-/// Lanes of one f32 FMA instruction of the peak's ISA.
-fn f32_lanes(isa: &str) -> f64 {
-    match isa {
-        "avx512f" => 16.0,
-        "avx2+fma" => 8.0,
-        _ => 1.0,
-    }
+    peaks.iter().find(|p| p.dtype == dtype).unwrap_or(&peaks[0]).rate()
 }
 
 /// The datasheet view: CPUs × clock × FLOPs per cycle of the microarchitecture.
@@ -207,7 +192,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
     let mut peaks = vec![ceilings::f32_peak(&peak)];
     peaks.extend(ceilings::low_precision_peaks(&cpus, 3, 10_000_000));
     ceilings::per_cycle(&mut peaks, clock.as_ref(), cpus.len());
-    let fma_per_cycle = peaks[0].per_cycle.map(|c| c / (f32_lanes(&peak.isa) * 2.0));
+    let fma_per_cycle = peaks[0].per_cycle.map(|c| c / (kiln_bench::gemm::f32_lanes(&peak.isa) * 2.0));
     let has_fp16 = inv.cpu.ml_features.iter().any(|f| f == "avx512_fp16");
     let started_at = now_rfc3339();
     let mut results = Vec::new();
@@ -306,18 +291,18 @@ fn measure_libraries(
     results: &mut Vec<GemmResult>,
     skipped: &mut Vec<String>,
 ) {
-    let (found, unusable) = kiln_bench::blas::find();
-    skipped.extend(unusable);
+    let (found, unusable) = kiln_bench::blas::found();
+    skipped.extend(unusable.iter().cloned());
     let found: Vec<_> = match libraries {
-        Libraries::All => found,
+        Libraries::All => found.iter().collect(),
         Libraries::Only(keys) => {
             for k in keys.iter().filter(|k| !found.iter().any(|l| l.kind.key() == k.as_str())) {
                 skipped.push(format!("{k}: not found (install it: Debian's libopenblas0, libblis4, libdnnl2)"));
             }
-            found.into_iter().filter(|l| keys.iter().any(|k| k == l.kind.key())).collect()
+            found.iter().filter(|l| keys.iter().any(|k| k == l.kind.key())).collect()
         }
     };
-    for lib in &found {
+    for lib in found {
         for &name in dtypes {
             if !lib.supports(name) {
                 continue;
