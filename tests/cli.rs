@@ -257,7 +257,9 @@ fn every_command_has_help() {
 fn commission_runs_the_quick_suite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
-    let out = kiln(&["commission", "--json"], &[("KILN_DB", &db)]).success().json();
+    let run = kiln(&["commission", "--json"], &[("KILN_DB", &db)]);
+    assert_eq!(run.code(), Some(0), "{}", commission_summary(&run));
+    let out = run.json();
     let mut benchmarks: Vec<&str> =
         out["benchmarks"].as_array().unwrap().iter().map(|b| b["benchmark"].as_str().unwrap()).collect();
     let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
@@ -307,6 +309,25 @@ fn commission_runs_the_quick_suite() {
     let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
     let snap = kiln(&["commission", "--root", root.to_str().unwrap()], &[("KILN_DB", &db)]).success();
     assert!(snap.stdout().contains("benchmarks skipped"), "{}", snap.describe());
+}
+
+/// What a failed commission says, without its long inventory: each run's status and headline, the
+/// verdict and every check that did not pass, with its evidence, then standard error.
+fn commission_summary(run: &crate::util::Run) -> String {
+    let mut text = format!("command: {}\nexit: {:?}\n", run.cmdline, run.code());
+    match serde_json::from_str::<serde_json::Value>(&run.stdout()) {
+        Ok(out) => {
+            for b in out["benchmarks"].as_array().into_iter().flatten() {
+                text.push_str(&format!("run {} {}: {}\n", b["benchmark"], b["status"], b["headline"]));
+            }
+            text.push_str(&format!("verdict {} against {}\n", out["verdict"], out["spec"]["name"]));
+            for c in out["checks"].as_array().into_iter().flatten().filter(|c| c["status"] != "pass") {
+                text.push_str(&format!("check {c}\n"));
+            }
+        }
+        Err(_) => text.push_str(&format!("--- stdout\n{}\n", crate::util::cut_middle(&run.stdout(), 6000))),
+    }
+    text + "--- stderr\n" + &run.stderr()
 }
 
 /// `-o PATH` as a careful user expects: `-` is stdout, a FIFO (or a device) is written in place,

@@ -63,6 +63,22 @@ impl<T, E: std::fmt::Display> UnwrapDescribing<T> for Result<T, E> {
     }
 }
 
+/// `text` whole when it has at most `keep` characters; else its first and last parts around a
+/// line saying how much was cut.
+pub fn cut_middle(text: &str, keep: usize) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= keep {
+        return text.to_string();
+    }
+    let (head, tail) = (keep / 4, keep - keep / 4);
+    format!(
+        "{}\n[… {} characters cut …]\n{}",
+        chars[..head].iter().collect::<String>(),
+        chars.len() - keep,
+        chars[chars.len() - tail..].iter().collect::<String>()
+    )
+}
+
 pub struct Run {
     pub cmdline: String,
     pub output: Output,
@@ -78,14 +94,15 @@ impl Run {
     pub fn code(&self) -> Option<i32> {
         self.output.status.code()
     }
-    /// Describes the run for an assertion message.
+    /// Describes the run for an assertion message: standard error first (where the reason is),
+    /// then standard output, its middle cut when it is long (a log shows only so much).
     pub fn describe(&self) -> String {
         format!(
-            "command: {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            "command: {}\nexit: {:?}\n--- stderr\n{}\n--- stdout\n{}",
             self.cmdline,
             self.code(),
-            self.stdout(),
-            self.stderr()
+            self.stderr(),
+            cut_middle(&self.stdout(), 6000)
         )
     }
     #[track_caller]

@@ -63,6 +63,8 @@ pub enum DbError {
     Busy { path: PathBuf },
     #[error("{path}: the database or its directory is read-only for this user; nothing was written (run as a user who may write it, or point --db elsewhere)")]
     ReadOnly { path: PathBuf },
+    #[error("{path}: a write to this database was interrupted (a killed kiln, a crash or a power cut) and SQLite must roll it back before anything can read it, which needs write access to the file and its directory; run kiln once as a user who may write them")]
+    Interrupted { path: PathBuf },
     #[error("no {what} matches {id:?}")]
     NotFound { what: &'static str, id: String },
     #[error("{id:?} matches {count} {what}s; give more characters")]
@@ -312,6 +314,16 @@ fn sqlite_code(e: &sqlx::Error) -> Option<i64> {
     }
 }
 
+/// Whether a read-only connection met the traces of an interrupted write that only a connection
+/// allowed to write may clear: a hot rollback journal (SQLITE_READONLY_ROLLBACK, 776) or a
+/// write-ahead log whose index must be rebuilt (SQLITE_READONLY_RECOVERY, 264).
+fn needs_recovery(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => matches!(db.code().and_then(|c| c.parse::<i64>().ok()), Some(264 | 776)),
+        _ => false,
+    }
+}
+
 fn is_corruption(e: &sqlx::Error) -> bool {
     // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26).
     matches!(sqlite_code(e), Some(11 | 26))
@@ -396,7 +408,7 @@ impl Store {
         if existing {
             // Look before touching: a read-only connection cannot write, checkpoint or convert
             // a file that turns out to be corrupt, foreign or from a newer kiln.
-            let mut probe = base.clone().read_only(true).connect().await.map_err(sql_err)?;
+            let mut probe = Self::probe(path, &base).await?;
             let verdict = match Self::check(path, &mut probe).await {
                 Ok(()) => Self::quick_check(path, &mut probe).await,
                 e => e,
@@ -434,6 +446,38 @@ impl Store {
         Ok(store)
     }
 
+    /// A read-only connection to an existing database, after SQLite's crash recovery where an
+    /// interrupted write left traces only a writer may clear (see [`Store::recover`]).
+    async fn probe(path: &Path, base: &SqliteConnectOptions) -> Result<SqliteConnection> {
+        let sql_err = |source| classify(path, source);
+        let read_only = base.clone().read_only(true);
+        match read_only.connect().await {
+            Ok(mut conn) => match sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut conn).await {
+                Err(e) if needs_recovery(&e) => conn.close().await.map_err(sql_err)?,
+                // Any other error is for the checks that follow to report.
+                _ => return Ok(conn),
+            },
+            Err(e) if needs_recovery(&e) => {}
+            Err(e) => return Err(sql_err(e)),
+        }
+        Self::recover(path, base).await?;
+        read_only.connect().await.map_err(sql_err)
+    }
+
+    /// SQLite's own crash recovery, which a read-only connection may not run: the first connection
+    /// allowed to write rolls back a killed writer's hot journal (restoring the file as it was
+    /// before the interrupted transaction) or rebuilds its write-ahead log's index. Nothing else is
+    /// written.
+    async fn recover(path: &Path, base: &SqliteConnectOptions) -> Result<()> {
+        let refused = |cause: sqlx::Error| match classify(path, cause) {
+            DbError::ReadOnly { .. } => DbError::Interrupted { path: path.to_owned() },
+            e => e,
+        };
+        let mut conn = base.clone().connect().await.map_err(refused)?;
+        sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut conn).await.map_err(refused)?;
+        conn.close().await.map_err(refused)
+    }
+
     /// Refuses files that are not kiln's, are corrupt, or come from a newer kiln.
     async fn check(path: &Path, conn: &mut SqliteConnection) -> Result<()> {
         let sql_err = |source| classify(path, source);
@@ -459,7 +503,7 @@ impl Store {
     }
 
     /// A read-only connection to an existing database at this kiln's schema; `None` when its
-    /// schema is older (it must be migrated first). In a directory where SQLite cannot make the
+    /// schema is older (it must be migrated first) or an interrupted write must be rolled back. In a directory where SQLite cannot make the
     /// write-ahead log's index (a read-only one), the file is read as immutable.
     async fn open_read_only(path: &Path) -> Result<Option<Store>> {
         let sql_err = |source| classify(path, source);
@@ -467,8 +511,15 @@ impl Store {
         let mut conn = match base.clone().connect().await {
             Ok(mut c) => match sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut c).await {
                 Ok(_) => c,
+                // An interrupted write: reading the file as it lies would see half of it. Opening
+                // for writing rolls it back first.
+                Err(e) if needs_recovery(&e) => {
+                    c.close().await.map_err(sql_err)?;
+                    return Ok(None);
+                }
                 Err(_) => base.immutable(true).connect().await.map_err(sql_err)?,
             },
+            Err(e) if needs_recovery(&e) => return Ok(None),
             Err(_) => base.immutable(true).connect().await.map_err(sql_err)?,
         };
         Self::check(path, &mut conn).await?;
@@ -1059,6 +1110,52 @@ mod tests {
         let partitions: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM host_series").fetch_one(&mut store.conn).await.unwrap();
         assert_eq!(partitions, 2);
+    }
+
+    /// A writer killed mid-transaction leaves a hot rollback journal, which a read-only connection
+    /// may not roll back (SQLITE_READONLY_ROLLBACK). Reading and writing both open it: the
+    /// interrupted transaction is rolled back, and what was committed before it is all there.
+    #[tokio::test]
+    async fn an_interrupted_write_is_rolled_back_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.db");
+        let mut store = Store::open(&path).await.unwrap();
+        store.save_inventory(&sample("host-a")).await.unwrap();
+        store.close().await.unwrap();
+        // A transaction large enough to spill its pages into the file before it commits, copied
+        // with its journal while it is open: the files a SIGKILL at that moment leaves.
+        let crashed = dir.path().join("crashed");
+        std::fs::create_dir(&crashed).unwrap();
+        let copy = crashed.join("kiln.db");
+        {
+            let mut conn = SqliteConnectOptions::new().filename(&path).connect().await.unwrap();
+            for pragma in ["PRAGMA journal_mode = DELETE", "PRAGMA cache_size = 10", "BEGIN"] {
+                sqlx::query(pragma).execute(&mut conn).await.unwrap();
+            }
+            sqlx::query("UPDATE hosts SET hostname = 'half-written'").execute(&mut conn).await.unwrap();
+            sqlx::query("CREATE TABLE pad (x BLOB)").execute(&mut conn).await.unwrap();
+            sqlx::query("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500) INSERT INTO pad SELECT randomblob(4000) FROM n")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            std::fs::copy(&path, &copy).unwrap();
+            std::fs::copy(beside(&path, "-journal"), beside(&copy, "-journal")).unwrap();
+            sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+            conn.close().await.unwrap();
+        }
+        // The copy's state is what a crash leaves: a plain read-only connection refuses it.
+        let mut raw = SqliteConnectOptions::new().filename(&copy).read_only(true).connect().await.unwrap();
+        let refused = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM hosts").fetch_one(&mut raw).await.unwrap_err();
+        assert!(needs_recovery(&refused), "{refused}");
+        raw.close().await.unwrap();
+        // kiln's read opens it (rolling it back), and sees the committed state.
+        let mut read = Store::open_for(&copy, Access::Read).await.unwrap();
+        let hosts = read.hosts().await.unwrap();
+        assert_eq!(hosts.len(), 1);
+        assert_eq!(hosts[0].hostname.as_deref(), Some("gpu-node-01"));
+        assert_eq!(read.integrity_check().await.unwrap(), ["ok"]);
+        read.close().await.unwrap();
+        assert!(!beside(&copy, "-journal").exists());
     }
 
     #[tokio::test]

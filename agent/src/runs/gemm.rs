@@ -32,6 +32,10 @@ pub struct GemmReport {
     /// The fastest each measured GEMM type can run here; a figure above it is impossible.
     #[serde(default)]
     pub ceilings: Vec<GemmCeiling>,
+    /// How many times the peaks were measured: more than once when a GEMM beat the first
+    /// measurement's ceiling (the peaks above are the best of them; see [`confirm`]).
+    #[serde(default = "one")]
+    pub peak_measurements: usize,
     pub results: Vec<GemmResult>,
     pub skipped: Vec<String>,
     /// Why the run is `invalid`: a GEMM figure above its type's ceiling.
@@ -46,6 +50,91 @@ pub struct GemmCeiling {
     pub dtype: String,
     pub gflops: f64,
     pub basis: String,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// The f32 FMA peak and every type's peak (f32 first), measured together on all CPUs.
+pub struct Peaks {
+    pub peak: PeakResult,
+    pub peaks: Vec<TypePeak>,
+}
+
+impl Peaks {
+    fn measure(cpus: &[u32]) -> Peaks {
+        let peak = kiln_bench::gemm::fma_peak(cpus, 3, 20_000_000);
+        let mut peaks = vec![ceilings::f32_peak(&peak)];
+        peaks.extend(ceilings::low_precision_peaks(cpus, 3, 10_000_000));
+        Peaks { peak, peaks }
+    }
+}
+
+/// Peaks that survived the ceiling check, the ceilings, and what the check found.
+pub struct Checked {
+    pub peaks: Peaks,
+    pub ceilings: Vec<GemmCeiling>,
+    pub invalid: Option<String>,
+    pub peak_measurements: usize,
+}
+
+/// Times the peaks are measured again before a GEMM figure above its ceiling is condemned.
+const PEAK_REMEASUREMENTS: usize = 2;
+
+/// The ceiling of each type measured in `results`.
+fn ceilings_for(results: &[GemmResult], peaks: &[TypePeak], has_fp16: bool) -> Vec<GemmCeiling> {
+    let mut out: Vec<GemmCeiling> = Vec::new();
+    for r in results {
+        if out.iter().any(|c| c.dtype == r.dtype) {
+            continue;
+        }
+        if let Some((gflops, basis)) = ceilings::gemm_ceiling(&r.dtype, peaks, has_fp16) {
+            out.push(GemmCeiling { dtype: r.dtype.clone(), gflops, basis });
+        }
+    }
+    out
+}
+
+/// The highest rate a peak showed: what its ceiling rests on.
+fn bound(p: &TypePeak) -> f64 {
+    p.best_gops.max(p.summary.max)
+}
+
+/// Checks every figure against its type's ceiling. A peak measured while a neighbour shared the
+/// cores reads low for seconds, all repetitions alike, even over each thread's own CPU time: a
+/// hyperthread sibling that another guest runs on the host takes half of each FMA unit, invisible
+/// from inside this one (seen here: the f32 peak at 116.7 GFLOP/s, half its 233, in all three
+/// repetitions, with the bf16 peak measured a second later at full rate). So a figure above its
+/// ceiling is condemned only if the peaks, measured again after the GEMMs (up to
+/// [`PEAK_REMEASUREMENTS`] times, by `remeasure`), still cannot explain it; each type keeps the
+/// best of its measurements. A mis-timed figure, tens of times any peak, stays impossible.
+pub fn confirm(
+    mut best: Peaks,
+    results: &[GemmResult],
+    has_fp16: bool,
+    mut remeasure: impl FnMut() -> Peaks,
+) -> Checked {
+    let mut measurements = 1;
+    loop {
+        let ceilings = ceilings_for(results, &best.peaks, has_fp16);
+        let invalid = above_ceiling(results, &ceilings);
+        if invalid.is_none() || measurements > PEAK_REMEASUREMENTS {
+            return Checked { peaks: best, ceilings, invalid, peak_measurements: measurements };
+        }
+        let again = remeasure();
+        measurements += 1;
+        if bound(&again.peaks[0]) > bound(&best.peaks[0]) {
+            best.peak = again.peak;
+        }
+        for p in again.peaks {
+            match best.peaks.iter_mut().find(|b| b.dtype == p.dtype) {
+                Some(b) if bound(&p) > bound(b) => *b = p,
+                Some(_) => {}
+                None => best.peaks.push(p),
+            }
+        }
+    }
 }
 
 /// The first GEMM repetition above its type's ceiling, said for people.
@@ -165,6 +254,13 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
     for s in &report.skipped {
         text.push_str(&format!("skipped {s}\n"));
     }
+    if report.peak_measurements > 1 {
+        text.push_str(&format!(
+            "peaks measured {} times: a GEMM beat the first measurement's ceiling (a neighbour sharing the cores \
+             lowers a peak); each is the best of them\n",
+            report.peak_measurements
+        ));
+    }
     if let Some(why) = &report.invalid {
         text.push_str(&format!("status invalid: {why}\n"));
     }
@@ -186,13 +282,9 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
     let cpus = allowed_cpus(inv);
     // Sampling (and the contention figures) covers the peak probe too: % of peak divides by it.
     let sampler = sampler(inv, Duration::from_millis(500));
-    let peak = kiln_bench::gemm::fma_peak(&cpus, 3, 20_000_000);
-    progress.update("measuring the clock and the bf16/int8 peaks");
+    let Peaks { peak, peaks } = Peaks::measure(&cpus);
+    progress.update("measuring the clock");
     let clock = ceilings::clock(&cpus, 3, 2_000_000);
-    let mut peaks = vec![ceilings::f32_peak(&peak)];
-    peaks.extend(ceilings::low_precision_peaks(&cpus, 3, 10_000_000));
-    ceilings::per_cycle(&mut peaks, clock.as_ref(), cpus.len());
-    let fma_per_cycle = peaks[0].per_cycle.map(|c| c / (kiln_bench::gemm::f32_lanes(&peak.isa) * 2.0));
     let has_fp16 = inv.cpu.ml_features.iter().any(|f| f == "avx512_fp16");
     let started_at = now_rfc3339();
     let mut results = Vec::new();
@@ -217,6 +309,18 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
         }
     }
     measure_libraries(libraries, dtypes, sizes, repetitions, cpus.len(), &peaks, &progress, &mut results, &mut skipped);
+    // No figure above its ceiling is a result: the run is stored `invalid`, with the reason, once
+    // the peaks measured again cannot explain it either.
+    let checked = confirm(Peaks { peak, peaks }, &results, has_fp16, || {
+        progress.update("a GEMM beat its ceiling: measuring the peaks again");
+        Peaks::measure(&cpus)
+    });
+    let Checked { peaks: Peaks { peak, mut peaks }, ceilings: gemm_ceilings, invalid, peak_measurements } = checked;
+    for r in &mut results {
+        r.percent_of_peak = Some(100.0 * r.summary.median / type_peak(&peaks, &r.dtype));
+    }
+    ceilings::per_cycle(&mut peaks, clock.as_ref(), cpus.len());
+    let fma_per_cycle = peaks[0].per_cycle.map(|c| c / (kiln_bench::gemm::f32_lanes(&peak.isa) * 2.0));
     progress.finish();
     let telemetry = sampler.stop();
     let (metrics, samples) = metrics_of(&peak, &peaks, clock.as_ref(), &results);
@@ -236,17 +340,6 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
             type_peak(&peaks, "f32")
         )
     });
-    let mut gemm_ceilings: Vec<GemmCeiling> = Vec::new();
-    for r in &results {
-        if gemm_ceilings.iter().any(|c| c.dtype == r.dtype) {
-            continue;
-        }
-        if let Some((gflops, basis)) = ceilings::gemm_ceiling(&r.dtype, &peaks, has_fp16) {
-            gemm_ceilings.push(GemmCeiling { dtype: r.dtype.clone(), gflops, basis });
-        }
-    }
-    // No figure above its ceiling is a result: the run is stored `invalid`, with the reason.
-    let invalid = above_ceiling(&results, &gemm_ceilings);
     let status = if invalid.is_some() {
         kiln_db::RunStatus::Invalid
     } else {
@@ -259,6 +352,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
         peaks,
         fma_per_cycle,
         ceilings: gemm_ceilings,
+        peak_measurements,
         results,
         skipped,
         invalid,
@@ -391,6 +485,55 @@ mod tests {
         assert_eq!(type_peak(&peaks, "f32"), 230.0);
         assert_eq!(type_peak(&peaks, "f16"), 230.0);
         assert_eq!(type_peak(&peaks, "bf16"), 400.0);
+    }
+
+    /// Peaks as one measurement would give them: f32 at `f32`, bf16 at `bf16`, one repetition.
+    fn measured(f32: f64, bf16: f64) -> Peaks {
+        let peak = PeakResult {
+            gflops: vec![f32],
+            summary: kiln_bench::stats::summarize(&[f32]).unwrap(),
+            isa: "avx512f".into(),
+            best_gflops: f32,
+        };
+        let mut bf16_peak = ceilings::f32_peak(&peak);
+        bf16_peak.dtype = "bf16".into();
+        bf16_peak.summary = kiln_bench::stats::summarize(&[bf16]).unwrap();
+        bf16_peak.best_gops = bf16;
+        Peaks { peaks: vec![ceilings::f32_peak(&peak), bf16_peak], peak }
+    }
+
+    /// A figure above a peak that a neighbour lowered is not condemned when the peak, measured
+    /// again, explains it; one that no measurement explains is, after the retries; one below its
+    /// ceiling costs no second measurement.
+    #[test]
+    fn a_low_peak_is_measured_again_before_a_figure_is_condemned() {
+        let results = vec![result("f32", 1024, vec![200.0, 210.0]), result("bf16", 1024, vec![300.0])];
+        // Within the first measurement's ceilings: measured once.
+        let calls = std::cell::Cell::new(0);
+        let fine = confirm(measured(230.0, 460.0), &results, false, || {
+            calls.set(calls.get() + 1);
+            measured(230.0, 460.0)
+        });
+        assert_eq!((fine.invalid, fine.peak_measurements, calls.get()), (None, 1, 0));
+        // f32 read at half (a hyperthread neighbour), then at full rate: valid, and the f32 peak
+        // is the second measurement's while bf16 keeps its first, higher one.
+        let mut script = vec![measured(232.0, 300.0)].into_iter();
+        let recovered = confirm(measured(116.7, 458.0), &results, false, || script.next().unwrap());
+        assert_eq!(recovered.invalid, None);
+        assert_eq!(recovered.peak_measurements, 2);
+        assert_eq!(recovered.peaks.peak.summary.median, 232.0);
+        assert_eq!(recovered.peaks.peaks[0].best_gops, 232.0);
+        assert_eq!(recovered.peaks.peaks[1].best_gops, 458.0);
+        // A figure no peak explains: condemned after the retries, with the best ceiling.
+        let impossible = vec![result("f32", 1024, vec![47_193.0])];
+        let calls = std::cell::Cell::new(0);
+        let checked = confirm(measured(116.7, 458.0), &impossible, false, || {
+            calls.set(calls.get() + 1);
+            measured(230.0, 458.0)
+        });
+        assert_eq!((checked.peak_measurements, calls.get()), (1 + PEAK_REMEASUREMENTS, PEAK_REMEASUREMENTS));
+        let why = checked.invalid.unwrap();
+        assert!(why.contains("measured 47193.0 GFLOP/s, above the f32 ceiling of 241.5"), "{why}");
     }
 
     /// A GEMM repetition above its type's ceiling (the window missed work, or the peak was
