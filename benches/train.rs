@@ -15,7 +15,8 @@ use std::process::Command;
 use kiln_bench::stats::summarize;
 use kiln_bench::train::Config;
 
-fn kiln_tokens_per_s(size: &str, steps: usize, kernels: &str) -> f64 {
+/// tokens/s, and the GEMM the dense layers went through (`--gemm auto`: a library where found).
+fn kiln_tokens_per_s(size: &str, steps: usize, kernels: &str) -> (f64, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
             "bench",
@@ -33,7 +34,8 @@ fn kiln_tokens_per_s(size: &str, steps: usize, kernels: &str) -> f64 {
         .expect("running kiln");
     assert!(out.status.success(), "kiln bench train --size {size}: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kiln's JSON");
-    v["report"]["train"]["tokens_per_s"].as_f64().expect("tokens_per_s")
+    let train = &v["report"]["train"];
+    (train["tokens_per_s"].as_f64().expect("tokens_per_s"), train["config"]["gemm"].as_str().unwrap_or("?").to_string())
 }
 
 fn torch_tokens_per_s(python: &std::ffi::OsStr, c: &Config, steps: usize) -> f64 {
@@ -73,10 +75,13 @@ fn main() {
             _ => 12,
         };
         let (mut fused, mut composed, mut torch) = (Vec::new(), Vec::new(), Vec::new());
+        let mut gemm = String::new();
         for round in 1..=3 {
-            fused.push(kiln_tokens_per_s(size, steps, "fused"));
+            let (tps, through) = kiln_tokens_per_s(size, steps, "fused");
+            fused.push(tps);
+            gemm = through;
             if size == "anchor" {
-                composed.push(kiln_tokens_per_s(size, steps, "composed"));
+                composed.push(kiln_tokens_per_s(size, steps, "composed").0);
             }
             torch.push(torch_tokens_per_s(&python, &c, steps));
             eprintln!(
@@ -89,7 +94,11 @@ fn main() {
         let params =
             format!("d_model {}, {} layers, {} heads, seq {}, batch {}", c.d_model, c.layers, c.heads, c.seq, c.batch);
         lines.push(format!("{size} ({params}), {steps} steps, 3 interleaved rounds:"));
-        lines.push(format!("  kiln (candle, fused kernels)  {:>8.0} tokens/s (CV {:.1} %)", k.median, k.cv * 100.0));
+        lines.push(format!(
+            "  kiln (fused kernels, GEMM through {gemm}) {:>8.0} tokens/s (CV {:.1} %)",
+            k.median,
+            k.cv * 100.0
+        ));
         if let Some(s) = summarize(&composed) {
             lines.push(format!(
                 "  kiln (candle, composed ops)   {:>8.0} tokens/s (CV {:.1} %), {:.2}x PyTorch",

@@ -8,9 +8,10 @@
 //! operations per cycle per CPU, which count the execution units: a Zen 5 core shows 64 f32
 //! FLOP/cycle, two 512-bit FMA units.
 //!
-//! Not measured: AMX tiles (Rust's AMX intrinsics are not stable), AVX-VNNI without AVX-512, and
-//! f16 arithmetic (AVX512-FP16); a GEMM in f16 is bounded by twice the f32 rate where the CPU has
-//! AVX512-FP16, else by the f32 rate.
+//! Not measured: AMX tiles (Rust's AMX intrinsics are not stable; where the CPU has them, bf16 and
+//! int8 are bounded by Intel's per-core tile figures at the measured clock), AVX-VNNI without
+//! AVX-512, and f16 arithmetic (AVX512-FP16); a GEMM in f16 is bounded by twice the f32 rate where
+//! the CPU has AVX512-FP16, else by the f32 rate.
 
 use std::time::Instant;
 
@@ -40,18 +41,32 @@ pub struct TypePeak {
     /// CPU time: the basis of the ceiling (see `best_rate`).
     #[serde(default)]
     pub best_gops: f64,
+    /// Per repetition, every CPU's rate over its own CPU time, summed (`Timed::own_rate`): the
+    /// peak as the cores deliver it, which other work taking turns on the CPUs does not lower.
+    #[serde(default)]
+    pub own_gops: Vec<f64>,
+}
+
+/// The peak "% of peak", MFU, the operations per cycle and the stored peak metrics use: the median
+/// of the per-repetition rates over each thread's own CPU time, which other work taking turns on
+/// the CPUs does not lower (the window median does: it read 75–264 GFLOP/s on one busy machine);
+/// a report from before those were kept falls back to the best CPU's rate, then the window.
+pub fn own_rate(own: &[f64], best: f64, window_median: f64) -> f64 {
+    if own.is_empty() {
+        if best > 0.0 {
+            best
+        } else {
+            window_median
+        }
+    } else {
+        crate::stats::median(own)
+    }
 }
 
 impl TypePeak {
-    /// The rate "% of peak" and the operations per cycle divide by: every CPU at the best rate one
-    /// showed over its own CPU time, which other work taking turns on the CPUs does not lower (the
-    /// window median does); the window median only where no CPU time was measured.
+    /// See [`own_rate`].
     pub fn rate(&self) -> f64 {
-        if self.best_gops > 0.0 {
-            self.best_gops
-        } else {
-            self.summary.median
-        }
+        own_rate(&self.own_gops, self.best_gops, self.summary.median)
     }
 }
 
@@ -112,6 +127,15 @@ pub(crate) fn on_all_cpus(cpus: &[u32], repetitions: usize, work: impl Fn() + Sy
         }
     }
     timed
+}
+
+impl Timed {
+    /// Every thread's rate over its own CPU time, summed: what the CPUs deliver while they run,
+    /// each at its own speed (a hybrid CPU's small cores count as small), whatever else took turns
+    /// on them.
+    pub(crate) fn own_rate(&self, ops_per_thread: f64) -> f64 {
+        self.cpu.iter().filter(|s| **s > 0.0).map(|s| ops_per_thread / s).sum()
+    }
 }
 
 /// The best rate any one thread showed over its own CPU time, times the number of threads: what
@@ -216,7 +240,9 @@ pub fn low_precision_peaks(cpus: &[u32], repetitions: usize, iterations: u64) ->
     let mut push = |dtype: &str, instruction: &str, ops_per_iteration: f64, timed: Vec<Timed>| {
         let gops: Vec<f64> =
             timed.iter().map(|t| iterations as f64 * ops_per_iteration * threads / t.window / 1e9).collect();
-        let best_gops = best_rate(&timed, iterations as f64 * ops_per_iteration) / 1e9;
+        let per_thread = iterations as f64 * ops_per_iteration;
+        let best_gops = best_rate(&timed, per_thread) / 1e9;
+        let own_gops = timed.iter().map(|t| t.own_rate(per_thread) / 1e9).collect();
         if let Some(summary) = summarize(&gops) {
             peaks.push(TypePeak {
                 dtype: dtype.into(),
@@ -225,6 +251,7 @@ pub fn low_precision_peaks(cpus: &[u32], repetitions: usize, iterations: u64) ->
                 summary,
                 per_cycle: None,
                 best_gops,
+                own_gops,
             });
         }
     };
@@ -265,6 +292,7 @@ pub fn f32_peak(peak: &PeakResult) -> TypePeak {
         summary: peak.summary.clone(),
         per_cycle: None,
         best_gops: peak.best_gflops,
+        own_gops: peak.own_gflops.clone(),
     }
 }
 
@@ -277,31 +305,54 @@ pub fn per_cycle(peaks: &mut [TypePeak], clock: Option<&Clock>, cpus: usize) {
     }
 }
 
+/// What bounds a GEMM beyond the measured peaks: units the chains do not measure, and what a
+/// datasheet bound for them needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unmeasured {
+    /// AVX512-FP16: f16 arithmetic at twice the f32 lanes.
+    pub avx512fp16: bool,
+    /// AMX tiles with bf16 (`TDPBF16PS`) and int8 (`TDPBUSD`) dot products.
+    pub amx_bf16: bool,
+    pub amx_int8: bool,
+    /// CPUs the GEMMs run on (an upper bound on the cores: hyperthreads share a core's tiles).
+    pub cpus: usize,
+    /// The highest all-core clock measured, MHz.
+    pub clock_mhz: Option<f64>,
+}
+
+/// Intel's figures for one core's AMX tile unit (TMUL), per cycle: 1,024 bf16 FLOP (`TDPBF16PS`)
+/// and 2,048 int8 operations (`TDPBUSD`) — the Sapphire Rapids and later datasheets. Not
+/// measured: Rust's AMX intrinsics are unstable and no machine here has AMX.
+pub const AMX_BF16_FLOP_PER_CYCLE: f64 = 1024.0;
+pub const AMX_INT8_OP_PER_CYCLE: f64 = 2048.0;
+
 /// The fastest a GEMM in `dtype` ("f32", "bf16", "f16", "int8") can run here, in GFLOP/s (GOP/s),
 /// and what it rests on: the fastest peak that computes in that type, at its best CPU's rate,
-/// with the margin.
-/// `None` when no peak bounds the type.
-pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Option<(f64, String)> {
+/// or, on a CPU with AMX, the tiles' datasheet rate at the measured clock where that is higher
+/// (oneDNN runs bf16 and int8 on the tiles), with the margin.
+/// `None` when nothing bounds the type.
+pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], cpu: &Unmeasured) -> Option<(f64, String)> {
     let best =
         |d: &str| peaks.iter().find(|p| p.dtype == d).map(|p| (p.best_gops.max(p.summary.max), p.instruction.clone()));
+    let faster = |a: Option<(f64, String)>, b: Option<(f64, String)>| match (a, b) {
+        (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    };
+    let amx = |has: bool, per_cycle: f64, instruction: &str| {
+        let mhz = cpu.clock_mhz.filter(|_| has)?;
+        let rate = cpu.cpus.max(1) as f64 * mhz * per_cycle / 1e3;
+        Some((rate, format!("AMX {instruction}, {per_cycle:.0}/cycle per core (Intel's figure, not measured) at {mhz:.0} MHz × {} CPUs", cpu.cpus)))
+    };
     let f32_peak = best("f32");
     let (gflops, basis) = match dtype {
         "f32" => f32_peak?,
-        // A bf16 GEMM computes with bf16 dot products or converts to f32: the faster bounds it.
-        "bf16" => match (best("bf16"), f32_peak) {
-            (Some(b), Some(f)) => {
-                if b.0 >= f.0 {
-                    b
-                } else {
-                    f
-                }
-            }
-            (b, f) => b.or(f)?,
-        },
-        "int8" => best("int8")?,
+        // A bf16 GEMM computes with bf16 dot products, on AMX tiles, or converts to f32: the
+        // fastest bounds it.
+        "bf16" => faster(faster(best("bf16"), f32_peak), amx(cpu.amx_bf16, AMX_BF16_FLOP_PER_CYCLE, "TDPBF16PS"))?,
+        "int8" => faster(best("int8"), amx(cpu.amx_int8, AMX_INT8_OP_PER_CYCLE, "TDPBUSD"))?,
         "f16" => {
             let (g, i) = f32_peak?;
-            if has_avx512fp16 {
+            if cpu.avx512fp16 {
                 (2.0 * g, format!("2 x {i} (AVX512-FP16 has twice the f32 lanes; not measured)"))
             } else {
                 (g, i)
@@ -309,10 +360,12 @@ pub fn gemm_ceiling(dtype: &str, peaks: &[TypePeak], has_avx512fp16: bool) -> Op
         }
         _ => return None,
     };
+    let measured = !basis.starts_with("AMX");
     Some((
         gflops * CEILING_MARGIN,
         format!(
-            "{basis}, every CPU at the best rate one showed, {gflops:.1} G{}/s, + {:.0} %",
+            "{basis}{}, {gflops:.1} G{}/s, + {:.0} %",
+            if measured { ", every CPU at the best rate one showed" } else { "" },
             if dtype == "int8" { "OP" } else { "FLOP" },
             (CEILING_MARGIN - 1.0) * 100.0
         ),
@@ -331,6 +384,7 @@ mod tests {
             summary: summarize(&[max * 0.9, max]).unwrap(),
             per_cycle: None,
             best_gops: 0.0,
+            own_gops: Vec::new(),
         }
     }
 
@@ -362,14 +416,16 @@ mod tests {
         ];
         // 100 operations per thread; the best thread did them in 0.5 s of CPU: 200/s, × 2.
         assert_eq!(best_rate(&timed, 100.0), 400.0);
+        // Each thread at its own rate, summed: 100/1 + 100/2 in the first repetition.
+        assert_eq!(timed[0].own_rate(100.0), 150.0);
     }
 
     /// A peak measured while another thread takes turns on the same CPU reads about half over
-    /// the window, but its ceiling (over the thread's own CPU time) does not drop.
+    /// the window, but neither its rate nor its ceiling (over the thread's own CPU time) drops.
     #[test]
     fn a_shared_cpu_halves_the_peak_not_the_ceiling() {
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let (shared, ceiling) = std::thread::scope(|s| {
+        let (shared, ceiling, own) = std::thread::scope(|s| {
             s.spawn(|| {
                 pin_to_cpu(0);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -378,26 +434,48 @@ mod tests {
             });
             let peak = crate::gemm::fma_peak(&[0], 3, 20_000_000);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            (peak.summary.median, peak.best_gflops)
+            (peak.summary.median, peak.best_gflops, peak.rate())
         });
-        eprintln!("shared CPU: peak {shared:.1}, ceiling {ceiling:.1} GFLOP/s");
+        eprintln!("shared CPU: window {shared:.1}, own rate {own:.1}, ceiling {ceiling:.1} GFLOP/s");
         assert!(ceiling > 1.4 * shared, "ceiling {ceiling:.1} vs peak {shared:.1} GFLOP/s on a shared CPU");
+        assert!(own > 1.4 * shared, "own rate {own:.1} vs window {shared:.1} GFLOP/s on a shared CPU");
     }
 
     #[test]
     fn ceilings_by_type() {
         let peaks = vec![peak("f32", 100.0), peak("bf16", 200.0)];
-        assert_eq!(gemm_ceiling("f32", &peaks, false).unwrap().0, 105.0);
-        assert_eq!(gemm_ceiling("bf16", &peaks, false).unwrap().0, 210.0);
-        assert_eq!(gemm_ceiling("f16", &peaks, false).unwrap().0, 105.0);
-        assert_eq!(gemm_ceiling("f16", &peaks, true).unwrap().0, 210.0);
+        let plain = Unmeasured { cpus: 2, clock_mhz: Some(3000.0), ..Unmeasured::default() };
+        let fp16 = Unmeasured { avx512fp16: true, ..plain };
+        assert_eq!(gemm_ceiling("f32", &peaks, &plain).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("bf16", &peaks, &plain).unwrap().0, 210.0);
+        assert_eq!(gemm_ceiling("f16", &peaks, &plain).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("f16", &peaks, &fp16).unwrap().0, 210.0);
         // Without a bf16 unit, bf16 runs at f32 speed at best.
-        assert_eq!(gemm_ceiling("bf16", &peaks[..1], false).unwrap().0, 105.0);
-        assert_eq!(gemm_ceiling("f64", &peaks, false), None);
+        assert_eq!(gemm_ceiling("bf16", &peaks[..1], &plain).unwrap().0, 105.0);
+        assert_eq!(gemm_ceiling("f64", &peaks, &plain), None);
         // int8 has only its own peak.
-        assert_eq!(gemm_ceiling("int8", &peaks, false), None);
-        assert_eq!(gemm_ceiling("int8", &[peak("int8", 800.0)], false).unwrap().0, 840.0);
-        assert_eq!(gemm_ceiling("f32", &[], false), None);
+        assert_eq!(gemm_ceiling("int8", &peaks, &plain), None);
+        assert_eq!(gemm_ceiling("int8", &[peak("int8", 800.0)], &plain).unwrap().0, 840.0);
+        assert_eq!(gemm_ceiling("f32", &[], &plain), None);
+    }
+
+    /// On a CPU with AMX, oneDNN runs bf16 and int8 on the tiles, far above the AVX-512 chains:
+    /// the ceiling is the tiles' datasheet rate at the measured clock, and says so.
+    #[test]
+    fn amx_raises_the_bf16_and_int8_ceilings_to_the_tiles_rate() {
+        let peaks = vec![peak("f32", 100.0), peak("bf16", 200.0), peak("int8", 400.0)];
+        let amx =
+            Unmeasured { amx_bf16: true, amx_int8: true, cpus: 2, clock_mhz: Some(2000.0), ..Unmeasured::default() };
+        // 2 CPUs × 2,000 MHz × 1,024 FLOP/cycle = 4,096 GFLOP/s; int8 twice that; + 5 %.
+        let (bf16, basis) = gemm_ceiling("bf16", &peaks, &amx).unwrap();
+        assert!((bf16 - 4096.0 * CEILING_MARGIN).abs() < 1e-6, "{bf16}");
+        assert!(basis.starts_with("AMX TDPBF16PS, 1024/cycle per core (Intel's figure, not measured)"), "{basis}");
+        let (int8, _) = gemm_ceiling("int8", &peaks, &amx).unwrap();
+        assert!((int8 - 8192.0 * CEILING_MARGIN).abs() < 1e-6, "{int8}");
+        // f32 does not run on the tiles; without a measured clock the tiles bound nothing.
+        assert_eq!(gemm_ceiling("f32", &peaks, &amx).unwrap().0, 105.0);
+        let no_clock = Unmeasured { clock_mhz: None, ..amx };
+        assert_eq!(gemm_ceiling("bf16", &peaks, &no_clock).unwrap().0, 210.0);
     }
 
     #[test]

@@ -42,6 +42,17 @@ pub struct PeakResult {
     /// ceiling's basis (`ceilings::best_rate`).
     #[serde(default)]
     pub best_gflops: f64,
+    /// Per repetition, every CPU's rate over its own CPU time, summed (see
+    /// `ceilings::own_rate`): what the stored peak and MFU divide by.
+    #[serde(default)]
+    pub own_gflops: Vec<f64>,
+}
+
+impl PeakResult {
+    /// The peak as the cores deliver it (`ceilings::own_rate`).
+    pub fn rate(&self) -> f64 {
+        crate::ceilings::own_rate(&self.own_gflops, self.best_gflops, self.summary.median)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -144,6 +155,7 @@ pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult
         gflops,
         isa: name.to_string(),
         best_gflops: crate::ceilings::best_rate(&timed, per_thread) / 1e9,
+        own_gflops: timed.iter().map(|t| t.own_rate(per_thread) / 1e9).collect(),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kiln_bench::ceilings::{self, Clock, TypePeak};
+use kiln_bench::ceilings::{self, Clock, TypePeak, Unmeasured};
 use kiln_bench::gemm::{GemmResult, PeakResult};
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
@@ -83,13 +83,13 @@ pub struct Checked {
 const PEAK_REMEASUREMENTS: usize = 2;
 
 /// The ceiling of each type measured in `results`.
-fn ceilings_for(results: &[GemmResult], peaks: &[TypePeak], has_fp16: bool) -> Vec<GemmCeiling> {
+fn ceilings_for(results: &[GemmResult], peaks: &[TypePeak], cpu: &Unmeasured) -> Vec<GemmCeiling> {
     let mut out: Vec<GemmCeiling> = Vec::new();
     for r in results {
         if out.iter().any(|c| c.dtype == r.dtype) {
             continue;
         }
-        if let Some((gflops, basis)) = ceilings::gemm_ceiling(&r.dtype, peaks, has_fp16) {
+        if let Some((gflops, basis)) = ceilings::gemm_ceiling(&r.dtype, peaks, cpu) {
             out.push(GemmCeiling { dtype: r.dtype.clone(), gflops, basis });
         }
     }
@@ -112,12 +112,12 @@ fn bound(p: &TypePeak) -> f64 {
 pub fn confirm(
     mut best: Peaks,
     results: &[GemmResult],
-    has_fp16: bool,
+    cpu: &Unmeasured,
     mut remeasure: impl FnMut() -> Peaks,
 ) -> Checked {
     let mut measurements = 1;
     loop {
-        let ceilings = ceilings_for(results, &best.peaks, has_fp16);
+        let ceilings = ceilings_for(results, &best.peaks, cpu);
         let invalid = above_ceiling(results, &ceilings);
         if invalid.is_none() || measurements > PEAK_REMEASUREMENTS {
             return Checked { peaks: best, ceilings, invalid, peak_measurements: measurements };
@@ -198,9 +198,10 @@ fn theoretical_peak(inv: &Inventory, cpus: usize, measured_gflops: f64) -> Optio
 pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
     let peak = &report.peak;
     let mut text = format!(
-        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s{}\n",
+        "measured FMA peak (f32, {}, {} threads): {:.1} GFLOP/s over each thread's CPU time ({:.1} over the window){}\n",
         peak.isa,
         cpus,
+        peak.rate(),
         peak.summary.median,
         report.theoretical_peak.as_ref().map_or(String::new(), |t| format!(
             "; datasheet {:.1} GFLOP/s at {} MHz x {} FLOP/cycle ({}), implied sustained clock {:.0} MHz",
@@ -218,11 +219,13 @@ pub fn render_gemm(report: &GemmReport, cpus: usize) -> String {
     }
     for p in &report.peaks {
         text.push_str(&format!(
-            "peak {:<5} {:<16} {:>9.1} G{}/s over the window, {:.1} at the best CPU's rate{}\n",
+            "peak {:<5} {:<16} {:>9.1} G{}/s over each thread's CPU time (CV {:.1} %), {:.1} over the window, {:.1} at the best CPU's rate{}\n",
             p.dtype,
             p.instruction,
-            p.summary.median,
+            p.rate(),
             if p.dtype == "int8" { "OP" } else { "FLOP" },
+            kiln_bench::stats::summarize(&p.own_gops).map_or(0.0, |s| s.cv * 100.0),
+            p.summary.median,
             p.best_gops,
             p.per_cycle.map_or(String::new(), |c| format!("; {c:.1} per cycle per CPU"))
         ));
@@ -285,7 +288,14 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
     let Peaks { peak, peaks } = Peaks::measure(&cpus);
     progress.update("measuring the clock");
     let clock = ceilings::clock(&cpus, 3, 2_000_000);
-    let has_fp16 = inv.cpu.ml_features.iter().any(|f| f == "avx512_fp16");
+    let has = |feature: &str| inv.cpu.ml_features.iter().any(|f| f == feature);
+    let unmeasured = Unmeasured {
+        avx512fp16: has("avx512_fp16"),
+        amx_bf16: has("amx_bf16"),
+        amx_int8: has("amx_int8"),
+        cpus: cpus.len(),
+        clock_mhz: clock.as_ref().map(|c| c.summary.max),
+    };
     let started_at = now_rfc3339();
     let mut results = Vec::new();
     let mut skipped = Vec::new();
@@ -311,7 +321,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
     measure_libraries(libraries, dtypes, sizes, repetitions, cpus.len(), &peaks, &progress, &mut results, &mut skipped);
     // No figure above its ceiling is a result: the run is stored `invalid`, with the reason, once
     // the peaks measured again cannot explain it either.
-    let checked = confirm(Peaks { peak, peaks }, &results, has_fp16, || {
+    let checked = confirm(Peaks { peak, peaks }, &results, &unmeasured, || {
         progress.update("a GEMM beat its ceiling: measuring the peaks again");
         Peaks::measure(&cpus)
     });
@@ -346,7 +356,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
         status_of(results.iter().any(|r| r.summary.cv > MAX_CV))
     };
     let report = GemmReport {
-        theoretical_peak: theoretical_peak(inv, cpus.len(), peak.summary.median),
+        theoretical_peak: theoretical_peak(inv, cpus.len(), peak.rate()),
         peak,
         clock,
         peaks,
@@ -422,16 +432,19 @@ fn metrics_of(
 ) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
     let metric =
         |name: String, value, unit: &str| Metric { name, value, unit: unit.into(), direction: Direction::Higher };
-    let mut metrics = vec![metric("cpu.fma_peak_gflops".into(), peak.summary.median, "GFLOP/s")];
-    let mut samples: Vec<(String, i64, f64)> = samples_of("cpu.fma_peak_gflops", &peak.gflops).collect();
+    // The stored peaks are the rates over each thread's own CPU time (`ceilings::own_rate`).
+    let own = |own: &[f64], window: &[f64]| if own.is_empty() { window.to_vec() } else { own.to_vec() };
+    let mut metrics = vec![metric("cpu.fma_peak_gflops".into(), peak.rate(), "GFLOP/s")];
+    let mut samples: Vec<(String, i64, f64)> =
+        samples_of("cpu.fma_peak_gflops", &own(&peak.own_gflops, &peak.gflops)).collect();
     for p in peaks.iter().filter(|p| p.dtype != "f32") {
         let (name, unit) = if p.dtype == "int8" {
             (format!("cpu.{}_peak_gops", p.dtype), "GOP/s")
         } else {
             (format!("cpu.{}_peak_gflops", p.dtype), "GFLOP/s")
         };
-        samples.extend(samples_of(&name, &p.gops));
-        metrics.push(metric(name, p.summary.median, unit));
+        samples.extend(samples_of(&name, &own(&p.own_gops, &p.gops)));
+        metrics.push(metric(name, p.rate(), unit));
     }
     if let Some(c) = clock {
         samples.extend(samples_of("cpu.clock_mhz", &c.mhz));
@@ -469,22 +482,25 @@ mod tests {
         }
     }
 
-    /// "% of peak" divides by the type's rate at the best CPU-time figure, the f32 one for a type
-    /// without a peak of its own, and the window median only where no CPU time was measured.
+    /// "% of peak" divides by the type's rate over each thread's own CPU time (the median of its
+    /// repetitions), the f32 one for a type without a peak of its own; a stored report from before
+    /// those were kept falls back to the best CPU's rate, then the window median.
     #[test]
-    fn percent_of_peak_divides_by_the_types_best_rate() {
-        let peak = |dtype: &str, median: f64, best: f64| TypePeak {
+    fn percent_of_peak_divides_by_the_types_own_rate() {
+        let peak = |dtype: &str, median: f64, best: f64, own: Vec<f64>| TypePeak {
             dtype: dtype.into(),
             instruction: String::new(),
             gops: vec![median],
             summary: kiln_bench::stats::summarize(&[median]).unwrap(),
             per_cycle: None,
             best_gops: best,
+            own_gops: own,
         };
-        let peaks = vec![peak("f32", 150.0, 230.0), peak("bf16", 400.0, 0.0)];
+        let peaks = vec![peak("f32", 150.0, 232.0, vec![228.0, 230.0, 231.0]), peak("bf16", 400.0, 0.0, vec![])];
         assert_eq!(type_peak(&peaks, "f32"), 230.0);
         assert_eq!(type_peak(&peaks, "f16"), 230.0);
         assert_eq!(type_peak(&peaks, "bf16"), 400.0);
+        assert_eq!(type_peak(&[peak("f32", 150.0, 232.0, vec![])], "f32"), 232.0);
     }
 
     /// Peaks as one measurement would give them: f32 at `f32`, bf16 at `bf16`, one repetition.
@@ -494,11 +510,13 @@ mod tests {
             summary: kiln_bench::stats::summarize(&[f32]).unwrap(),
             isa: "avx512f".into(),
             best_gflops: f32,
+            own_gflops: vec![f32],
         };
         let mut bf16_peak = ceilings::f32_peak(&peak);
         bf16_peak.dtype = "bf16".into();
         bf16_peak.summary = kiln_bench::stats::summarize(&[bf16]).unwrap();
         bf16_peak.best_gops = bf16;
+        bf16_peak.own_gops = vec![bf16];
         Peaks { peaks: vec![ceilings::f32_peak(&peak), bf16_peak], peak }
     }
 
@@ -510,7 +528,7 @@ mod tests {
         let results = vec![result("f32", 1024, vec![200.0, 210.0]), result("bf16", 1024, vec![300.0])];
         // Within the first measurement's ceilings: measured once.
         let calls = std::cell::Cell::new(0);
-        let fine = confirm(measured(230.0, 460.0), &results, false, || {
+        let fine = confirm(measured(230.0, 460.0), &results, &Unmeasured::default(), || {
             calls.set(calls.get() + 1);
             measured(230.0, 460.0)
         });
@@ -518,7 +536,7 @@ mod tests {
         // f32 read at half (a hyperthread neighbour), then at full rate: valid, and the f32 peak
         // is the second measurement's while bf16 keeps its first, higher one.
         let mut script = vec![measured(232.0, 300.0)].into_iter();
-        let recovered = confirm(measured(116.7, 458.0), &results, false, || script.next().unwrap());
+        let recovered = confirm(measured(116.7, 458.0), &results, &Unmeasured::default(), || script.next().unwrap());
         assert_eq!(recovered.invalid, None);
         assert_eq!(recovered.peak_measurements, 2);
         assert_eq!(recovered.peaks.peak.summary.median, 232.0);
@@ -527,7 +545,7 @@ mod tests {
         // A figure no peak explains: condemned after the retries, with the best ceiling.
         let impossible = vec![result("f32", 1024, vec![47_193.0])];
         let calls = std::cell::Cell::new(0);
-        let checked = confirm(measured(116.7, 458.0), &impossible, false, || {
+        let checked = confirm(measured(116.7, 458.0), &impossible, &Unmeasured::default(), || {
             calls.set(calls.get() + 1);
             measured(230.0, 458.0)
         });

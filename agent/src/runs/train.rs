@@ -53,7 +53,7 @@ pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::gemm::Peak
          peak memory {}\n",
         c.size, c.layers, c.d_model, c.heads, c.seq, c.batch, c.steps, c.seed, r.parameters, r.non_embedding_parameters, format!("{:?}", c.kernels).to_lowercase(), format!("{:?}", c.gemm).to_lowercase(),
         r.tokens_per_s, r.samples_per_s, r.step_s.median * 1e3, r.step_p95_s * 1e3, r.step_max_s * 1e3, r.step_s.cv * 100.0, r.warmup_steps_excluded,
-        r.achieved_flops / 1e9, r.flops_formula, r.mfu.unwrap_or(0.0) * 100.0, peak.isa, peak.summary.median,
+        r.achieved_flops / 1e9, r.flops_formula, r.mfu.unwrap_or(0.0) * 100.0, peak.isa, peak.rate(),
         r.loss_start, r.loss_end, r.loss_chance, r.loss_floor, if r.learned { "" } else { "  DID NOT LEARN" },
         r.peak_rss_bytes.map_or("unknown".to_string(), crate::inventory::fingerprint::human_bytes),
     )
@@ -71,7 +71,7 @@ pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Res
     let peak = kiln_bench::gemm::fma_peak(&allowed_cpus(inv), 3, 20_000_000);
     let started_at = now_rfc3339();
     let size = config.size.clone();
-    let result = kiln_bench::train::run(config, Some(peak.summary.median * 1e9), |step, total, loss| {
+    let result = kiln_bench::train::run(config, Some(peak.rate() * 1e9), |step, total, loss| {
         progress.update(&format!("train {size}: step {step}/{total}, loss {loss:.3}"));
     });
     progress.finish();
@@ -81,7 +81,7 @@ pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Res
     let (metrics, samples) = train_metrics(&report);
     Ok(Outcome {
         started_at,
-        config: serde_json::json!({ "config": report.config, "peak_gflops": peak.summary.median }),
+        config: serde_json::json!({ "config": report.config, "peak_gflops": peak.rate() }),
         headline: format!(
             "train {}: {:.0} tokens/s, MFU {:.1} %, loss {:.2} -> {:.2}{}",
             report.config.size,
