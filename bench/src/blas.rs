@@ -383,12 +383,6 @@ pub fn for_training(kind: Kind) -> Option<&'static Library> {
     found().0.iter().find(|l| l.kind == kind)
 }
 
-/// The library the training run uses when not told: OpenBLAS, else oneDNN (BLIS is slow at the
-/// training's shapes, and oneDNN at some of them); `None` when neither is installed.
-pub fn training_default() -> Option<Kind> {
-    [Kind::OpenBlas, Kind::OneDnn].into_iter().find(|k| for_training(*k).is_some())
-}
-
 /// The plain triple loop, row-major.
 pub fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
     let mut c = vec![0.0; m * n];

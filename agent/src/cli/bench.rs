@@ -288,7 +288,7 @@ fn run_suite(
     }
     if !over("train") {
         let mut config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
-        config.gemm = kiln_bench::train::Gemm::auto();
+        config.gemm = kiln_bench::train::Gemm::Auto;
         until_settled(SUITE_ATTEMPTS, &spent, || runs::train(inv, &config), keep)?;
     }
     if !over("disk") && !INTERRUPTED.load(Ordering::Relaxed) {

@@ -50,12 +50,30 @@ pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::gemm::Peak
          tokens/s {:.0}  samples/s {:.1}  step p50 {:.1} ms  p95 {:.1} ms  max {:.1} ms  (CV {:.1} %, first {} steps excluded)\n\
          achieved {:.2} GFLOP/s ({}), {:.1} % of the measured {} peak {:.1} GFLOP/s\n\
          loss {:.3} -> {:.3} (chance {:.3}, corpus entropy {:.3}){}\n\
-         peak memory {}\n",
+         peak memory {}\n{}",
         c.size, c.layers, c.d_model, c.heads, c.seq, c.batch, c.steps, c.seed, r.parameters, r.non_embedding_parameters, format!("{:?}", c.kernels).to_lowercase(), format!("{:?}", c.gemm).to_lowercase(),
         r.tokens_per_s, r.samples_per_s, r.step_s.median * 1e3, r.step_p95_s * 1e3, r.step_max_s * 1e3, r.step_s.cv * 100.0, r.warmup_steps_excluded,
         r.achieved_flops / 1e9, r.flops_formula, r.mfu.unwrap_or(0.0) * 100.0, peak.isa, peak.rate(),
         r.loss_start, r.loss_end, r.loss_chance, r.loss_floor, if r.learned { "" } else { "  DID NOT LEARN" },
         r.peak_rss_bytes.map_or("unknown".to_string(), crate::inventory::fingerprint::human_bytes),
+        gemm_trial(r),
+    )
+}
+
+/// `--gemm auto`'s trial, when there was one: what each candidate took, and the choice.
+fn gemm_trial(r: &kiln_bench::train::Report) -> String {
+    if r.gemm_trials.is_empty() {
+        return String::new();
+    }
+    let times: Vec<String> = r
+        .gemm_trials
+        .iter()
+        .map(|t| format!("{} {:.1} ms", format!("{:?}", t.gemm).to_lowercase(), t.seconds * 1e3))
+        .collect();
+    format!(
+        "gemm auto chose {} (one block's and the head's products, forward and backward: {})\n",
+        format!("{:?}", r.config.gemm).to_lowercase(),
+        times.join(", ")
     )
 }
 
