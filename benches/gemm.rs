@@ -2,8 +2,9 @@
 //! (OpenBLAS for f32, oneDNN for f32 and bf16), all measured by `kiln bench gemm` in the same
 //! process, three rounds; per size and type the median of the rounds' medians and the ratios.
 //! kiln reports every backend it found with its version, and its best figure per type is the
-//! fastest of them: with oneDNN installed, kiln's bf16 is oneDNN's by construction, and the line
-//! "candle / anchor" says what kiln's own path reaches without it.
+//! fastest of them: with oneDNN installed, kiln's bf16 is oneDNN's by construction, and the lines
+//! "candle" and "kiln's own kernel" (bf16 through `vdpbf16ps`, AVX512-BF16) say what kiln reaches
+//! without it.
 //!
 //! Run with `cargo bench --bench gemm` (Debian's libopenblas0-pthread, libblis4-pthread and
 //! libdnnl2 installed; a missing one is left out). `KILN_BENCH_SIZES=1024,2048` picks the sizes.
@@ -77,8 +78,11 @@ fn main() {
             let Some(a) = get(anchor, dtype, n) else { continue };
             let candle = get("candle", dtype, n).unwrap_or(f64::NAN);
             let (b, by) = best(dtype).unwrap_or((f64::NAN, "?".into()));
+            // kiln's own kernel (bf16 on AVX512-BF16): what kiln reaches with no library installed.
+            let own =
+                get("kiln", dtype, n).map_or(String::new(), |k| format!("; kiln's own kernel {k:.1} = {:.2}x", k / a));
             println!(
-                "{dtype} {n}³ vs {anchor} {a:.1}: candle {candle:.1} = {:.2}x; kiln's best ({by}) {b:.1} = {:.2}x",
+                "{dtype} {n}³ vs {anchor} {a:.1}: candle {candle:.1} = {:.2}x{own}; kiln's best ({by}) {b:.1} = {:.2}x",
                 candle / a,
                 b / a
             );

@@ -289,7 +289,9 @@ fn gemm_small_sizes_against_the_peak() {
     .success();
     let out = run.json();
     let typed: kiln::runs::GemmReport = run.report();
-    assert_eq!(typed.results.len(), 4);
+    // candle's f32 and bf16 at both sizes, and kiln's own bf16 kernel where the CPU has AVX512-BF16.
+    let expected = if kiln_bench::bf16::available() { 6 } else { 4 };
+    assert_eq!(typed.results.len(), expected);
     assert!(out["report"]["peak"]["summary"]["median"].as_f64().unwrap() > 0.0);
     // Where the processor is in the FLOPs-per-cycle table, the datasheet view comes with it.
     let t = &out["report"]["theoretical_peak"];
@@ -297,7 +299,7 @@ fn gemm_small_sizes_against_the_peak() {
         assert!(t["flops_per_cycle"].as_u64().unwrap() >= 8 && t["implied_clock_mhz"].as_f64().unwrap() > 0.0, "{t}");
     }
     let results = out["report"]["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4);
+    assert_eq!(results.len(), expected);
     assert!(results.iter().all(|r| r["percent_of_peak"].as_f64().unwrap() > 0.0));
     // Every type has a measured ceiling, and no GEMM repetition is above it (issue 16).
     assert_eq!(typed.ceilings.iter().map(|c| c.dtype.as_str()).collect::<Vec<_>>(), ["f32", "bf16"]);
@@ -351,17 +353,16 @@ fn gemm_through_the_libraries_found() {
     let run = kiln(&args, &[("KILN_DB", &db)]).success();
     let typed: kiln::runs::GemmReport = run.report();
     let got: Vec<(&str, &str)> = typed.results.iter().map(|r| (r.backend.as_str(), r.dtype.as_str())).collect();
+    // kiln's own bf16 kernel runs where the CPU has AVX512-BF16.
+    let own: &[(&str, &str)] = if kiln_bench::bf16::available() { &[("kiln", "bf16")] } else { &[] };
     assert_eq!(
         got,
         [
-            ("candle", "f32"),
-            ("candle", "bf16"),
-            ("openblas", "f32"),
-            ("blis", "f32"),
-            ("onednn", "f32"),
-            ("onednn", "bf16"),
-            ("onednn", "int8")
-        ],
+            &[("candle", "f32"), ("candle", "bf16")][..],
+            own,
+            &[("openblas", "f32"), ("blis", "f32"), ("onednn", "f32"), ("onednn", "bf16"), ("onednn", "int8")][..]
+        ]
+        .concat(),
         "{:?}",
         typed.skipped
     );
@@ -391,7 +392,10 @@ fn gemm_through_the_libraries_found() {
         );
         if r.backend != "candle" {
             let version = r.implementation.as_deref().unwrap();
-            assert!(["OpenBLAS 0.", "BLIS 0.", "oneDNN 2."].iter().any(|v| version.starts_with(v)), "{version}");
+            assert!(
+                ["OpenBLAS 0.", "BLIS 0.", "oneDNN 2.", "kiln vdpbf16ps"].iter().any(|v| version.starts_with(v)),
+                "{version}"
+            );
         }
     }
     // The stored metrics keep candle's names and give each library its own.

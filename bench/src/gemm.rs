@@ -264,6 +264,28 @@ pub fn measure_library(
         .ok_or_else(|| "no repetitions".into())
 }
 
+/// kiln's own bf16 kernel (`bf16::gemm`, AVX512-BF16) on an n×n×n product: B packed once, as a
+/// layer's weights are; A's packing counted in every repetition.
+///
+/// # Errors
+/// This CPU has no AVX512-BF16.
+pub fn measure_kiln_bf16(n: usize, repetitions: usize, peak_gflops: Option<f64>) -> Result<GemmResult, String> {
+    if !crate::bf16::available() {
+        return Err("kiln's bf16 kernel needs AVX512-BF16".into());
+    }
+    let a: Vec<u16> = random(n * n, 1).into_iter().map(crate::blas::to_bf16).collect();
+    let b: Vec<u16> = random(n * n, 2).into_iter().map(crate::blas::to_bf16).collect();
+    let packed = crate::bf16::PackedB::new(n, n, &b);
+    let mut c = vec![0f32; n * n];
+    let seconds = timed(repetitions, || -> Result<(), String> {
+        crate::bf16::gemm(n, &a, &packed, &mut c);
+        Ok(())
+    })?;
+    std::hint::black_box(&c);
+    let implementation = "kiln vdpbf16ps 12x32 micro-kernel".to_string();
+    result("bf16", n, "kiln".into(), Some(implementation), &seconds, peak_gflops).ok_or_else(|| "no repetitions".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

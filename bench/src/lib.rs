@@ -3,6 +3,7 @@
 //!
 //! Invariant: this crate never touches the database or the CLI; it turns raw samples into numbers.
 
+pub mod bf16;
 pub mod blas;
 pub mod ceilings;
 pub mod disk;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kiln_bench::ceilings::{self, Clock, TypePeak, Unmeasured};
+use kiln_bench::ceilings::{self, Clock, TypePeak, Unmeasured, CEILING_MARGIN};
 use kiln_bench::gemm::{GemmResult, PeakResult};
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
@@ -96,7 +96,7 @@ fn ceilings_for(results: &[GemmResult], peaks: &[TypePeak], cpu: &Unmeasured) ->
     out
 }
 
-/// The highest rate a peak showed: what its ceiling rests on.
+/// The highest rate a peak showed (its best CPU's, or its best window): what its ceiling rests on.
 fn bound(p: &TypePeak) -> f64 {
     p.best_gops.max(p.summary.max)
 }
@@ -119,18 +119,29 @@ pub fn confirm(
     loop {
         let ceilings = ceilings_for(results, &best.peaks, cpu);
         let invalid = above_ceiling(results, &ceilings);
-        if invalid.is_none() || measurements > PEAK_REMEASUREMENTS {
+        // A median above its type's peak rate is possible (the ceiling allows it) but says the
+        // peak's repetitions were lowered: "% of peak" would read above 100 %. Measured again too.
+        let doubtful = results.iter().any(|r| r.summary.median > type_peak(&best.peaks, &r.dtype) * CEILING_MARGIN);
+        if (invalid.is_none() && !doubtful) || measurements > PEAK_REMEASUREMENTS {
             return Checked { peaks: best, ceilings, invalid, peak_measurements: measurements };
         }
         let again = remeasure();
         measurements += 1;
-        if bound(&again.peaks[0]) > bound(&best.peaks[0]) {
+        // Each keeps the measurement with the higher rate, and the higher best-CPU rate of both.
+        let top = best.peak.best_gflops.max(again.peak.best_gflops);
+        if again.peak.rate() > best.peak.rate() {
             best.peak = again.peak;
         }
+        best.peak.best_gflops = top;
         for p in again.peaks {
             match best.peaks.iter_mut().find(|b| b.dtype == p.dtype) {
-                Some(b) if bound(&p) > bound(b) => *b = p,
-                Some(_) => {}
+                Some(b) => {
+                    let top = bound(b).max(bound(&p));
+                    if p.rate() > b.rate() {
+                        *b = p;
+                    }
+                    b.best_gops = top;
+                }
                 None => best.peaks.push(p),
             }
         }
@@ -315,6 +326,15 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
             match kiln_bench::gemm::measure(dtype, n, repetitions, Some(type_peak)) {
                 Ok(r) => results.push(r),
                 Err(e) => skipped.push(format!("{name} {n}: {e}")),
+            }
+        }
+    }
+    if dtypes.contains(&"bf16") && kiln_bench::bf16::available() {
+        for &n in sizes {
+            progress.update(&format!("gemm bf16 {n}x{n}x{n} through kiln's vdpbf16ps kernel"));
+            match kiln_bench::gemm::measure_kiln_bf16(n, repetitions, Some(type_peak(&peaks, "bf16"))) {
+                Ok(r) => results.push(r),
+                Err(e) => skipped.push(format!("kiln bf16 {n}: {e}")),
             }
         }
     }
@@ -542,6 +562,14 @@ mod tests {
         assert_eq!(recovered.peaks.peak.summary.median, 232.0);
         assert_eq!(recovered.peaks.peaks[0].best_gops, 232.0);
         assert_eq!(recovered.peaks.peaks[1].best_gops, 458.0);
+        // A median above the peak's rate (its repetitions lowered, its best one not): measured
+        // again, not condemned.
+        let mut script = vec![measured(232.0, 460.0)].into_iter();
+        let mut low = measured(116.0, 460.0);
+        low.peaks[0].best_gops = 232.0;
+        let doubted = confirm(low, &results, &Unmeasured::default(), || script.next().unwrap());
+        assert_eq!((doubted.invalid, doubted.peak_measurements), (None, 2));
+        assert_eq!(type_peak(&doubted.peaks.peaks, "f32"), 232.0);
         // A figure no peak explains: condemned after the retries, with the best ceiling.
         let impossible = vec![result("f32", 1024, vec![47_193.0])];
         let calls = std::cell::Cell::new(0);
