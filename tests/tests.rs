@@ -16,6 +16,7 @@ mod kill;
 mod lab;
 mod patterns;
 mod provision;
+mod serve;
 mod synthetic;
 mod tidy;
 mod verdict;

@@ -135,6 +135,11 @@ impl Run {
 pub fn kiln(args: &[&str], env: &[(&str, &Path)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.args(args).env_remove("KILN_DB").env_remove("KILN_LOG");
+    // Never this machine's fleet service: uploads only where a test names a server.
+    for var in ["KILN_SERVER", "KILN_TOKEN", "KILN_CA_CERT"] {
+        cmd.env_remove(var);
+    }
+    cmd.env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml");
     // The tests run in parallel, each kiln beside the others: a benchmark here always shares the
     // CPUs, so its run would be `disturbed`. The contention test sets its own limit.
     cmd.env("KILN_MAX_CONTENTION", "100");

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kiln::cli::{self, Cli, Ctx};
+use kiln::cli::{self, Cli};
 
 fn main() -> ExitCode {
     // candle's CPU worker threads spin 25,000 times after every elementwise op before they sleep;
@@ -18,13 +18,7 @@ fn main() -> ExitCode {
     }
     let args = Cli::parse();
     init_logging();
-    let ctx = Ctx::new(args.db, args.json, cli::access(&args.command));
-    let outcome = cli::run(args.command, &ctx).and_then(|out| {
-        ctx.finish()?;
-        out.print()?;
-        Ok(out.exit)
-    });
-    match outcome {
+    match cli::run_cli(args) {
         Ok(exit) => ExitCode::from(exit.code()),
         Err(e) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {

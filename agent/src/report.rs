@@ -489,7 +489,7 @@ fn telemetry_section(d: &kiln_db::RunDetail) -> Section {
 // ---------------------------------------------------------------------------------------------
 // SVG
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -734,7 +734,7 @@ fn svg_lines(title: &str, unit: &str, series: &[(String, Vec<(f64, f64)>)]) -> S
     o
 }
 
-const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1400px;color:#222}\
+pub(crate) const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1400px;color:#222}\
 h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}\
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}\
 td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:.8em;overflow:auto}\

@@ -321,7 +321,7 @@ pub struct ExportStats {
     pub verdicts: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ImportStats {
     pub records: u64,
     pub hosts_new: u64,
@@ -350,37 +350,91 @@ fn json_line<T: Serialize>(out: &mut dyn Write, value: &T) -> std::io::Result<()
     out.write_all(b"\n")
 }
 
-/// One kind of exported record: the query that writes each of its lines (JSON built by SQLite,
-/// `?1` the window's start or ''), and what a row adds to the statistics.
+/// One kind of exported record: the query that writes each of its lines (JSON built by SQLite),
+/// the condition that picks the records of a window (`?1` its start, or '') and the one that picks
+/// those an upload carries (the outbox's batch, `temp.upload_batch`), and what a row adds to the
+/// statistics.
 struct ExportKind {
-    sql: &'static str,
+    select: &'static str,
+    window: &'static str,
+    batch: &'static str,
+    order: &'static str,
     count: fn(&mut ExportStats, &sqlx::sqlite::SqliteRow),
+}
+
+/// Which records an export writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Selection<'a> {
+    /// Runs started at or after this instant ('' for all), and what they name.
+    Window(&'a str),
+    /// The upload batch (`temp.upload_batch`: runs, inventories, verdicts) and what they name.
+    Batch,
+}
+
+impl ExportKind {
+    fn sql(&self, selection: Selection) -> String {
+        let condition = match selection {
+            Selection::Window(_) => self.window,
+            Selection::Batch => self.batch,
+        };
+        format!("{} WHERE {condition} ORDER BY {}", self.select, self.order)
+    }
+}
+
+/// The batch's ids of one kind, as SQL.
+macro_rules! batch {
+    ($kind:literal) => {
+        concat!("(SELECT id FROM temp.upload_batch WHERE kind = '", $kind, "')")
+    };
 }
 
 /// In the order an import needs them: hosts, then what names them.
 const EXPORTS: [ExportKind; 5] = [
     // Hosts with a run in the window (or an inventory, when there is no window).
     ExportKind {
-        sql: "SELECT json_object('type', 'host', 'id', id, 'identity', identity, 'hostname', hostname, \
+        select: "SELECT json_object('type', 'host', 'id', id, 'identity', identity, 'hostname', hostname, \
               'config_fingerprint', config_fingerprint, 'config_name', config_name, 'first_seen', first_seen, \
-              'last_seen', last_seen) FROM hosts h \
-              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.host_id = h.id AND r.started_at >= ?1) ORDER BY id",
+              'last_seen', last_seen) FROM hosts h",
+        window: "?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.host_id = h.id AND r.started_at >= ?1)",
+        batch: concat!(
+            "h.id IN (SELECT host_id FROM runs WHERE id IN ",
+            batch!("run"),
+            " UNION SELECT host_id FROM inventories WHERE id IN ",
+            batch!("inventory"),
+            " UNION SELECT host_id FROM verdicts WHERE id IN ",
+            batch!("verdict"),
+            ")"
+        ),
+        order: "id",
         count: |s, _| s.hosts += 1,
     },
+    // Inventories with a run in the window; in a batch, also those its runs and verdicts name (the
+    // server may not have them yet).
     ExportKind {
-        sql: "SELECT json_object('type', 'inventory', 'id', id, 'host_id', host_id, 'collected_at', collected_at, \
+        select: "SELECT json_object('type', 'inventory', 'id', id, 'host_id', host_id, 'collected_at', collected_at, \
               'schema_version', schema_version, 'config_fingerprint', config_fingerprint, 'config_name', config_name, \
               'cpu_model', cpu_model, 'cpu_packages', cpu_packages, 'cpu_cores', cpu_cores, 'cpu_threads', cpu_threads, \
               'memory_bytes', memory_bytes, 'kernel_release', kernel_release, 'problem_count', problem_count, \
-              'document', json(document)) FROM inventories i \
-              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = i.id AND r.started_at >= ?1) \
-              ORDER BY collected_at",
+              'document', json(document)) FROM inventories i",
+        window: "?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = i.id AND r.started_at >= ?1)",
+        batch: concat!(
+            "i.id IN ",
+            batch!("inventory"),
+            " OR i.id IN (SELECT inventory_id FROM runs WHERE id IN ",
+            batch!("run"),
+            ") OR i.id IN (SELECT inventory_id FROM verdicts WHERE id IN ",
+            batch!("verdict"),
+            ")"
+        ),
+        order: "collected_at",
         count: |s, _| s.inventories += 1,
     },
     ExportKind {
-        sql: "SELECT json_object('type', 'software', 'id', id, 'fingerprint', fingerprint, 'document', json(document)) \
-              FROM software_stacks s \
-              WHERE EXISTS (SELECT 1 FROM runs r WHERE r.software_id = s.id AND r.started_at >= ?1) ORDER BY id",
+        select: "SELECT json_object('type', 'software', 'id', id, 'fingerprint', fingerprint, 'document', json(document)) \
+              FROM software_stacks s",
+        window: "EXISTS (SELECT 1 FROM runs r WHERE r.software_id = s.id AND r.started_at >= ?1)",
+        batch: concat!("s.id IN (SELECT software_id FROM runs WHERE id IN ", batch!("run"), ")"),
+        order: "id",
         count: |s, _| s.software += 1,
     },
     // One row per run, its children folded in by SQLite's JSON functions: a few thousand rows
@@ -388,7 +442,7 @@ const EXPORTS: [ExportKind; 5] = [
     // significant digits, which loses the last bits of a double (0.1 + 0.2 came back as 0.3).
     // Children come in a fixed order, so that the export of an import is the same file.
     ExportKind {
-        sql: "SELECT json_object('type', 'run', 'id', r.id, 'host_id', r.host_id, 'inventory_id', r.inventory_id, \
+        select: "SELECT json_object('type', 'run', 'id', r.id, 'host_id', r.host_id, 'inventory_id', r.inventory_id, \
               'software_id', r.software_id, 'benchmark', r.benchmark, 'config', r.config, 'started_at', r.started_at, \
               'finished_at', r.finished_at, 'status', r.status, 'status_reason', r.status_reason, \
               'metrics', (SELECT json_group_array(json_array(name, json(printf('%!.17g', value)), unit, direction)) FROM (SELECT * FROM metrics WHERE run_id = r.id ORDER BY name)), \
@@ -396,7 +450,10 @@ const EXPORTS: [ExportKind; 5] = [
               'telemetry', (SELECT json_group_array(json_array(t_ms, source, name, json(printf('%!.17g', value)))) FROM (SELECT * FROM telemetry WHERE run_id = r.id ORDER BY t_ms, source, name, value))), \
               (SELECT COUNT(*) FROM metrics WHERE run_id = r.id), (SELECT COUNT(*) FROM samples WHERE run_id = r.id), \
               (SELECT COUNT(*) FROM telemetry WHERE run_id = r.id) \
-              FROM runs r WHERE r.started_at >= ?1 ORDER BY r.started_at, r.id",
+              FROM runs r",
+        window: "r.started_at >= ?1",
+        batch: concat!("r.id IN ", batch!("run")),
+        order: "r.started_at, r.id",
         count: |s, row| {
             s.runs += 1;
             s.metrics += row.get::<i64, _>(1) as u64;
@@ -406,11 +463,12 @@ const EXPORTS: [ExportKind; 5] = [
     },
     // Verdicts of the exported inventories.
     ExportKind {
-        sql: "SELECT json_object('type', 'verdict', 'id', v.id, 'host_id', v.host_id, 'inventory_id', v.inventory_id, \
+        select: "SELECT json_object('type', 'verdict', 'id', v.id, 'host_id', v.host_id, 'inventory_id', v.inventory_id, \
               'judged_at', v.judged_at, 'spec_name', v.spec_name, 'spec_hash', v.spec_hash, 'spec', v.spec, \
-              'verdict', v.verdict, 'failed', v.failed, 'document', json(v.document)) FROM verdicts v \
-              WHERE ?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = v.inventory_id AND r.started_at >= ?1) \
-              ORDER BY v.judged_at, v.id",
+              'verdict', v.verdict, 'failed', v.failed, 'document', json(v.document)) FROM verdicts v",
+        window: "?1 = '' OR EXISTS (SELECT 1 FROM runs r WHERE r.inventory_id = v.inventory_id AND r.started_at >= ?1)",
+        batch: concat!("v.id IN ", batch!("verdict")),
+        order: "v.judged_at, v.id",
         count: |s, _| s.verdicts += 1,
     },
 ];
@@ -420,9 +478,24 @@ impl Store {
     /// of runs started at or after `since`, when given — as JSON lines: a header, the records, and
     /// an end record with the count, so that a truncated file is recognised.
     pub async fn export(&mut self, since: Option<&str>, exported_at: &str, out: &mut dyn Write) -> Result<ExportStats> {
+        let since = since.unwrap_or("");
+        self.export_selected(Selection::Window(since), exported_at, out).await
+    }
+
+    /// Writes the records `selection` picks as an export: a header, the records, and an end record
+    /// with the count.
+    pub(crate) async fn export_selected(
+        &mut self,
+        selection: Selection<'_>,
+        exported_at: &str,
+        out: &mut dyn Write,
+    ) -> Result<ExportStats> {
         let err = self.sql_err();
         let io = |e: std::io::Error| DbError::Open { path: "<output>".into(), source: e };
-        let since = since.unwrap_or("");
+        let since = match selection {
+            Selection::Window(since) => since,
+            Selection::Batch => "",
+        };
         let mut stats = ExportStats::default();
         json_line(
             out,
@@ -434,7 +507,12 @@ impl Store {
         )
         .map_err(io)?;
         for kind in EXPORTS {
-            for row in sqlx::query(kind.sql).bind(since).fetch_all(&mut self.conn).await.map_err(&err)? {
+            let sql = kind.sql(selection);
+            let mut query = sqlx::query(&sql);
+            if let Selection::Window(since) = selection {
+                query = query.bind(since);
+            }
+            for row in query.fetch_all(&mut self.conn).await.map_err(&err)? {
                 out.write_all(row.get::<String, _>(0).as_bytes()).and_then(|_| out.write_all(b"\n")).map_err(io)?;
                 (kind.count)(&mut stats, &row);
             }

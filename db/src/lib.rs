@@ -15,15 +15,19 @@ use sqlx::{ConnectOptions, Connection, Row};
 mod exchange;
 mod fleet;
 mod journal;
+mod outbox;
 mod series;
 mod status;
+mod tokens;
 mod values;
 mod verdicts;
 pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
 pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
+pub use outbox::{Pending, UploadBatch};
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
+pub use tokens::{Role, TokenRow};
 pub use verdicts::{NewVerdict, VerdictRow};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -65,6 +69,8 @@ pub enum DbError {
     ReadOnly { path: PathBuf },
     #[error("{path}: a write to this database was interrupted (a killed kiln, a crash or a power cut) and SQLite must roll it back before anything can read it, which needs write access to the file and its directory; run kiln once as a user who may write them")]
     Interrupted { path: PathBuf },
+    #[error("{path}: {what}")]
+    Conflict { path: PathBuf, what: String },
     #[error("no {what} matches {id:?}")]
     NotFound { what: &'static str, id: String },
     #[error("{id:?} matches {count} {what}s; give more characters")]
@@ -230,6 +236,9 @@ pub struct Store {
     path: PathBuf,
     conn: SqliteConnection,
     created: bool,
+    /// Every inventory, run and verdict saved is queued in the outbox for the fleet service, in
+    /// the transaction that stores it ([`Store::queue_uploads`]).
+    queue_uploads: bool,
 }
 
 /// How a command uses the database.
@@ -432,7 +441,7 @@ impl Store {
             }
             cause => DbError::Migrate { path: path.to_owned(), cause },
         })?;
-        let mut store = Store { path: path.to_owned(), conn, created: !existing };
+        let mut store = Store { path: path.to_owned(), conn, created: !existing, queue_uploads: false };
         // Runs stored before the fleet series existed (schema 3), or series emptied to repair a
         // damaged blob: derive them from the runs.
         let missing: bool =
@@ -529,7 +538,7 @@ impl Store {
             conn.close().await.map_err(sql_err)?;
             return Ok(None);
         }
-        Ok(Some(Store { path: path.to_owned(), conn, created: false }))
+        Ok(Some(Store { path: path.to_owned(), conn, created: false, queue_uploads: false }))
     }
 
     /// `PRAGMA quick_check`: damaged pages, out-of-order or missing index entries. Cheap enough to
@@ -651,6 +660,9 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
+        if self.queue_uploads {
+            outbox::queue(&mut tx, "inventory", &inventory_id).await.map_err(&err)?;
+        }
         tx.commit().await.map_err(&err)?;
         Ok(SavedInventory { inventory_id, host_id, new_host })
     }
@@ -745,6 +757,9 @@ impl Store {
             };
             series::index_runs(&mut tx, &[index]).await.map_err(&err)?;
         }
+        if self.queue_uploads {
+            outbox::queue(&mut tx, "run", &id).await.map_err(&err)?;
+        }
         tx.commit().await.map_err(&err)?;
         Ok(id)
     }
@@ -769,6 +784,16 @@ impl Store {
                 },
             })
             .collect())
+    }
+
+    /// Each host's newest run start (RFC 3339), by host id.
+    pub async fn last_runs(&mut self) -> Result<std::collections::BTreeMap<String, String>> {
+        let err = self.sql_err();
+        let rows: Vec<(String, String)> = sqlx::query_as("SELECT host_id, MAX(started_at) FROM runs GROUP BY host_id")
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(err)?;
+        Ok(rows.into_iter().collect())
     }
 
     /// The most recent runs first, with their metrics.

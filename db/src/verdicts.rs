@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use sqlx::sqlite::SqliteConnection;
-use sqlx::Row;
+use sqlx::{Connection, Row};
 
 use crate::{Result, RunRow, Store, RUN_COLUMNS};
 
@@ -85,7 +85,12 @@ impl Store {
     pub async fn save_verdict(&mut self, v: &NewVerdict) -> Result<String> {
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
-        insert(&mut self.conn, &id, v).await.map_err(err)?;
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
+        insert(&mut tx, &id, v).await.map_err(&err)?;
+        if self.queue_uploads {
+            crate::outbox::queue(&mut tx, "verdict", &id).await.map_err(&err)?;
+        }
+        tx.commit().await.map_err(&err)?;
         Ok(id)
     }
 

@@ -16,14 +16,42 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
                   not run, or no spec applies)."
 )]
 pub struct Cli {
-    /// The results database [default: /var/lib/kiln/kiln.db as root, else ~/.local/share/kiln/kiln.db]
-    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH")]
+    /// The results database, a path or sqlite://PATH [default: /var/lib/kiln/kiln.db as root, else
+    /// ~/.local/share/kiln/kiln.db]
+    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH", value_parser = parse_db)]
     pub db: Option<PathBuf>,
+    /// The fleet service (`kiln serve`): results are stored here, then uploaded to it; the read
+    /// commands (hosts, runs, compare, outliers, regressions, report) ask it instead of the local
+    /// database [uploads also: KILN_SERVER, else `server` in /etc/kiln/agent.toml]
+    #[arg(long, global = true, value_name = "URL")]
+    pub server: Option<String>,
+    /// The fleet service's bearer token [also: KILN_TOKEN, else `token` in /etc/kiln/agent.toml]
+    #[arg(long, global = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Trust this CA certificate (PEM) for the fleet service's TLS instead of the web's roots
+    /// [also: KILN_CA_CERT, else `ca_cert` in /etc/kiln/agent.toml]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// Print one JSON document for machines (with its `schema_version`) instead of text for people
     #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--db`: a path, or `sqlite://PATH`. PostgreSQL URLs are named and refused: this build stores in
+/// SQLite only.
+fn parse_db(text: &str) -> Result<PathBuf, String> {
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Err(
+            "PostgreSQL is not supported by this build of kiln yet; give a SQLite file (PATH or sqlite://PATH)".into(),
+        );
+    }
+    let path = text.strip_prefix("sqlite://").unwrap_or(text);
+    if path.is_empty() {
+        return Err("an empty path".into());
+    }
+    Ok(PathBuf::from(path))
 }
 
 // Where and how to take the inventory.
@@ -285,6 +313,40 @@ pub enum Command {
         #[command(subcommand)]
         what: Provision,
     },
+    /// Run the fleet service: agents upload results (POST /api/v1/records), readers ask the fleet
+    /// (GET /api/v1/hosts, runs, compare, outliers, regressions, report), a dashboard (GET /) and
+    /// Prometheus metrics (GET /metrics); stops on SIGTERM or SIGINT
+    Serve {
+        /// The address and port to listen on
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// Serve HTTPS with this certificate chain (PEM)
+        #[arg(long, requires = "tls_key", value_name = "PEM")]
+        tls_cert: Option<PathBuf>,
+        /// …and this private key (PEM)
+        #[arg(long, requires = "tls_cert", value_name = "PEM")]
+        tls_key: Option<PathBuf>,
+        /// Refuse uploads larger than this (answered 413)
+        #[arg(long, default_value_t = 256, value_name = "MIB")]
+        max_upload_mib: usize,
+        /// Let anyone read the fleet (API reads, dashboard, metrics) without a token; uploads still
+        /// need one
+        #[arg(long)]
+        anonymous_read: bool,
+        /// After SIGTERM, how long requests in flight may take before they are cut off
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        shutdown_deadline: u64,
+        /// Read-only database connections (fleet questions run on them at once)
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        readers: usize,
+    },
+    /// The fleet service's bearer tokens (kept in --db): create, list, revoke
+    Token {
+        #[command(subcommand)]
+        what: TokenCmd,
+    },
+    /// Send every result waiting for the fleet service now (after a failed upload, or to a new server)
+    Sync,
     /// The results database itself
     Db {
         #[command(subcommand)]
@@ -595,4 +657,32 @@ mod tests {
     fn the_command_line_is_consistent() {
         super::Cli::command().debug_assert();
     }
+}
+
+#[derive(Subcommand)]
+#[command(defer = true)]
+pub enum TokenCmd {
+    /// Make a token and print it once (only its hash is stored)
+    Create {
+        /// A name for people: the box, the team or the service that uses it (unique among live tokens)
+        #[arg(long)]
+        name: String,
+        /// agent: uploads results; reader: reads the fleet; admin: both
+        #[arg(long, value_enum, default_value = "agent")]
+        role: TokenRole,
+    },
+    /// List the tokens (never their secrets)
+    List,
+    /// Revoke a token by name or id: it stops working at once
+    Revoke {
+        #[arg(value_name = "NAME|ID")]
+        name_or_id: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum TokenRole {
+    Agent,
+    Reader,
+    Admin,
 }

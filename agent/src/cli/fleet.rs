@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use kiln_db::Store;
 use serde::Serialize;
 
 use super::args::{By, Window};
@@ -43,23 +44,54 @@ pub fn compare(
     noise: f64,
     ctx: &Ctx,
 ) -> Result<Output> {
-    let fleet = ctx.with_store(async |store| store.fleet(filter.since).await)?;
+    let prices = match prices {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            fleet::parse_prices(&text).with_context(|| p.display().to_string())?
+        }
+        None => BTreeMap::new(),
+    };
+    let view =
+        ctx.with_store_sync(|rt, store| rt.block_on(compare_view(store, subjects, by, &prices, filter, noise)))?;
+    ctx.output(&view)
+}
+
+/// What `kiln compare` answers: every configuration, or two subjects side by side.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum CompareView {
+    Configs(Configs),
+    Two(Comparison),
+}
+
+impl View for CompareView {
+    fn render(&self) -> String {
+        match self {
+            CompareView::Configs(c) => c.render(),
+            CompareView::Two(c) => c.render(),
+        }
+    }
+}
+
+/// `kiln compare` of a store (the command's own, or the fleet service's).
+pub async fn compare_view(
+    store: &mut Store,
+    subjects: &[String],
+    by: Option<By>,
+    prices: &BTreeMap<String, f64>,
+    filter: &Filter,
+    noise: f64,
+) -> Result<CompareView> {
+    let fleet = store.fleet(filter.since).await?;
     match (by, subjects) {
         (Some(By::Config), []) => {
-            let prices = match prices {
-                Some(p) => {
-                    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-                    fleet::parse_prices(&text).with_context(|| p.display().to_string())?
-                }
-                None => BTreeMap::new(),
-            };
-            ctx.output(&Configs { configs: fleet::compare_configs(&fleet, filter, &prices) })
+            Ok(CompareView::Configs(Configs { configs: fleet::compare_configs(&fleet, filter, prices) }))
         }
         (None, [a, b]) => {
             let (sa, la) = fleet::resolve(&fleet, a)?;
             let (sb, lb) = fleet::resolve(&fleet, b)?;
             let rows = fleet::compare_two(&fleet, &sa, &sb, filter, noise)?;
-            ctx.output(&Comparison { a: la, b: lb, noise, rows, across_software: filter.across_software })
+            Ok(CompareView::Two(Comparison { a: la, b: lb, noise, rows, across_software: filter.across_software }))
         }
         _ => anyhow::bail!("give `--by config`, or two subjects: kiln compare A B"),
     }
@@ -80,16 +112,23 @@ impl View for Outliers {
 }
 
 pub fn outliers(filter: &Filter, threshold: f64, min_deviation: f64, ctx: &Ctx) -> Result<Output> {
-    let outliers = ctx.with_store(async |store| {
-        let fleet = store.fleet(filter.since).await?;
-        let mut out = Vec::new();
-        for outlier in fleet::outliers(&fleet, filter, threshold, min_deviation) {
-            let telemetry = fleet_view::outlier_telemetry(store, &outlier).await?;
-            out.push(OutlierEntry { outlier, telemetry });
-        }
-        Ok(out)
-    })?;
-    ctx.output(&Outliers { threshold, min_deviation, outliers })
+    ctx.output(&ctx.with_store(async |store| outliers_view(store, filter, threshold, min_deviation).await)?)
+}
+
+/// `kiln outliers` of a store (the command's own, or the fleet service's).
+pub async fn outliers_view(
+    store: &mut Store,
+    filter: &Filter,
+    threshold: f64,
+    min_deviation: f64,
+) -> kiln_db::Result<Outliers> {
+    let fleet = store.fleet(filter.since).await?;
+    let mut outliers = Vec::new();
+    for outlier in fleet::outliers(&fleet, filter, threshold, min_deviation) {
+        let telemetry = fleet_view::outlier_telemetry(store, &outlier).await?;
+        outliers.push(OutlierEntry { outlier, telemetry });
+    }
+    Ok(Outliers { threshold, min_deviation, outliers })
 }
 
 /// `kiln regressions`.
@@ -110,21 +149,28 @@ impl View for Regressions {
 }
 
 pub fn regressions(since: &str, metric: Option<String>, noise: f64, ctx: &Ctx) -> Result<Output> {
+    let view = ctx.with_store_sync(|rt, store| rt.block_on(regressions_view(store, since, metric, noise)))?;
+    let found = !view.regressions.is_empty();
+    Ok(ctx.output(&view)?.with_exit(Exit::check(found)))
+}
+
+/// `kiln regressions` of a store (the command's own, or the fleet service's).
+pub async fn regressions_view(
+    store: &mut Store,
+    since: &str,
+    metric: Option<String>,
+    noise: f64,
+) -> Result<Regressions> {
     let start = window_start(since)?;
     let filter = Filter { since: Some(start), metric, across_software: true };
-    let regressions = ctx.with_store(async |store| {
-        let fleet = store.fleet(filter.since).await?;
-        let mut regs = fleet::regressions(&fleet, &filter, noise);
-        let mut cache = fleet_view::Explainer::default();
-        for r in regs.iter_mut() {
-            fleet_view::explain(store, &mut cache, r).await?;
-        }
-        Ok(regs)
-    })?;
-    let found = !regressions.is_empty();
+    let fleet = store.fleet(filter.since).await?;
+    let mut regressions = fleet::regressions(&fleet, &filter, noise);
+    let mut cache = fleet_view::Explainer::default();
+    for r in regressions.iter_mut() {
+        fleet_view::explain(store, &mut cache, r).await?;
+    }
     let days = (crate::timefmt::now_unix() - start) as f64 / 86_400.0;
-    let view = Regressions { since: since.to_string(), noise, regressions, days };
-    Ok(ctx.output(&view)?.with_exit(Exit::check(found)))
+    Ok(Regressions { since: since.to_string(), noise, regressions, days })
 }
 
 /// `kiln report`'s arguments.

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod inventory;
 pub mod outfile;
 pub mod provision;
+pub mod service;
 pub mod store;
 pub mod verdict;
 
@@ -80,6 +81,16 @@ struct Envelope<'a, T: Serialize> {
     value: &'a T,
 }
 
+/// A command's result as text for people, or as its `--json` document (the fleet service answers
+/// with the same).
+pub fn document<V: View>(value: &V, json: bool) -> serde_json::Result<String> {
+    Ok(match (json, V::ENVELOPED) {
+        (false, _) => value.render(),
+        (true, true) => serde_json::to_string_pretty(&Envelope { schema_version: SCHEMA_VERSION, value })?,
+        (true, false) => serde_json::to_string_pretty(value)?,
+    })
+}
+
 /// What a command prints, already in the format asked for, and how it exits.
 #[derive(Debug)]
 pub struct Output {
@@ -136,22 +147,35 @@ pub struct Ctx {
     access: kiln_db::Access,
     runtime: OnceCell<tokio::runtime::Runtime>,
     store: RefCell<Option<Store>>,
+    /// The fleet service results are uploaded to (flags, environment or agent file).
+    remote: Option<crate::upload::Remote>,
 }
 
 impl Ctx {
     /// The context of one command; `access` is what [`access`] says of it.
     pub fn new(db: Option<PathBuf>, json: bool, access: kiln_db::Access) -> Ctx {
-        Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None) }
+        Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None), remote: None }
+    }
+
+    /// Uploads what the command stores to `remote` (queued in the store, sent when it finishes).
+    pub fn with_remote(mut self, remote: Option<crate::upload::Remote>) -> Ctx {
+        self.remote = remote;
+        self
+    }
+
+    /// The fleet service, if one is configured.
+    pub fn remote(&self) -> Option<&crate::upload::Remote> {
+        self.remote.as_ref()
+    }
+
+    /// Whether the database is kiln's default location (no --db, no KILN_DB).
+    pub fn db_is_default(&self) -> bool {
+        self.db.is_none()
     }
 
     /// The command's result in the format asked for (`--json` or text).
     pub fn output<V: View>(&self, value: &V) -> Result<Output> {
-        let text = match (self.json, V::ENVELOPED) {
-            (false, _) => value.render(),
-            (true, true) => serde_json::to_string_pretty(&Envelope { schema_version: SCHEMA_VERSION, value })?,
-            (true, false) => serde_json::to_string_pretty(value)?,
-        };
-        Ok(Output::new(text))
+        Ok(Output::new(document(value, self.json)?))
     }
 
     /// `--db`/`KILN_DB`, else the system location as root, else the user's data directory.
@@ -208,7 +232,11 @@ impl Ctx {
                     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
                 }
             }
-            *slot = Some(rt.block_on(Store::open_for(&path, access))?);
+            let mut store = rt.block_on(Store::open_for(&path, access))?;
+            if access == kiln_db::Access::Write && self.remote.is_some() {
+                store.queue_uploads(true);
+            }
+            *slot = Some(store);
         }
         f(rt, slot.as_mut().expect("opened above"))
     }
@@ -221,17 +249,38 @@ impl Ctx {
     }
 
     /// Closes the store if one was opened (checkpointing its write-ahead log).
+    /// A command that stored results sends those due to the fleet service first; a failed upload is
+    /// a warning (the results stay queued for the next command or `kiln sync`).
     pub fn finish(self) -> Result<()> {
         if let Some(store) = self.store.into_inner() {
-            if store.created() {
-                // Said once the command has succeeded: a database it then discarded is not news.
-                eprintln!("kiln: created the results database {}", store.path().display());
+            if let (Some(remote), Some(rt), kiln_db::Access::Write) = (&self.remote, self.runtime.get(), self.access) {
+                let mut store = store;
+                match rt.block_on(crate::upload::sync(&mut store, remote, true)) {
+                    Ok(s) if s.error.is_some() || s.pending.total() > 0 => eprintln!(
+                        "kiln: warning: {} results not sent to {}{}; they stay queued here and are retried by \
+                         the next command (with back-off) or now by `kiln sync`",
+                        s.pending.total(),
+                        remote.url,
+                        s.error.map(|e| format!(" ({e})")).unwrap_or_default()
+                    ),
+                    Ok(_) => {}
+                    Err(e) => eprintln!("kiln: warning: uploading to {}: {e:#}", remote.url),
+                }
+                return Self::close(store, rt);
             }
             if let Some(rt) = self.runtime.get() {
-                rt.block_on(store.close())?;
+                return Self::close(store, rt);
             }
         }
         Ok(())
+    }
+
+    fn close(store: Store, rt: &tokio::runtime::Runtime) -> Result<()> {
+        if store.created() {
+            // Said once the command has succeeded: a database it then discarded is not news.
+            eprintln!("kiln: created the results database {}", store.path().display());
+        }
+        Ok(rt.block_on(store.close())?)
     }
 }
 
@@ -274,6 +323,20 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
         }
         Command::Provision { what } => provision::run(what, ctx),
         Command::Db { what: args::Db::Check } => store::check(ctx),
+        Command::Serve { listen, tls_cert, tls_key, max_upload_mib, anonymous_read, shutdown_deadline, readers } => {
+            let args = service::ServeArgs {
+                listen,
+                tls_cert,
+                tls_key,
+                max_upload_mib,
+                anonymous_read,
+                shutdown_deadline,
+                readers,
+            };
+            service::serve(args, ctx)
+        }
+        Command::Token { what } => service::token(what, ctx),
+        Command::Sync => service::sync(ctx),
     }
 }
 
@@ -296,12 +359,49 @@ pub fn access(command: &Command) -> kiln_db::Access {
             | Command::Snapshot { .. }
             | Command::Verdict { no_save: true, .. }
             | Command::Provision { what: Provision::Log { .. } }
+            | Command::Token { what: args::TokenCmd::List }
     );
     if reads {
         kiln_db::Access::Read
     } else {
         kiln_db::Access::Write
     }
+}
+
+/// Runs a parsed command line: a read command with `--server` asks the fleet service; any other
+/// command runs here, uploading what it stores where a fleet service is configured.
+///
+/// # Errors
+/// A malformed agent file or server URL; anything that stops the command.
+pub fn run_cli(cli: Cli) -> Result<Exit> {
+    use crate::upload::Remote;
+    let flags = (cli.server.as_deref(), cli.token.as_deref(), cli.ca_cert.as_deref());
+    let access = access(&cli.command);
+    let ctx = Ctx::new(cli.db, cli.json, access);
+    if flags.0.is_some() {
+        let remote = Remote::resolve(flags.0, flags.1, flags.2)?.expect("--server given");
+        if let Some(out) = service::remote_read(&cli.command, &remote, &ctx) {
+            let out = out?;
+            out.print()?;
+            return Ok(out.exit);
+        }
+    }
+    // Uploads only from the commands that store results; the server's own commands never.
+    let uploads = access == kiln_db::Access::Write
+        && !matches!(
+            cli.command,
+            Command::Serve { .. } | Command::Token { .. } | Command::Import { .. } | Command::Db { .. }
+        );
+    let remote = if uploads || matches!(cli.command, Command::Sync) {
+        Remote::resolve(flags.0, flags.1, flags.2)?
+    } else {
+        None
+    };
+    let ctx = ctx.with_remote(remote);
+    let out = run(cli.command, &ctx)?;
+    ctx.finish()?;
+    out.print()?;
+    Ok(out.exit)
 }
 
 /// The start of a `--since` window (`30d`, `12h`, `2w`), in seconds since the epoch.

@@ -15,14 +15,15 @@ use crate::render::progress;
 #[derive(Serialize)]
 pub struct Runs {
     pub runs: Vec<RunRow>,
+    /// Where the runs came from (the database file, or the fleet service), for the text.
     #[serde(skip)]
-    pub database: PathBuf,
+    pub database: String,
 }
 
 impl View for Runs {
     fn render(&self) -> String {
         if self.runs.is_empty() {
-            return format!("no runs in {} yet: run `kiln bench membw`", self.database.display());
+            return format!("no runs in {} yet: run `kiln bench membw`", self.database);
         }
         let mut text = format!("{:<36}  {:<20}  {:<10}  {:<8}  HEADLINE\n", "RUN", "STARTED", "BENCHMARK", "STATUS");
         for r in &self.runs {
@@ -41,16 +42,22 @@ impl View for Runs {
 }
 
 pub fn runs(limit: i64, ctx: &Ctx) -> Result<Output> {
-    let runs = ctx.with_store(async |store| store.runs(limit).await)?;
-    ctx.output(&Runs { runs, database: ctx.db_path()? })
+    let database = ctx.db_path()?.display().to_string();
+    ctx.output(&ctx.with_store(async |store| runs_view(store, limit, database).await)?)
+}
+
+/// `kiln runs` of a store (the command's own, or the fleet service's).
+pub async fn runs_view(store: &mut kiln_db::Store, limit: i64, database: String) -> kiln_db::Result<Runs> {
+    Ok(Runs { runs: store.runs(limit).await?, database })
 }
 
 /// `kiln hosts`.
 #[derive(Serialize)]
 pub struct Hosts {
     pub hosts: Vec<HostEntry>,
+    /// Where the hosts came from (the database file, or the fleet service), for the text.
     #[serde(skip)]
-    pub database: PathBuf,
+    pub database: String,
 }
 
 /// A host with its newest verdict.
@@ -64,10 +71,7 @@ pub struct HostEntry {
 impl View for Hosts {
     fn render(&self) -> String {
         if self.hosts.is_empty() {
-            return format!(
-                "no hosts in {} yet: run `kiln commission` or `kiln inventory --save`",
-                self.database.display()
-            );
+            return format!("no hosts in {} yet: run `kiln commission` or `kiln inventory --save`", self.database);
         }
         let rows: Vec<Vec<String>> = self
             .hosts
@@ -97,10 +101,15 @@ impl View for Hosts {
 }
 
 pub fn hosts(ctx: &Ctx) -> Result<Output> {
-    let (hosts, mut verdicts) =
-        ctx.with_store(async |store| Ok((store.hosts().await?, store.latest_verdicts().await?)))?;
+    let database = ctx.db_path()?.display().to_string();
+    ctx.output(&ctx.with_store(async |store| hosts_view(store, database).await)?)
+}
+
+/// `kiln hosts` of a store (the command's own, or the fleet service's).
+pub async fn hosts_view(store: &mut kiln_db::Store, database: String) -> kiln_db::Result<Hosts> {
+    let (hosts, mut verdicts) = (store.hosts().await?, store.latest_verdicts().await?);
     let hosts = hosts.into_iter().map(|host| HostEntry { verdict: verdicts.remove(&host.id), host }).collect();
-    ctx.output(&Hosts { hosts, database: ctx.db_path()? })
+    Ok(Hosts { hosts, database })
 }
 
 /// `kiln db check`.

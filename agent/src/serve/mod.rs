@@ -1,0 +1,472 @@
+//! `kiln serve`: the fleet service. Agents upload their results (the export format, over HTTP with
+//! a bearer token), readers ask the same questions as the local commands (`hosts`, `runs`,
+//! `compare`, `outliers`, `regressions`, `report`) of every box at once, a dashboard shows the
+//! fleet, and `/metrics` feeds Prometheus.
+//!
+//! The routes (`/api/v1/...`) answer the local commands' `--json` documents (or their text with
+//! `?format=text`); errors are `{"error": ..., "line": ...}` with the HTTP status that says whose
+//! fault it is. Storage is the SQLite store ([`pool::Pool`]: one writer, a few readers).
+
+pub mod auth;
+pub mod dashboard;
+pub mod metrics;
+pub mod pool;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use kiln_db::{DbError, ImportError, Store, TokenRow};
+use serde::Deserialize;
+
+use crate::cli::{self, View};
+use auth::Need;
+use pool::Pool;
+
+/// How `kiln serve` runs.
+pub struct Config {
+    pub db: PathBuf,
+    pub listen: SocketAddr,
+    /// PEM certificate chain and private key: HTTPS when both are given.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The largest upload body, in bytes (larger ones are answered 413).
+    pub max_upload_bytes: usize,
+    /// Reads (the API's GETs, the dashboard, /metrics) without a token, for a lab.
+    pub anonymous_read: bool,
+    /// After SIGTERM/SIGINT, how long requests in flight may take before the server stops.
+    pub shutdown_deadline: Duration,
+    /// Read-only database connections.
+    pub readers: usize,
+}
+
+/// What the handlers share.
+pub struct App {
+    pool: Pool,
+    anonymous_read: bool,
+    metrics: metrics::Metrics,
+    /// When each token's use was last written down (at most once a minute per token).
+    used: Mutex<HashMap<String, Instant>>,
+}
+
+type Shared = Arc<App>;
+
+/// Runs the server until SIGTERM or SIGINT; blocks the calling thread.
+pub fn serve(config: Config) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kiln-http")
+        .build()
+        .context("starting the server's runtime")?;
+    let pool = Pool::open(&config.db, config.readers)?;
+    let app = Arc::new(App {
+        pool,
+        anonymous_read: config.anonymous_read,
+        metrics: metrics::Metrics::new(),
+        used: Mutex::new(HashMap::new()),
+    });
+    let result = rt.block_on(run(&config, app.clone()));
+    // Every connection is gone; the queued database work finishes, then the store is closed.
+    app.pool.close();
+    result
+}
+
+async fn run(config: &Config, app: Shared) -> Result<()> {
+    let router = router(app, config.max_upload_bytes);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {} (is another server there?)", config.listen))?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signal = async move {
+        let mut stop = stop_rx;
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let server = match &config.tls {
+        Some((cert, key)) => {
+            let tls = tls::server_config(cert, key)?;
+            eprintln!("kiln serve: listening on https://{addr}");
+            let listener = tls::TlsListener::new(listener, tls);
+            tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(signal).into_future())
+        }
+        None => {
+            eprintln!("kiln serve: listening on http://{addr}");
+            tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(signal).into_future())
+        }
+    };
+    let which = shutdown_signal().await?;
+    eprintln!(
+        "kiln serve: {which}: no new connections; requests in flight have {:.0} s to finish",
+        config.shutdown_deadline.as_secs_f64()
+    );
+    let _ = stop_tx.send(true);
+    let abort = server.abort_handle();
+    match tokio::time::timeout(config.shutdown_deadline, server).await {
+        Ok(joined) => joined.context("the server task")?.context("serving")?,
+        Err(_) => {
+            // An upload cut off here is not half-stored: each is one transaction, applied whole by
+            // the writer or not at all.
+            abort.abort();
+            eprintln!("kiln serve: the deadline passed; the connections still open were closed");
+        }
+    }
+    eprintln!("kiln serve: stopped");
+    Ok(())
+}
+
+use std::future::IntoFuture;
+
+async fn shutdown_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// Every route.
+pub fn router(app: Shared, max_upload_bytes: usize) -> Router {
+    Router::new()
+        .route("/api/v1/records", post(records).layer(DefaultBodyLimit::max(max_upload_bytes)))
+        .route("/api/v1/hosts", get(hosts))
+        .route("/api/v1/runs", get(runs))
+        .route("/api/v1/compare", get(compare))
+        .route("/api/v1/outliers", get(outliers))
+        .route("/api/v1/regressions", get(regressions))
+        .route("/api/v1/report", get(report))
+        .route("/metrics", get(metrics_page))
+        .route("/", get(dashboard))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), metrics::track))
+        .route("/healthz", get(healthz))
+        .fallback(|| async { ApiError::NotFound("no such route; the API is under /api/v1/".into()) })
+        .with_state(app)
+}
+
+/// A request that did not succeed, answered as `{"error": ..., "line": ...}`.
+#[derive(Debug)]
+pub enum ApiError {
+    /// No token, a malformed one, an unknown or a revoked one (401). `true`: the dashboard, which
+    /// asks the browser for the token as a password.
+    Unauthorized(String, bool),
+    Forbidden(String),
+    BadRequest {
+        message: String,
+        line: Option<usize>,
+    },
+    NotFound(String),
+    /// The server is stopping.
+    Unavailable(String),
+    Internal(String),
+}
+
+impl From<pool::Closed> for ApiError {
+    fn from(e: pool::Closed) -> ApiError {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> ApiError {
+        match e {
+            DbError::NotFound { .. } => ApiError::NotFound(e.to_string()),
+            DbError::Ambiguous { .. } => ApiError::BadRequest { message: e.to_string(), line: None },
+            _ => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    /// A question the store could not answer is the server's fault; anything else (a subject that
+    /// matches nothing, a bad window) is the asker's.
+    fn from(e: anyhow::Error) -> ApiError {
+        match e.downcast::<DbError>() {
+            Ok(db) => db.into(),
+            Err(e) => ApiError::BadRequest { message: format!("{e:#}"), line: None },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message, line) = match self {
+            ApiError::Unauthorized(m, _) => (StatusCode::UNAUTHORIZED, m, None),
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m, None),
+            ApiError::BadRequest { message, line } => (StatusCode::BAD_REQUEST, message, line),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m, None),
+            ApiError::Internal(m) => {
+                tracing::error!("{m}");
+                (StatusCode::INTERNAL_SERVER_ERROR, m, None)
+            }
+        };
+        let body = serde_json::json!({ "error": message, "line": line });
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"kiln\""));
+        }
+        response
+    }
+}
+
+/// The token of a request, checked against the store (so that a revoked token fails at once), and
+/// allowed `need`. `None`: an anonymous read the server allows.
+async fn authorize(app: &Shared, headers: &HeaderMap, need: Need) -> Result<Option<TokenRow>, ApiError> {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(auth::from_header);
+    let Some(token) = given else {
+        if need == Need::Read && app.anonymous_read {
+            return Ok(None);
+        }
+        return Err(ApiError::Unauthorized("no token: send `Authorization: Bearer TOKEN`".into(), false));
+    };
+    let Some((id, secret)) = auth::split(&token) else {
+        return Err(ApiError::Unauthorized("not a kiln token (kiln_<id>_<secret>)".into(), false));
+    };
+    let id_owned = id.to_string();
+    let row = app.pool.read(async move |s: &mut Store| s.token(&id_owned).await).await??;
+    let row = match row {
+        Some(row) if row.revoked_at.is_none() && auth::secret_matches(&row, secret) => row,
+        _ => return Err(ApiError::Unauthorized("unknown or revoked token".into(), false)),
+    };
+    if !need.allowed(row.role) {
+        let what = if need == Need::Write { "upload" } else { "read the fleet" };
+        return Err(ApiError::Forbidden(format!("token {:?} ({}) may not {what}", row.name, row.role.as_str())));
+    }
+    note_use(app, &row).await;
+    Ok(Some(row))
+}
+
+/// Writes down that a token was used, at most once a minute per token.
+async fn note_use(app: &Shared, row: &TokenRow) {
+    {
+        let Ok(mut used) = app.used.lock() else { return };
+        let now = Instant::now();
+        if used.get(&row.id).is_some_and(|t| now.duration_since(*t) < Duration::from_secs(60)) {
+            return;
+        }
+        used.insert(row.id.clone(), now);
+    }
+    let id = row.id.clone();
+    let at = crate::timefmt::now_rfc3339();
+    if let Ok(Err(e)) = app.pool.write(async move |s: &mut Store| s.token_used(&id, &at).await).await {
+        tracing::warn!("noting a token's use: {e}");
+    }
+}
+
+/// `?format=text` answers the text the command prints; JSON otherwise.
+#[derive(Deserialize, Default)]
+struct Format {
+    format: Option<String>,
+}
+
+fn answer<V: View>(view: &V, format: Option<&str>) -> Result<Response, ApiError> {
+    let text = format == Some("text");
+    let body = cli::document(view, !text).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let kind = if text { "text/plain; charset=utf-8" } else { "application/json" };
+    Ok(([(header::CONTENT_TYPE, kind)], body).into_response())
+}
+
+/// `POST /api/v1/records`: an export, stored whole or not at all.
+async fn records(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let token = authorize(&app, &headers, Need::Write).await?;
+    let text = String::from_utf8(body.to_vec()).map_err(|e| ApiError::BadRequest {
+        message: format!("the body is not UTF-8 (byte {}); nothing was imported", e.utf8_error().valid_up_to()),
+        line: None,
+    })?;
+    let label = format!("upload by token {}", token.map(|t| t.name).unwrap_or_default());
+    let stored = app.pool.write(async move |s: &mut Store| s.import(&label, &text).await).await?;
+    match stored {
+        Ok(stats) => {
+            app.metrics.uploaded(&stats);
+            Ok(axum::Json(stats).into_response())
+        }
+        Err(ImportError::Malformed { line, message, .. }) => Err(ApiError::BadRequest {
+            message: format!("line {line}: {message}; nothing was imported"),
+            line: Some(line),
+        }),
+        Err(ImportError::File { message, .. }) => {
+            Err(ApiError::BadRequest { message: format!("{message}; nothing was imported"), line: None })
+        }
+        Err(ImportError::Db(e)) => Err(e.into()),
+    }
+}
+
+async fn healthz(State(app): State<Shared>) -> Result<Response, ApiError> {
+    app.pool.read(async |_s: &mut Store| ()).await?;
+    Ok(axum::Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })).into_response())
+}
+
+async fn hosts(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<Format>) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let view = app.pool.read(async |s: &mut Store| cli::store::hosts_view(s, "the fleet".into()).await).await??;
+    answer(&view, q.format.as_deref())
+}
+
+#[derive(Deserialize)]
+struct RunsQuery {
+    limit: Option<i64>,
+    format: Option<String>,
+}
+
+async fn runs(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<RunsQuery>) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let limit = q.limit.unwrap_or(20);
+    let view =
+        app.pool.read(async move |s: &mut Store| cli::store::runs_view(s, limit, "the fleet".into()).await).await??;
+    answer(&view, q.format.as_deref())
+}
+
+/// The fleet questions' common parameters.
+#[derive(Deserialize)]
+struct FleetQuery {
+    /// `config` for one row per configuration.
+    by: Option<String>,
+    a: Option<String>,
+    b: Option<String>,
+    metric: Option<String>,
+    since: Option<String>,
+    #[serde(default)]
+    across_software: bool,
+    noise: Option<f64>,
+    threshold: Option<f64>,
+    min_deviation: Option<f64>,
+    format: Option<String>,
+}
+
+impl FleetQuery {
+    fn filter(&self) -> Result<crate::fleet::Filter, ApiError> {
+        let window = cli::args::Window { since: self.since.clone() };
+        Ok(cli::fleet::filter(&window, self.metric.clone(), self.across_software)?)
+    }
+}
+
+async fn compare(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<FleetQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let filter = q.filter()?;
+    let by = match q.by.as_deref() {
+        None => None,
+        Some("config") => Some(cli::args::By::Config),
+        Some(other) => {
+            return Err(ApiError::BadRequest { message: format!("by={other}: only by=config is known"), line: None })
+        }
+    };
+    let subjects: Vec<String> = q.a.iter().chain(q.b.iter()).cloned().collect();
+    let noise = q.noise.unwrap_or(crate::fleet::NOISE);
+    let view = app
+        .pool
+        .read(async move |s: &mut Store| {
+            cli::fleet::compare_view(s, &subjects, by, &Default::default(), &filter, noise).await
+        })
+        .await??;
+    answer(&view, q.format.as_deref())
+}
+
+async fn outliers(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<FleetQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let filter = q.filter()?;
+    let threshold = q.threshold.unwrap_or(3.5);
+    let min_dev = q.min_deviation.unwrap_or(crate::fleet::MIN_DEVIATION);
+    let view = app
+        .pool
+        .read(async move |s: &mut Store| cli::fleet::outliers_view(s, &filter, threshold, min_dev).await)
+        .await??;
+    answer(&view, q.format.as_deref())
+}
+
+/// Answers `X-Kiln-Exit: 1` when a regression is found, as `kiln regressions` exits 1.
+async fn regressions(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<FleetQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let since = q.since.clone().unwrap_or_else(|| "30d".into());
+    let noise = q.noise.unwrap_or(crate::fleet::NOISE);
+    let metric = q.metric.clone();
+    let view = app
+        .pool
+        .read(async move |s: &mut Store| cli::fleet::regressions_view(s, &since, metric, noise).await)
+        .await??;
+    let found = !view.regressions.is_empty();
+    let mut response = answer(&view, q.format.as_deref())?;
+    response.headers_mut().insert("x-kiln-exit", HeaderValue::from_static(if found { "1" } else { "0" }));
+    Ok(response)
+}
+
+#[derive(Deserialize)]
+struct ReportQuery {
+    host: Option<String>,
+    config: Option<String>,
+    run: Option<String>,
+    since: Option<String>,
+    /// `html` (the default) or `markdown`.
+    format: Option<String>,
+}
+
+async fn report(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<ReportQuery>,
+) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let asked = match (q.host, q.config, q.run) {
+        (Some(h), None, None) => format!("host:{h}"),
+        (None, Some(c), None) => format!("config:{c}"),
+        (None, None, Some(r)) => format!("run:{r}"),
+        _ => return Err(ApiError::BadRequest { message: "give one of host=, config= or run=".into(), line: None }),
+    };
+    let start = cli::window_start(q.since.as_deref().unwrap_or("30d"))?;
+    let evidence = app
+        .pool
+        .read(async move |s: &mut Store| crate::report::gather(s, &asked, start).await)
+        .await?
+        .map_err(|e| ApiError::BadRequest { message: e.to_string(), line: None })?;
+    let built = crate::report::build(&evidence);
+    Ok(match q.format.as_deref() {
+        Some("markdown") => {
+            ([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], crate::report::markdown(&built)).into_response()
+        }
+        _ => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], crate::report::html(&built)).into_response(),
+    })
+}
+
+async fn metrics_page(State(app): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&app, &headers, Need::Read).await?;
+    let text = app.metrics.scrape(&app.pool).await?;
+    Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
+}
+
+/// `GET /`: the dashboard. Browsers are asked for the token as the password of HTTP Basic.
+async fn dashboard(State(app): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    match authorize(&app, &headers, Need::Read).await {
+        Err(ApiError::Unauthorized(m, _)) => {
+            let mut r = ApiError::Unauthorized(m, true).into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"kiln fleet: any user name, the token as password\""),
+            );
+            return Ok(r);
+        }
+        other => other?,
+    };
+    let page = app.pool.read(async |s: &mut Store| dashboard::page(s).await).await??;
+    Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response())
+}

@@ -1,0 +1,492 @@
+//! The fleet service through the binary: `kiln serve` started on a loopback port, tokens made with
+//! `kiln token`, agents uploading with their own commands and `kiln sync`, readers asking with
+//! `--server`, and raw HTTP (ureq) for what a command never sends (no token, a wrong one, a body
+//! too large, a malformed one). The dashboard is checked in headless Chromium.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::fleet_gen::{generate, hostname};
+use crate::util::{fixtures, kiln, unpack, Run};
+
+/// A running `kiln serve`, stopped (SIGTERM) when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(db: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-deadline", "5"])
+            .args(extra)
+            .env("KILN_DB", db)
+            .env_remove("KILN_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting kiln serve");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => {
+                    if let Some(at) = line.find("listening on ") {
+                        let url = line[at + "listening on ".len()..].trim().to_string();
+                        return Server { child, url, stderr: rx };
+                    }
+                    seen.push(line);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("kiln serve did not start: {seen:?}");
+                }
+            }
+        }
+    }
+
+    /// SIGTERM, then its exit status and what it said.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.child.wait().unwrap();
+        let said: Vec<String> = self.stderr.try_iter().collect();
+        (status, said.join("\n"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Site {
+    dir: tempfile::TempDir,
+}
+
+impl Site {
+    fn new() -> Site {
+        Site { dir: tempfile::tempdir().unwrap() }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn server_db(&self) -> PathBuf {
+        self.path("fleet.db")
+    }
+    /// `kiln` on the server's database.
+    fn admin(&self, args: &[&str]) -> Run {
+        kiln(args, &[("KILN_DB", &self.server_db())])
+    }
+    /// A new token of `role`.
+    fn token(&self, name: &str, role: &str) -> String {
+        let made = self.admin(&["token", "create", "--name", name, "--role", role, "--json"]).success().json();
+        made["token"].as_str().unwrap().to_string()
+    }
+}
+
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+}
+
+/// A request's status, `WWW-Authenticate` and body.
+fn send(req: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, String, String) {
+    let mut r = req.expect("the server answers");
+    let auth = r.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    (r.status().as_u16(), auth, r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+}
+
+fn post(url: &str, token: Option<&str>, body: &str) -> (u16, String, String) {
+    let mut req = client().post(format!("{url}/api/v1/records"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    send(req.send(body))
+}
+
+fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String, String) {
+    let mut req = client().get(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    send(req.call())
+}
+
+fn runs_in(site: &Site) -> usize {
+    let runs = site.admin(&["runs", "--limit", "100000", "--json"]).success().json();
+    runs["runs"].as_array().unwrap().len()
+}
+
+// Long: one fleet, uploaded once and asked every question, keeps the assertions next to their setup.
+#[test]
+fn the_service_stores_uploads_once_and_answers_as_the_local_commands_do() {
+    let site = Site::new();
+    let agent = site.token("rack-7", "agent");
+    let reader = site.token("procurement", "reader");
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    let (export, ..) = generate(&crate::fleet::spec_seeded(42));
+
+    // Authentication before anything is stored.
+    let (status, auth, body) = post(&url, None, &export);
+    assert_eq!((status, auth.as_str()), (401, "Bearer realm=\"kiln\""), "{body}");
+    let mut wrong = agent.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == '0' { '1' } else { '0' });
+    assert_eq!(post(&url, Some(&wrong), &export).0, 401, "a token with one digit changed");
+    assert_eq!(post(&url, Some("Bearer nonsense"), &export).0, 401);
+    let (status, _, body) = post(&url, Some(&reader), &export);
+    assert_eq!(status, 403, "a reader may not upload: {body}");
+    assert_eq!(get(&url, "/api/v1/hosts", Some(&agent)).0, 403, "an agent may not read the fleet");
+    assert_eq!(runs_in(&site), 0);
+
+    // Malformed uploads: refused with the line, nothing stored.
+    let (status, _, body) = post(&url, Some(&agent), "hello\n");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, answer["line"].as_u64()), (400, Some(1)), "{body}");
+    let lines: Vec<&str> = export.lines().collect();
+    let mut broken = lines.clone();
+    let bad = broken[299].replacen(r#""metrics":[["#, r#""metrics":[[7,"#, 1);
+    broken[299] = &bad;
+    let (status, _, body) = post(&url, Some(&agent), &(broken.join("\n") + "\n"));
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, answer["line"].as_u64()), (400, Some(300)), "{body}");
+    assert!(answer["error"].as_str().unwrap().contains("nothing was imported"), "{body}");
+    assert_eq!(runs_in(&site), 0, "a refused upload stores nothing");
+
+    // The upload, and the same again: stored once.
+    let (status, _, body) = post(&url, Some(&agent), &export);
+    assert_eq!(status, 200, "{body}");
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((stats["runs_new"].as_u64(), stats["hosts_new"].as_u64()), (Some(1200), Some(40)), "{body}");
+    let (status, _, body) = post(&url, Some(&agent), &export);
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, stats["runs_new"].as_u64(), stats["runs_known"].as_u64()), (200, Some(0), Some(1200)));
+    assert_eq!(runs_in(&site), 1200);
+
+    // Every question asked of the server answers what the same command answers on a local copy.
+    let local = site.path("local.db");
+    let export_file = site.path("fleet.jsonl");
+    std::fs::write(&export_file, &export).unwrap();
+    kiln(&["import", export_file.to_str().unwrap()], &[("KILN_DB", &local)]).success();
+    let questions: Vec<Vec<&str>> = vec![
+        vec!["hosts"],
+        vec!["runs", "--limit", "5"],
+        vec!["compare", "--by", "config", "--since", "40d"],
+        vec!["compare", crate::fleet_gen::CONFIG_NAMES[0], crate::fleet_gen::CONFIG_NAMES[1], "--since", "40d"],
+        vec!["outliers", "--since", "40d"],
+        vec!["regressions", "--since", "40d"],
+    ];
+    for q in &questions {
+        for json in [true, false] {
+            let mut args = q.clone();
+            if json {
+                args.push("--json");
+            }
+            let here = kiln(&args, &[("KILN_DB", &local)]);
+            let mut remote_args = vec!["--server", &url, "--token", &reader];
+            remote_args.extend(&args);
+            let there = kiln(&remote_args, &[]);
+            assert_eq!(here.code(), there.code(), "{}\n{}", here.describe(), there.describe());
+            if json {
+                let (mut a, mut b) = (here.json(), there.json());
+                for v in [&mut a, &mut b] {
+                    // The regressions' window ends now: seconds apart.
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("days");
+                    }
+                }
+                assert_eq!(a, b, "kiln {q:?} --json differs through the server");
+            } else if q[0] != "hosts" && q[0] != "runs" {
+                assert_eq!(here.stdout(), there.stdout(), "kiln {q:?} differs through the server");
+            }
+        }
+    }
+    let regs = kiln(&["--server", &url, "--token", &reader, "regressions", "--since", "40d"], &[]);
+    assert_eq!(regs.code(), Some(1), "regressions found exit 1 through the server too: {}", regs.describe());
+    let html = site.path("host.html");
+    kiln(
+        &[
+            "--server",
+            &url,
+            "--token",
+            &reader,
+            "report",
+            "--host",
+            &hostname(13),
+            "--since",
+            "40d",
+            "--html",
+            html.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .success();
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<h2>Results against the fleet</h2>"));
+
+    // Metrics: requests by route and status, and the fleet's gauges.
+    let (status, _, metrics) = get(&url, "/metrics", Some(&reader));
+    assert_eq!(status, 200);
+    for want in [
+        "kiln_http_requests_total{method=\"POST\",route=\"/api/v1/records\",status=\"200\"} 2",
+        "kiln_http_requests_total{method=\"POST\",route=\"/api/v1/records\",status=\"401\"} 3",
+        "kiln_http_requests_total{method=\"POST\",route=\"/api/v1/records\",status=\"400\"} 2",
+        "kiln_http_request_duration_seconds_bucket{le=\"+Inf\",route=\"/api/v1/records\"} 8",
+        "kiln_uploads_total 2",
+        "# TYPE kiln_fleet_host_last_run_age_seconds gauge",
+        "# EOF",
+    ] {
+        assert!(metrics.contains(want), "/metrics lacks {want:?}:\n{metrics}");
+    }
+    let hosts: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kiln_fleet_hosts{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(hosts, 40.0, "hosts per configuration and verdict add up to the fleet");
+    let open: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kiln_fleet_open_regressions "))
+        .expect("open regressions")
+        .parse()
+        .unwrap();
+    assert!(open >= 1.0, "the generated fleet's regressions are counted: {open}");
+
+    // The dashboard: Basic authentication for browsers, then a page built from the report's parts.
+    let (status, auth, _) = get(&url, "/", None);
+    assert_eq!(status, 401);
+    assert!(auth.starts_with("Basic realm="), "a browser is asked for the token: {auth}");
+    let (status, _, page) = get(&url, "/", Some(&reader));
+    assert_eq!(status, 200);
+    for want in ["<h2>Hosts</h2>", "<h2>Configurations</h2>", "<h2>Regressions (30 days)</h2>", "<svg", &hostname(13)] {
+        assert!(page.contains(want), "the dashboard lacks {want:?}");
+    }
+    assert!(!page.contains("<script") && !page.contains("src="), "no scripts, no external assets");
+    dashboard_in_chromium(&site.path("dashboard.html"), &page);
+
+    // A revoked token stops working at once; the others keep working.
+    site.admin(&["token", "revoke", "procurement"]).success();
+    assert_eq!(get(&url, "/api/v1/hosts", Some(&reader)).0, 401, "revoked");
+    let listed = site.admin(&["token", "list", "--json"]).success().json();
+    let agent_row = listed["tokens"].as_array().unwrap().iter().find(|t| t["name"] == "rack-7").unwrap().clone();
+    assert!(agent_row["last_used_at"].is_string() && agent_row.get("secret_sha256").is_none(), "{agent_row}");
+
+    let (status, said) = server.stop();
+    assert!(status.success(), "SIGTERM stops the server cleanly: {said}");
+    assert!(said.contains("SIGTERM") && said.contains("stopped"), "{said}");
+    site.admin(&["db", "check"]).success();
+}
+
+fn dashboard_in_chromium(file: &Path, page: &str) {
+    let browser = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let missing: Vec<String> =
+        browser.is_none().then(|| "headless Chromium (Debian package chromium)".into()).into_iter().collect();
+    if !crate::util::needs("the dashboard in headless Chromium", &missing) {
+        return;
+    }
+    std::fs::write(file, page).unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(browser.unwrap())
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        .args(["--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", file.display()))
+        .output()
+        .expect("running chromium");
+    let (dom, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "chromium failed: {log}");
+    let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert!(dom.matches("<svg").count() >= 10, "the distributions are drawn");
+    assert!(dom.matches("<tr>").count() > 40, "a row per host");
+}
+
+fn snapshot(name: &str) -> PathBuf {
+    unpack(&fixtures().join("hwloc").join(format!("{name}.tar.bz2"))).join(name)
+}
+
+// Long: the agent's whole story (upload, server down, spool, sync, revoked token) in order.
+#[test]
+fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
+    let site = Site::new();
+    let token = site.token("box", "agent");
+    let reader = site.token("ops", "reader");
+    let agent_db = site.path("agent.db");
+    let agent = |url: &str, args: &[&str]| {
+        let mut all = vec!["--server", url, "--token", &token];
+        all.extend(args);
+        kiln(&all, &[("KILN_DB", &agent_db)])
+    };
+    let save = |url: &str, name: &str| {
+        let root = snapshot(name);
+        agent(url, &["inventory", "--save", "--root", root.to_str().unwrap()])
+    };
+    let hosts = |url: &str| -> usize {
+        let h = kiln(&["--server", url, "--token", &reader, "hosts", "--json"], &[]).success().json();
+        h["hosts"].as_array().unwrap().len()
+    };
+
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    let first = save(&url, "16em64t-4s2c2t").success();
+    assert!(!first.stderr().contains("warning"), "{}", first.describe());
+    assert_eq!(hosts(&url), 1, "stored here, then uploaded");
+    let (status, _) = server.stop();
+    assert!(status.success());
+
+    // The server is down: the command succeeds, says so, and keeps the result queued.
+    let down = save(&url, "8em64t-2s2ca2c").success();
+    assert!(down.stderr().contains("warning: 1 results not sent"), "{}", down.describe());
+    let again = agent(&url, &["sync"]);
+    assert_eq!(again.code(), Some(2), "{}", again.describe());
+    assert!(again.stdout().contains("failed:") && again.stdout().contains("1 results are still waiting"));
+
+    // Back up (on another port): sync sends the queued result, once.
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    let sent = agent(&url, &["sync", "--json"]).success().json();
+    assert_eq!((sent["entries"].as_u64(), sent["pending"]["inventories"].as_u64()), (Some(1), Some(0)), "{sent}");
+    assert_eq!(hosts(&url), 2);
+    let nothing = agent(&url, &["sync", "--json"]).success().json();
+    assert_eq!(nothing["uploads"].as_u64(), Some(0), "nothing is sent twice: {nothing}");
+
+    // A revoked token: the agent keeps its result and says why.
+    site.admin(&["token", "revoke", "box"]).success();
+    let refused = save(&url, "16amd64-8n2c").success();
+    assert!(refused.stderr().contains("401") && refused.stderr().contains("revoked"), "{}", refused.describe());
+    let listed = kiln(&["--server", &url, "--token", &reader, "hosts", "--json"], &[]).success().json();
+    assert_eq!(listed["hosts"].as_array().unwrap().len(), 2);
+    let pending = agent(&url, &["sync", "--json"]);
+    assert_eq!(pending.code(), Some(2));
+    assert_eq!(pending.json()["pending"]["inventories"].as_u64(), Some(1), "{}", pending.describe());
+}
+
+#[test]
+fn an_upload_cut_off_by_a_killed_server_is_stored_whole_or_not_at_all() {
+    let site = Site::new();
+    let token = site.token("box", "agent");
+    let server = Server::start(&site.server_db(), &[]);
+    let (export, ..) = generate(&crate::fleet::spec_seeded(7));
+    let url = server.url.clone();
+    let (t, body) = (token.clone(), export.clone());
+    let upload = std::thread::spawn(move || {
+        client().post(format!("{url}/api/v1/records")).header("Authorization", format!("Bearer {t}")).send(&body)
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let mut server = server;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let _ = upload.join();
+    let stored = runs_in(&site);
+    assert!(stored == 0 || stored == 1200, "{stored} runs: an upload is one transaction");
+    site.admin(&["db", "check"]).success();
+
+    // The agent tries again: everything, once.
+    let server = Server::start(&site.server_db(), &[]);
+    let (status, _, body) = post(&server.url, Some(&token), &export);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(runs_in(&site), 1200);
+}
+
+#[test]
+fn limits_anonymous_reads_and_https() {
+    let site = Site::new();
+    let token = site.token("box", "agent");
+    let server = Server::start(&site.server_db(), &["--max-upload-mib", "1", "--anonymous-read"]);
+    let (export, ..) = generate(&crate::fleet::spec_seeded(3));
+    assert!(export.len() > 1 << 20);
+    let (status, _, _) = post(&server.url, Some(&token), &export);
+    assert_eq!(status, 413, "a body above --max-upload-mib");
+    assert_eq!(runs_in(&site), 0);
+    let (status, _, body) = get(&server.url, "/api/v1/hosts", None);
+    assert_eq!(status, 200, "--anonymous-read: {body}");
+    assert_eq!(post(&server.url, None, "x").0, 401, "uploads still need a token");
+    assert_eq!(get(&server.url, "/healthz", None).0, 200);
+    assert_eq!(get(&server.url, "/nope", None).0, 404);
+    drop(server);
+
+    // HTTPS with a site's own CA, which agents are told to trust.
+    let missing: Vec<String> = crate::util::program("openssl", "openssl").into_iter().collect();
+    if !crate::util::needs("limits_anonymous_reads_and_https (its HTTPS half)", &missing) {
+        return;
+    }
+    let dir = site.dir.path();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2"]
+            .into_iter()
+            .chain(["-subj", "/CN=kiln test CA"])
+            .collect::<Vec<_>>(),
+    );
+    std::fs::write(dir.join("ext.cnf"), "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        .unwrap();
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "req.csr", "-subj", "/CN=kiln"]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "req.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let (cert, key, ca) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("ca.pem"));
+    let server = Server::start(
+        &site.server_db(),
+        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(), "--anonymous-read"],
+    );
+    assert!(server.url.starts_with("https://127.0.0.1:"), "{}", server.url);
+    let agent_db = site.path("agent.db");
+    let root = snapshot("16em64t-4s2c2t");
+    let ok = kiln(
+        &[
+            "--server",
+            &server.url,
+            "--token",
+            &token,
+            "--ca-cert",
+            ca.to_str().unwrap(),
+            "inventory",
+            "--save",
+            "--root",
+            root.to_str().unwrap(),
+        ],
+        &[("KILN_DB", &agent_db)],
+    )
+    .success();
+    assert!(!ok.stderr().contains("warning"), "{}", ok.describe());
+    let hosts = kiln(&["--server", &server.url, "--ca-cert", ca.to_str().unwrap(), "hosts", "--json"], &[]).success();
+    assert_eq!(hosts.json()["hosts"].as_array().unwrap().len(), 1);
+    let untrusted = kiln(&["--server", &server.url, "hosts"], &[]);
+    assert_eq!(untrusted.code(), Some(2), "the web's roots do not know this CA: {}", untrusted.describe());
+    assert!(untrusted.stderr().to_lowercase().contains("certificate"), "{}", untrusted.describe());
+}
