@@ -232,6 +232,10 @@ impl FakeMachine {
         FakeMachine { _dir: dir, fixture }
     }
 
+    pub fn fixture(&self) -> &Path {
+        &self.fixture
+    }
+
     pub fn kiln(&self, args: &[&str]) -> Run {
         let lib = fake_nvml();
         let mut all = args.to_vec();

@@ -22,11 +22,19 @@ struct Server {
 
 impl Server {
     fn start(db: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-deadline", "5"])
-            .args(extra)
-            .env("KILN_DB", db)
-            .env_remove("KILN_LOG")
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--shutdown-deadline", "5"];
+        args.extend(extra);
+        Server::spawn(&args, &[("KILN_DB", db)])
+    }
+
+    /// Any long-running kiln command that says `listening on URL` on stderr.
+    fn spawn(args: &[&str], env: &[(&str, &Path)]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command.args(args).env_remove("KILN_LOG").env_remove("KILN_DB");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -489,4 +497,47 @@ fn limits_anonymous_reads_and_https() {
     let untrusted = kiln(&["--server", &server.url, "hosts"], &[]);
     assert_eq!(untrusted.code(), Some(2), "the web's roots do not know this CA: {}", untrusted.describe());
     assert!(untrusted.stderr().to_lowercase().contains("certificate"), "{}", untrusted.describe());
+}
+
+/// `kiln agent --metrics`: host metrics always, GPU metrics through NVML (the fake library here).
+#[test]
+fn the_agent_exports_host_and_gpu_telemetry_for_prometheus() {
+    use crate::gpu::{capture, fixture, FakeMachine, Wiring};
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let text = fixture(&smi, Wiring::None, |i, lines| {
+        // GPU 3 sits at its power cap (SW_POWER_CAP, 0x4); the others run free.
+        let throttle = if i == 3 { "4" } else { "0" };
+        lines.push(format!("load 650000 1755 2619 100 40 {throttle}"));
+    });
+    let machine = FakeMachine::new(&text);
+    let lib = crate::util::fake_nvml();
+    let agent = Server::spawn(
+        &["agent", "--metrics", "127.0.0.1:0", "--nvml-lib", lib.to_str().unwrap()],
+        &[("KILN_FAKE_NVML_FIXTURE", machine.fixture())],
+    );
+    let url = agent.url.trim_end_matches("/metrics").to_string();
+    let (status, _, metrics) = get(&url, "/metrics", None);
+    assert_eq!(status, 200);
+    let value = |prefix: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix}:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("kiln_nvml_up "), 1.0);
+    assert_eq!(value("kiln_gpus "), 8.0);
+    assert!(value("kiln_host_cpu_seconds_total{mode=\"idle\"}") > 0.0);
+    assert!(value("kiln_host_memory_total_bytes ") > 1e8);
+    let gpu = |metric: &str, gpu: usize| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("kiln_{metric}{{")) && l.contains(&format!("gpu=\"{gpu}\"")))
+            .unwrap_or_else(|| panic!("no {metric} of gpu {gpu}:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(gpu("gpu_power_watts", 0), 650.0);
+    assert_eq!(gpu("gpu_sm_clock_mhz", 7), 1755.0);
+    assert_eq!((gpu("gpu_throttled_power", 3), gpu("gpu_throttled_power", 0)), (1.0, 0.0));
+    assert!(gpu("gpu_memory_total_bytes", 0) > 8e10, "an H100 has 80 GB");
+    assert!(metrics.contains("name=\"NVIDIA H100 80GB HBM3\""), "{metrics}");
+    let (status, said) = agent.stop();
+    assert!(status.success(), "{said}");
 }

@@ -83,7 +83,7 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
     Some((t.busy + t.steal, t.total))
 }
 
-fn mean_mhz() -> Option<f64> {
+pub fn mean_mhz() -> Option<f64> {
     let mut sum = 0.0;
     let mut n = 0;
     if let Ok(entries) = std::fs::read_dir("/sys/devices/system/cpu") {
@@ -108,7 +108,7 @@ fn mean_mhz() -> Option<f64> {
 }
 
 /// One round of GPU readings; unsupported readings are simply absent.
-fn sample_gpus(nvml: &nvml_wrapper::Nvml, t: i64, out: &mut Vec<Sample>) {
+pub fn sample_gpus(nvml: &nvml_wrapper::Nvml, t: i64, out: &mut Vec<Sample>) {
     use nvml_wrapper::bitmasks::device::ThrottleReasons;
     use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
     let count = nvml.device_count().unwrap_or(0);

@@ -345,6 +345,16 @@ pub enum Command {
         #[command(subcommand)]
         what: TokenCmd,
     },
+    /// A long-running exporter of live host and GPU (NVML) telemetry for Prometheus, as
+    /// dcgm-exporter gives; stops on SIGTERM or SIGINT
+    Agent {
+        /// Serve /metrics on this address and port
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: std::net::SocketAddr,
+        /// The NVML library to load [default: libnvidia-ml.so.1]
+        #[arg(long, env = "KILN_NVML_LIB", value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+    },
     /// Send every result waiting for the fleet service now (after a failed upload, or to a new server)
     Sync,
     /// The results database itself

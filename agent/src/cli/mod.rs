@@ -337,6 +337,10 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
         }
         Command::Token { what } => service::token(what, ctx),
         Command::Sync => service::sync(ctx),
+        Command::Agent { metrics, nvml_lib } => {
+            crate::exporter::run(metrics, nvml_lib)?;
+            Ok(Output::empty(Exit::Ok))
+        }
     }
 }
 
@@ -360,6 +364,7 @@ pub fn access(command: &Command) -> kiln_db::Access {
             | Command::Verdict { no_save: true, .. }
             | Command::Provision { what: Provision::Log { .. } }
             | Command::Token { what: args::TokenCmd::List }
+            | Command::Agent { .. }
     );
     if reads {
         kiln_db::Access::Read

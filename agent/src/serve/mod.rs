@@ -125,7 +125,8 @@ async fn run(config: &Config, app: Shared) -> Result<()> {
 
 use std::future::IntoFuture;
 
-async fn shutdown_signal() -> Result<&'static str> {
+/// The first SIGTERM or SIGINT, by name.
+pub(crate) async fn shutdown_signal() -> Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
