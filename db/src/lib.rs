@@ -950,10 +950,10 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample(identity: &str) -> NewInventory {
+    pub(crate) fn sample(identity: &str) -> NewInventory {
         NewInventory {
             host_identity: identity.to_string(),
             hostname: Some("gpu-node-01".into()),

@@ -11,6 +11,10 @@ use sqlx::sqlite::SqliteConnection;
 use crate::exchange::Selection;
 use crate::{ExportStats, Result, Store};
 
+/// An entry whose next attempt is further ahead of `?1` (now) than any back-off (at most 6 hours)
+/// was paced by a clock that has since gone back: it is due now, not in days.
+const CLOCK_WENT_BACK: &str = "next_attempt_at > strftime('%Y-%m-%dT%H:%M:%SZ', ?1, '+7 hours')";
+
 /// Queues one stored record for upload (in the transaction that stores it).
 pub(crate) async fn queue(conn: &mut SqliteConnection, kind: &str, id: &str) -> sqlx::Result<()> {
     sqlx::query(
@@ -60,9 +64,10 @@ impl Store {
     /// What waits in the outbox; `now` (RFC 3339) tells which entries are due.
     pub async fn pending_uploads(&mut self, now: &str) -> Result<Pending> {
         let err = self.sql_err();
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT kind, COUNT(*), SUM(next_attempt_at IS NOT NULL AND next_attempt_at > ?) FROM outbox GROUP BY kind",
-        )
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+            "SELECT kind, COUNT(*), SUM(next_attempt_at IS NOT NULL AND next_attempt_at > ?1 AND NOT (CLOCK_WENT_BACK)) \
+             FROM outbox GROUP BY kind"
+        ).replace("CLOCK_WENT_BACK", CLOCK_WENT_BACK))
         .bind(now)
         .fetch_all(&mut self.conn)
         .await
@@ -105,11 +110,11 @@ impl Store {
             .await
             .map_err(&err)?;
         sqlx::query("DELETE FROM temp.upload_batch").execute(&mut self.conn).await.map_err(&err)?;
-        let taken = sqlx::query(
+        let taken = sqlx::query(&format!(
             "INSERT INTO temp.upload_batch (kind, id) SELECT kind, id FROM outbox \
-             WHERE ?1 IS NULL OR next_attempt_at IS NULL OR next_attempt_at <= ?1 \
-             ORDER BY queued_at, rowid LIMIT ?2",
-        )
+             WHERE ?1 IS NULL OR next_attempt_at IS NULL OR next_attempt_at <= ?1 OR {CLOCK_WENT_BACK} \
+             ORDER BY queued_at, rowid LIMIT ?2"
+        ))
         .bind(due)
         .bind(limit)
         .execute(&mut self.conn)
@@ -160,5 +165,43 @@ impl Store {
         .fetch_one(&mut self.conn)
         .await
         .map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Store;
+
+    /// Saved results wait in the outbox until an upload is done; a failure keeps them, paced; a
+    /// clock that went back does not strand them.
+    #[tokio::test]
+    async fn results_wait_until_uploaded_and_failures_are_paced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("agent.db")).await.unwrap();
+        store.save_inventory(&crate::tests::sample("before")).await.unwrap();
+        assert_eq!(store.pending_uploads("2026-12-04T00:00:00Z").await.unwrap().total(), 0, "not queued when off");
+        store.queue_uploads(true);
+        store.save_inventory(&crate::tests::sample("a")).await.unwrap();
+        store.save_inventory(&crate::tests::sample("b")).await.unwrap();
+        let now = "2026-12-04T12:00:00Z";
+        assert_eq!(store.pending_uploads(now).await.unwrap().inventories, 2);
+
+        let mut out = Vec::new();
+        let batch = store.upload_batch(Some(now), 100, now, &mut out).await.unwrap().expect("two due");
+        assert_eq!(batch.entries, 2);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().filter(|l| l.contains("\"inventory\"")).count(), 2, "{text}");
+        assert_eq!(store.batch_attempts().await.unwrap(), 0);
+        store.upload_failed("connection refused", "2026-12-04T12:01:00Z").await.unwrap();
+        let p = store.pending_uploads(now).await.unwrap();
+        assert_eq!((p.inventories, p.waiting, p.attempts), (2, 2, 1));
+        assert_eq!(p.last_error.as_deref(), Some("connection refused"));
+        assert!(store.upload_batch(Some(now), 100, now, &mut Vec::new()).await.unwrap().is_none(), "paced");
+        // `kiln sync` takes everything; a clock set back by a day finds them due too.
+        assert!(store.upload_batch(Some("2026-12-03T12:00:00Z"), 100, now, &mut Vec::new()).await.unwrap().is_some());
+        store.upload_done().await.unwrap();
+        assert_eq!(store.pending_uploads(now).await.unwrap().total(), 0);
+        assert!(store.upload_batch(None, 100, now, &mut Vec::new()).await.unwrap().is_none());
+        store.close().await.unwrap();
     }
 }
