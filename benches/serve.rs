@@ -63,7 +63,8 @@ async fn upload(addr: std::net::SocketAddr, token: &str, body: &str) -> Result<(
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&answer);
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("no status: {text}"))?;
+    let status =
+        text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("no status: {text}"))?;
     Ok((status, start.elapsed()))
 }
 

@@ -375,6 +375,10 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
     assert_eq!(hosts(&url), 2);
     let nothing = agent(&url, &["sync", "--json"]).success().json();
     assert_eq!(nothing["uploads"].as_u64(), Some(0), "nothing is sent twice: {nothing}");
+    // --all sends everything stored again; the server keeps each record once.
+    let all = agent(&url, &["sync", "--all", "--json"]).success().json();
+    assert_eq!(all["entries"].as_u64(), Some(2), "{all}");
+    assert_eq!(hosts(&url), 2);
 
     // A revoked token: the agent keeps its result and says why.
     site.admin(&["token", "revoke", "box"]).success();

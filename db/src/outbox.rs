@@ -7,6 +7,7 @@ use std::io::Write;
 
 use serde::Serialize;
 use sqlx::sqlite::SqliteConnection;
+use sqlx::Connection;
 
 use crate::exchange::Selection;
 use crate::{ExportStats, Result, Store};
@@ -59,6 +60,27 @@ impl Store {
     /// Queues every inventory, run and verdict this store saves from now on for the fleet service.
     pub fn queue_uploads(&mut self, on: bool) {
         self.queue_uploads = on;
+    }
+
+    /// Queues every inventory, run and verdict this store holds (`kiln sync --all`: results stored
+    /// before a fleet service was configured, or for a new server); the server keeps each once.
+    /// Returns how many entries were added.
+    pub async fn queue_everything(&mut self) -> Result<u64> {
+        let err = self.sql_err();
+        let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
+        let mut added = 0;
+        for (kind, table) in [("inventory", "inventories"), ("run", "runs"), ("verdict", "verdicts")] {
+            added += sqlx::query(&format!(
+                "INSERT OR IGNORE INTO outbox (kind, id, queued_at) \
+                 SELECT '{kind}', id, strftime('%Y-%m-%dT%H:%M:%SZ', 'now') FROM {table}"
+            ))
+            .execute(&mut *tx)
+            .await
+            .map_err(&err)?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(&err)?;
+        Ok(added)
     }
 
     /// What waits in the outbox; `now` (RFC 3339) tells which entries are due.
@@ -202,6 +224,9 @@ mod tests {
         store.upload_done().await.unwrap();
         assert_eq!(store.pending_uploads(now).await.unwrap().total(), 0);
         assert!(store.upload_batch(None, 100, now, &mut Vec::new()).await.unwrap().is_none());
+        // --all: everything stored, the result saved before queuing was on included.
+        assert_eq!(store.queue_everything().await.unwrap(), 3);
+        assert_eq!(store.pending_uploads(now).await.unwrap().inventories, 3);
         store.close().await.unwrap();
     }
 }

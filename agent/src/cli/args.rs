@@ -356,7 +356,12 @@ pub enum Command {
         nvml_lib: Option<PathBuf>,
     },
     /// Send every result waiting for the fleet service now (after a failed upload, or to a new server)
-    Sync,
+    Sync {
+        /// Queue every result this database holds first (those stored before a fleet service was
+        /// configured, or for a new server); the server keeps each record once
+        #[arg(long)]
+        all: bool,
+    },
     /// The results database itself
     Db {
         #[command(subcommand)]

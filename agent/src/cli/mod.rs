@@ -336,7 +336,7 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             service::serve(args, ctx)
         }
         Command::Token { what } => service::token(what, ctx),
-        Command::Sync => service::sync(ctx),
+        Command::Sync { all } => service::sync(all, ctx),
         Command::Agent { metrics, nvml_lib } => {
             crate::exporter::run(metrics, nvml_lib)?;
             Ok(Output::empty(Exit::Ok))
@@ -397,7 +397,7 @@ pub fn run_cli(cli: Cli) -> Result<Exit> {
             cli.command,
             Command::Serve { .. } | Command::Token { .. } | Command::Import { .. } | Command::Db { .. }
         );
-    let remote = if uploads || matches!(cli.command, Command::Sync) {
+    let remote = if uploads || matches!(cli.command, Command::Sync { .. }) {
         Remote::resolve(flags.0, flags.1, flags.2)?
     } else {
         None

@@ -151,13 +151,18 @@ impl View for Synced {
     }
 }
 
-/// `kiln sync`: everything in the outbox, now; exit 2 when an upload failed (the results stay queued).
-pub fn sync(ctx: &Ctx) -> Result<Output> {
+/// `kiln sync`: everything in the outbox (with `--all`, everything stored), now; exit 2 when an upload failed (the results stay queued).
+pub fn sync(all: bool, ctx: &Ctx) -> Result<Output> {
     let remote = ctx.remote().context(
         "no fleet service to send to: pass --server URL --token TOKEN, set KILN_SERVER and KILN_TOKEN, or write \
          /etc/kiln/agent.toml",
     )?;
-    let synced = ctx.with_store_sync(|rt, store| rt.block_on(upload::sync(store, remote, false)))?;
+    let synced = ctx.with_store_sync(|rt, store| {
+        if all {
+            rt.block_on(store.queue_everything())?;
+        }
+        rt.block_on(upload::sync(store, remote, false))
+    })?;
     let failed = synced.error.is_some();
     let out = ctx.output(&synced)?;
     Ok(if failed { out.with_exit(Exit::Error) } else { out })

@@ -14,6 +14,7 @@ pub mod pool;
 pub mod tls;
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -122,8 +123,6 @@ async fn run(config: &Config, app: Shared) -> Result<()> {
     eprintln!("kiln serve: stopped");
     Ok(())
 }
-
-use std::future::IntoFuture;
 
 /// The first SIGTERM or SIGINT, by name.
 pub(crate) async fn shutdown_signal() -> Result<&'static str> {
