@@ -306,10 +306,27 @@ async fn healthz(State(app): State<Shared>) -> Result<Response, ApiError> {
     Ok(axum::Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })).into_response())
 }
 
+/// A read question: the token checked, `question` answered on a reader connection, the answer in
+/// the format asked for.
+async fn ask<V, E, F>(
+    app: &Shared,
+    headers: &HeaderMap,
+    format: Option<&str>,
+    question: F,
+) -> Result<Response, ApiError>
+where
+    F: AsyncFnOnce(&mut Store) -> Result<V, E> + Send + 'static,
+    V: View + Send + 'static,
+    E: Into<ApiError> + Send + 'static,
+{
+    authorize(app, headers, Need::Read).await?;
+    let view = app.pool.read(question).await?.map_err(Into::into)?;
+    answer(&view, format)
+}
+
 async fn hosts(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<Format>) -> Result<Response, ApiError> {
-    authorize(&app, &headers, Need::Read).await?;
-    let view = app.pool.read(async |s: &mut Store| cli::store::hosts_view(s, "the fleet".into()).await).await??;
-    answer(&view, q.format.as_deref())
+    ask(&app, &headers, q.format.as_deref(), async |s: &mut Store| cli::store::hosts_view(s, "the fleet".into()).await)
+        .await
 }
 
 #[derive(Deserialize)]
@@ -319,11 +336,11 @@ struct RunsQuery {
 }
 
 async fn runs(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<RunsQuery>) -> Result<Response, ApiError> {
-    authorize(&app, &headers, Need::Read).await?;
     let limit = q.limit.unwrap_or(20);
-    let view =
-        app.pool.read(async move |s: &mut Store| cli::store::runs_view(s, limit, "the fleet".into()).await).await??;
-    answer(&view, q.format.as_deref())
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+        cli::store::runs_view(s, limit, "the fleet".into()).await
+    })
+    .await
 }
 
 /// The fleet questions' common parameters.
@@ -355,7 +372,6 @@ async fn compare(
     headers: HeaderMap,
     Query(q): Query<FleetQuery>,
 ) -> Result<Response, ApiError> {
-    authorize(&app, &headers, Need::Read).await?;
     let filter = q.filter()?;
     let by = match q.by.as_deref() {
         None => None,
@@ -366,13 +382,10 @@ async fn compare(
     };
     let subjects: Vec<String> = q.a.iter().chain(q.b.iter()).cloned().collect();
     let noise = q.noise.unwrap_or(crate::fleet::NOISE);
-    let view = app
-        .pool
-        .read(async move |s: &mut Store| {
-            cli::fleet::compare_view(s, &subjects, by, &Default::default(), &filter, noise).await
-        })
-        .await??;
-    answer(&view, q.format.as_deref())
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+        cli::fleet::compare_view(s, &subjects, by, &Default::default(), &filter, noise).await
+    })
+    .await
 }
 
 async fn outliers(
@@ -380,15 +393,13 @@ async fn outliers(
     headers: HeaderMap,
     Query(q): Query<FleetQuery>,
 ) -> Result<Response, ApiError> {
-    authorize(&app, &headers, Need::Read).await?;
     let filter = q.filter()?;
     let threshold = q.threshold.unwrap_or(3.5);
     let min_dev = q.min_deviation.unwrap_or(crate::fleet::MIN_DEVIATION);
-    let view = app
-        .pool
-        .read(async move |s: &mut Store| cli::fleet::outliers_view(s, &filter, threshold, min_dev).await)
-        .await??;
-    answer(&view, q.format.as_deref())
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+        cli::fleet::outliers_view(s, &filter, threshold, min_dev).await
+    })
+    .await
 }
 
 /// Answers `X-Kiln-Exit: 1` when a regression is found, as `kiln regressions` exits 1.
