@@ -539,20 +539,100 @@ impl Store {
         malformed: &dyn Fn(usize, String) -> ImportError,
     ) -> std::result::Result<ImportStats, ImportError> {
         let err = self.sql_err();
-        let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
         // A page cache large enough that a big import does not spill pages mid-transaction.
         sqlx::query("PRAGMA cache_size = -262144").execute(&mut self.conn).await.map_err(&err)?;
         let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
-        let parents =
-            import_parents(&mut tx, &records, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
-        let fresh =
-            fresh_runs(&mut tx, &records, &parents, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
-        insert_runs(&mut tx, &fresh, &mut stats).await.map_err(&err)?;
-        index_fresh(&mut tx, &fresh, &parents).await.map_err(&err)?;
-        import_verdicts(&mut tx, &records, &parents, malformed, &mut stats).await.map_err(|e| e.into_import(&err))?;
+        let stats = import_into(&mut tx, records, malformed).await.map_err(|e| e.into_import(&err))?;
         tx.commit().await.map_err(&err)?;
         Ok(stats)
     }
+
+    /// Several uploads (label, export text) in one transaction, each whole or not at all: each is
+    /// parsed first, then applied inside a savepoint that a failure rolls back, and one commit (one
+    /// sync to disk) stores them all. A failed commit fails every upload of the batch. The fleet
+    /// service's writer takes the uploads that queued while it was busy this way (group commit).
+    pub async fn import_many(
+        &mut self,
+        uploads: &[(String, String)],
+    ) -> Vec<std::result::Result<ImportStats, ImportError>> {
+        let err = self.sql_err();
+        let path = self.path().to_path_buf();
+        let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
+        let parsed: Vec<_> = uploads.iter().map(|(file, text)| parse_export(file, text)).collect();
+        if parsed.iter().all(|p| p.is_err()) {
+            return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
+        }
+        // As `import`: a page cache large enough that the batch does not spill pages mid-transaction.
+        // (Only a hint: a failure here fails nothing.)
+        let _ = sqlx::query("PRAGMA cache_size = -262144").execute(&mut self.conn).await;
+        let mut tx = match self.conn.begin_with(crate::WRITE).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                let message = err(e).to_string();
+                return parsed
+                    .into_iter()
+                    .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &message)))))
+                    .collect();
+            }
+        };
+        for ((file, _), records) in uploads.iter().zip(parsed) {
+            let records = match records {
+                Ok(r) => r,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            let malformed =
+                |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+            let result = async {
+                sqlx::query("SAVEPOINT upload").execute(&mut *tx).await?;
+                match import_into(&mut tx, records, &malformed).await {
+                    Ok(stats) => {
+                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
+                        Ok(stats)
+                    }
+                    Err(e) => {
+                        sqlx::query("ROLLBACK TO upload").execute(&mut *tx).await?;
+                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
+                        Err(e)
+                    }
+                }
+            }
+            .await;
+            results.push(result.map_err(|e: Failed| e.into_import(&err)));
+        }
+        if let Err(e) = tx.commit().await {
+            let message = err(e).to_string();
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(ImportError::Db(shared_failure(&path, &message)));
+            }
+        }
+        results
+    }
+}
+
+/// A failure that every upload of a batch shares (the transaction could not begin or commit).
+fn shared_failure(path: &std::path::Path, message: &str) -> DbError {
+    DbError::Conflict {
+        path: path.to_path_buf(),
+        what: format!("storing a batch of uploads failed, none was stored: {message}"),
+    }
+}
+
+/// Applies parsed records on a connection inside a transaction (or a savepoint).
+async fn import_into(
+    tx: &mut SqliteConnection,
+    records: Vec<(usize, Record<'_>)>,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+) -> std::result::Result<ImportStats, Failed> {
+    let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+    let parents = import_parents(tx, &records, malformed, &mut stats).await?;
+    let fresh = fresh_runs(tx, &records, &parents, malformed, &mut stats).await?;
+    insert_runs(tx, &fresh, &mut stats).await?;
+    index_fresh(tx, &fresh, &parents).await?;
+    import_verdicts(tx, &records, &parents, malformed, &mut stats).await?;
+    Ok(stats)
 }
 
 /// Checks an export without a database: every line parsed and validated, the end record's count.
@@ -1129,6 +1209,44 @@ mod tests {
             for (got, want) in lines[1..].iter().zip([HOST, INVENTORY, SOFTWARE, RUN, END]) {
                 same(got, want);
             }
+            store.close().await.unwrap();
+        });
+    }
+
+    /// Uploads that share a transaction (the fleet service's group commit) are each whole or not
+    /// at all: a malformed one and one that fails while it is written leave the others stored.
+    #[test]
+    fn uploads_in_one_transaction_stand_or_fall_alone() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
+            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
+            let file = |lines: &[&str]| {
+                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
+                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
+            };
+            let second_run = RUN.replace("000000000001", "000000000002");
+            // A run whose inventory no record gives and the database does not hold: refused while
+            // writing, after its host was written, so the savepoint must undo that host.
+            let orphan = RUN
+                .replace("000000000001", "000000000003")
+                .replace(r#""inventory_id":"i1""#, r#""inventory_id":"nowhere""#)
+                .replace(r#""host_id":"h1""#, r#""host_id":"h2""#);
+            let host2 = HOST.replace(r#""id":"h1""#, r#""id":"h2""#).replace("serial-1", "serial-2");
+            let uploads = vec![
+                ("a".to_string(), file(&[HOST, INVENTORY, SOFTWARE, RUN])),
+                ("b".to_string(), "hello\n".to_string()),
+                ("c".to_string(), file(&[&host2, SOFTWARE, &orphan])),
+                ("d".to_string(), file(&[HOST, INVENTORY, SOFTWARE, &second_run])),
+            ];
+            let results = store.import_many(&uploads).await;
+            assert_eq!(results[0].as_ref().unwrap().runs_new, 1);
+            assert!(matches!(&results[1], Err(ImportError::Malformed { line: 1, .. })), "{:?}", results[1]);
+            assert!(results[2].is_err(), "{:?}", results[2]);
+            assert_eq!(results[3].as_ref().unwrap().runs_new, 1, "sees what the first stored");
+            assert_eq!(store.runs(100).await.unwrap().len(), 2);
+            assert_eq!(store.hosts().await.unwrap().len(), 1, "the failed upload's host was rolled back");
             store.close().await.unwrap();
         });
     }

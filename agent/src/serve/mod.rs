@@ -27,7 +27,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use kiln_db::{DbError, ImportError, Store, TokenRow};
+use kiln_db::{DbError, ImportError, ImportStats, Store, TokenRow};
 use serde::Deserialize;
 
 use crate::cli::{self, View};
@@ -50,9 +50,22 @@ pub struct Config {
     pub readers: usize,
 }
 
+/// An upload on its way to the writer, and where its answer goes.
+struct Upload {
+    label: String,
+    text: String,
+    reply: tokio::sync::oneshot::Sender<Result<ImportStats, ImportError>>,
+}
+
+/// At most this many uploads, and about this many bytes, share one transaction.
+const GROUP_UPLOADS: usize = 64;
+const GROUP_BYTES: usize = 64 << 20;
+
 /// What the handlers share.
 pub struct App {
     pool: Pool,
+    /// Uploads waiting for the writer (see [`group_commit`]).
+    uploads: tokio::sync::mpsc::Sender<Upload>,
     anonymous_read: bool,
     metrics: metrics::Metrics,
     /// When each token's use was last written down (at most once a minute per token).
@@ -69,12 +82,15 @@ pub fn serve(config: Config) -> Result<()> {
         .build()
         .context("starting the server's runtime")?;
     let pool = Pool::open(&config.db, config.readers)?;
+    let (uploads, queued) = tokio::sync::mpsc::channel(1024);
     let app = Arc::new(App {
         pool,
+        uploads,
         anonymous_read: config.anonymous_read,
         metrics: metrics::Metrics::new(),
         used: Mutex::new(HashMap::new()),
     });
+    rt.spawn(group_commit(app.clone(), queued));
     let result = rt.block_on(run(&config, app.clone()));
     // Every connection is gone; the queued database work finishes, then the store is closed.
     app.pool.close();
@@ -133,6 +149,30 @@ pub(crate) async fn shutdown_signal() -> Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+/// The writer's side of the uploads: each time it is free, it takes every upload that queued
+/// meanwhile (up to [`GROUP_UPLOADS`] or [`GROUP_BYTES`]) and stores them in one transaction, each
+/// in a savepoint of its own (`Store::import_many`): one sync to disk for the lot, and each upload
+/// still whole or not at all. Alone, an upload goes at once.
+async fn group_commit(app: Shared, mut queued: tokio::sync::mpsc::Receiver<Upload>) {
+    while let Some(first) = queued.recv().await {
+        let mut bytes = first.text.len();
+        let mut batch = vec![first];
+        while batch.len() < GROUP_UPLOADS && bytes < GROUP_BYTES {
+            let Ok(next) = queued.try_recv() else { break };
+            bytes += next.text.len();
+            batch.push(next);
+        }
+        let (inputs, replies): (Vec<(String, String)>, Vec<_>) =
+            batch.into_iter().map(|u| ((u.label, u.text), u.reply)).unzip();
+        // A closed pool (the server stopping) drops the replies: those requests answer 503.
+        if let Ok(results) = app.pool.write(async move |s: &mut Store| s.import_many(&inputs).await).await {
+            for (result, reply) in results.into_iter().zip(replies) {
+                let _ = reply.send(result);
+            }
+        }
+    }
 }
 
 /// Every route.
@@ -284,8 +324,10 @@ async fn records(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> 
         line: None,
     })?;
     let label = format!("upload by token {}", token.map(|t| t.name).unwrap_or_default());
-    let stored = app.pool.write(async move |s: &mut Store| s.import(&label, &text).await).await?;
-    match stored {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let stopping = || ApiError::Unavailable("the server is stopping; nothing was stored, send it again".into());
+    app.uploads.send(Upload { label, text, reply }).await.map_err(|_| stopping())?;
+    match answer.await.map_err(|_| stopping())? {
         Ok(stats) => {
             app.metrics.uploaded(&stats);
             Ok(axum::Json(stats).into_response())
