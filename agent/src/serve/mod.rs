@@ -76,6 +76,7 @@ type Shared = Arc<App>;
 
 /// Runs the server until SIGTERM or SIGINT; blocks the calling thread.
 pub fn serve(config: Config) -> Result<()> {
+    raise_open_files();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kiln-http")
@@ -95,6 +96,19 @@ pub fn serve(config: Config) -> Result<()> {
     // Every connection is gone; the queued database work finishes, then the store is closed.
     app.pool.close();
     result
+}
+
+/// Every agent of a fleet may upload at once, each on a connection (a file descriptor): the soft
+/// limit (1,024 under systemd) is raised to the hard one, as servers do.
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("raising the open-files limit from {soft} to {hard}: {e}");
+            }
+        }
+    }
 }
 
 async fn run(config: &Config, app: Shared) -> Result<()> {
