@@ -366,6 +366,7 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
     let again = agent(&url, &["sync"]);
     assert_eq!(again.code(), Some(2), "{}", again.describe());
     assert!(again.stdout().contains("failed:") && again.stdout().contains("1 results are still waiting"));
+    assert!(!again.stderr().contains("warning"), "said once, not again as a warning: {}", again.describe());
 
     // Back up (on another port): sync sends the queued result, once.
     let server = Server::start(&site.server_db(), &[]);

@@ -176,13 +176,14 @@ pub fn run(listen: SocketAddr, nvml_lib: Option<PathBuf>) -> Result<()> {
                 }),
             )
             .route("/", get(|| async { "kiln agent: metrics at /metrics\n" }));
+        let stop = crate::serve::shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen} (is another exporter there?)"))?;
         eprintln!("kiln agent: listening on http://{}/metrics", listener.local_addr()?);
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
-                let _ = crate::serve::shutdown_signal().await;
+                stop.await;
             })
             .await
             .context("serving the metrics")

@@ -149,17 +149,21 @@ pub struct Ctx {
     store: RefCell<Option<Store>>,
     /// The fleet service results are uploaded to (flags, environment or agent file).
     remote: Option<crate::upload::Remote>,
+    /// Whether `finish` sends what is due (not after `kiln sync`, which has just sent it).
+    upload_after: bool,
 }
 
 impl Ctx {
     /// The context of one command; `access` is what [`access`] says of it.
     pub fn new(db: Option<PathBuf>, json: bool, access: kiln_db::Access) -> Ctx {
-        Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None), remote: None }
+        Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None), remote: None, upload_after: false }
     }
 
-    /// Uploads what the command stores to `remote` (queued in the store, sent when it finishes).
-    pub fn with_remote(mut self, remote: Option<crate::upload::Remote>) -> Ctx {
+    /// Uploads what the command stores to `remote` (queued in the store; sent when it finishes
+    /// where `upload_after`).
+    pub fn with_remote(mut self, remote: Option<crate::upload::Remote>, upload_after: bool) -> Ctx {
         self.remote = remote;
+        self.upload_after = upload_after;
         self
     }
 
@@ -253,7 +257,8 @@ impl Ctx {
     /// a warning (the results stay queued for the next command or `kiln sync`).
     pub fn finish(self) -> Result<()> {
         if let Some(store) = self.store.into_inner() {
-            if let (Some(remote), Some(rt), kiln_db::Access::Write) = (&self.remote, self.runtime.get(), self.access) {
+            let sends = self.upload_after && self.access == kiln_db::Access::Write;
+            if let (Some(remote), Some(rt), true) = (&self.remote, self.runtime.get(), sends) {
                 let mut store = store;
                 match rt.block_on(crate::upload::sync(&mut store, remote, true)) {
                     Ok(s) if s.error.is_some() || s.pending.total() > 0 => eprintln!(
@@ -397,12 +402,9 @@ pub fn run_cli(cli: Cli) -> Result<Exit> {
             cli.command,
             Command::Serve { .. } | Command::Token { .. } | Command::Import { .. } | Command::Db { .. }
         );
-    let remote = if uploads || matches!(cli.command, Command::Sync { .. }) {
-        Remote::resolve(flags.0, flags.1, flags.2)?
-    } else {
-        None
-    };
-    let ctx = ctx.with_remote(remote);
+    let sync = matches!(cli.command, Command::Sync { .. });
+    let remote = if uploads || sync { Remote::resolve(flags.0, flags.1, flags.2)? } else { None };
+    let ctx = ctx.with_remote(remote, !sync);
     let out = run(cli.command, &ctx)?;
     ctx.finish()?;
     out.print()?;

@@ -112,6 +112,7 @@ fn raise_open_files() {
 }
 
 async fn run(config: &Config, app: Shared) -> Result<()> {
+    let stop_signal = shutdown_signal()?;
     let router = router(app, config.max_upload_bytes);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -134,7 +135,7 @@ async fn run(config: &Config, app: Shared) -> Result<()> {
             tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(signal).into_future())
         }
     };
-    let which = shutdown_signal().await?;
+    let which = stop_signal.await;
     eprintln!(
         "kiln serve: {which}: no new connections; requests in flight have {:.0} s to finish",
         config.shutdown_deadline.as_secs_f64()
@@ -154,14 +155,17 @@ async fn run(config: &Config, app: Shared) -> Result<()> {
     Ok(())
 }
 
-/// The first SIGTERM or SIGINT, by name.
-pub(crate) async fn shutdown_signal() -> Result<&'static str> {
+/// Installs the SIGTERM and SIGINT handlers now (before the server says it listens), and returns
+/// the first of them to arrive, by name.
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = &'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }
 
