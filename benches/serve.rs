@@ -4,6 +4,11 @@
 //! Prints uploads/s, p50/p99/max latency, and checks that every host and run is stored once.
 //! The anchor, measured in the same run: `kiln import` of the same records as one local file.
 //!
+//! Then the fleet questions through the server on a large fleet (`KILN_BENCH_FLEET=HOSTSxNIGHTSxMETRICS`,
+//! default 10000x90x20: 18 M metric rows, imported first): `compare --by config`, `outliers` and
+//! `regressions` over HTTP, each against the issue's target of 2 s, and the same commands run
+//! locally on the file for comparison. `KILN_BENCH_FLEET=0` skips it.
+//!
 //! `cargo bench --bench serve`; `KILN_BENCH_AGENTS` sets the number of agents.
 
 #[path = "../tests/fleet_gen.rs"]
@@ -68,6 +73,101 @@ async fn upload(addr: std::net::SocketAddr, token: &str, body: &str) -> Result<(
     Ok((status, start.elapsed()))
 }
 
+/// Starts `kiln serve` on `db`; returns the child and its address.
+fn start_server(db: &Path) -> (std::process::Child, std::net::SocketAddr) {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--anonymous-read"])
+        .env("KILN_DB", db)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting kiln serve");
+    let mut said = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(said.read_line(&mut line).unwrap() > 0, "kiln serve stopped");
+    }
+    // Keep reading its stderr, so that it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut said, &mut std::io::sink()));
+    (server, line.rsplit("http://").next().unwrap().trim().parse().unwrap())
+}
+
+fn stop(mut server: std::process::Child) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = server.wait();
+}
+
+/// The median of `n` timings of `f`, in milliseconds.
+fn median_ms(n: usize, mut f: impl FnMut()) -> f64 {
+    let mut t: Vec<f64> = (0..n)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[n / 2]
+}
+
+/// The fleet questions through the server on a fleet of `hosts × nights × metrics`.
+fn large_fleet(hosts: usize, nights: usize, metrics: usize) {
+    let spec = fleet_gen::FleetSpec {
+        hosts,
+        configs: 8,
+        nights,
+        metrics,
+        samples_per_metric: 0,
+        sampled_metrics: 0,
+        gpus: 0,
+        telemetry_points: 0,
+        end: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600,
+        seed: 5,
+    };
+    let t = Instant::now();
+    let (export, rows, ..) = fleet_gen::generate(&spec);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleet.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    drop(export);
+    let db = dir.path().join("fleet.db");
+    let generated = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    kiln(&db, &["import", file.to_str().unwrap()]);
+    println!(
+        "large fleet: {hosts} hosts × {nights} nights × {metrics} metrics = {rows} metric rows (generated in \
+         {generated:.0} s, imported in {:.0} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let (server, addr) = start_server(&db);
+    let client: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let since = format!("{}d", nights + 10);
+    let questions: [(&str, String, Vec<&str>); 3] = [
+        ("compare --by config", format!("/api/v1/compare?by=config&since={since}"), vec!["compare", "--by", "config"]),
+        ("outliers", format!("/api/v1/outliers?since={since}"), vec!["outliers"]),
+        ("regressions", format!("/api/v1/regressions?since={since}"), vec!["regressions"]),
+    ];
+    for (name, path, args) in questions {
+        let url = format!("http://{addr}{path}");
+        let served = median_ms(3, || {
+            let mut r = client.get(&url).call().expect("asking the server");
+            assert_eq!(r.status().as_u16(), 200, "{url}");
+            let _ = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap();
+        });
+        let mut local_args = args.clone();
+        local_args.extend(["--since", &since, "--json"]);
+        let local = median_ms(3, || {
+            let _ = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&local_args).env("KILN_DB", &db).output();
+        });
+        println!(
+            "  {name}: through the server {served:.0} ms (target < 2000 ms: {:.2}x of it), `kiln {}` locally {local:.0} ms",
+            served / 2000.0,
+            args.join(" ")
+        );
+    }
+    stop(server);
+}
+
 fn main() {
     let agents: usize = std::env::var("KILN_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let spec = fleet_gen::FleetSpec {
@@ -104,19 +204,7 @@ fn main() {
     let db = dir.path().join("fleet.db");
     let made = kiln(&db, &["token", "create", "--name", "bench", "--json"]);
     let token = serde_json::from_str::<serde_json::Value>(&made).unwrap()["token"].as_str().unwrap().to_string();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("KILN_DB", &db)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting kiln serve");
-    let mut said = BufReader::new(server.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(said.read_line(&mut line).unwrap() > 0, "kiln serve stopped");
-    }
-    let addr: std::net::SocketAddr = line.rsplit("http://").next().unwrap().trim().parse().unwrap();
+    let (server, addr) = start_server(&db);
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let t = Instant::now();
@@ -146,8 +234,7 @@ fn main() {
             Err(e) => failures.push(e),
         }
     }
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), nix::sys::signal::Signal::SIGTERM);
-    let _ = server.wait();
+    stop(server);
     assert!(failures.is_empty(), "{} uploads failed: {:?}", failures.len(), &failures[..failures.len().min(5)]);
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1000.0;
@@ -168,4 +255,10 @@ fn main() {
          that speed",
         import_secs / wall
     );
+
+    let fleet = std::env::var("KILN_BENCH_FLEET").unwrap_or_else(|_| "10000x90x20".into());
+    let dims: Vec<usize> = fleet.split('x').filter_map(|v| v.parse().ok()).collect();
+    if let [hosts, nights, metrics] = dims[..] {
+        large_fleet(hosts, nights, metrics);
+    }
 }

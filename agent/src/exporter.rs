@@ -177,9 +177,7 @@ pub fn run(listen: SocketAddr, nvml_lib: Option<PathBuf>) -> Result<()> {
             )
             .route("/", get(|| async { "kiln agent: metrics at /metrics\n" }));
         let stop = crate::serve::shutdown_signal()?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("listening on {listen} (is another exporter there?)"))?;
+        let listener = crate::serve::listen(listen).with_context(|| format!("listening on {listen}"))?;
         eprintln!("kiln agent: listening on http://{}/metrics", listener.local_addr()?);
         axum::serve(listener, app)
             .with_graceful_shutdown(async {

@@ -111,12 +111,23 @@ fn raise_open_files() {
     }
 }
 
+/// Connections the kernel may hold for the server before it accepts them: a fleet's agents
+/// connect at once after a nightly run (the default, 128, overflowed at 1,000 agents on loopback;
+/// the kernel caps it at `net.core.somaxconn`).
+const BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with room for [`BACKLOG`] pending connections.
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 async fn run(config: &Config, app: Shared) -> Result<()> {
     let stop_signal = shutdown_signal()?;
     let router = router(app, config.max_upload_bytes);
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {} (is another server there?)", config.listen))?;
+    let listener = listen(config.listen).with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let signal = async move {
