@@ -87,9 +87,9 @@ impl Store {
     pub async fn pending_uploads(&mut self, now: &str) -> Result<Pending> {
         let err = self.sql_err();
         let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
-            "SELECT kind, COUNT(*), SUM(next_attempt_at IS NOT NULL AND next_attempt_at > ?1 AND NOT (CLOCK_WENT_BACK)) \
+            "SELECT kind, COUNT(*), SUM(next_attempt_at IS NOT NULL AND next_attempt_at > ?1 AND NOT ({CLOCK_WENT_BACK})) \
              FROM outbox GROUP BY kind"
-        ).replace("CLOCK_WENT_BACK", CLOCK_WENT_BACK))
+        ))
         .bind(now)
         .fetch_all(&mut self.conn)
         .await
