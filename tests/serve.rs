@@ -426,8 +426,16 @@ fn limits_anonymous_reads_and_https() {
     let server = Server::start(&site.server_db(), &["--max-upload-mib", "1", "--anonymous-read"]);
     let (export, ..) = generate(&crate::fleet::spec_seeded(3));
     assert!(export.len() > 1 << 20);
-    let (status, _, _) = post(&server.url, Some(&token), &export);
-    assert_eq!(status, 413, "a body above --max-upload-mib");
+    let (status, _, body) = post(&server.url, Some(&token), &export);
+    assert_eq!(status, 413, "a body above --max-upload-mib (by its Content-Length)");
+    assert!(body.contains("1 MiB"), "{body}");
+    // Without a length (chunked), refused when the limit is reached.
+    let mut reader = std::io::Cursor::new(export.as_bytes());
+    let chunked = client()
+        .post(format!("{}/api/v1/records", server.url))
+        .header("Authorization", format!("Bearer {token}"))
+        .send(ureq::SendBody::from_reader(&mut reader));
+    assert_eq!(send(chunked).0, 413, "a chunked body above --max-upload-mib");
     assert_eq!(runs_in(&site), 0);
     let (status, _, body) = get(&server.url, "/api/v1/hosts", None);
     assert_eq!(status, 200, "--anonymous-read: {body}");

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -61,12 +61,19 @@ struct Upload {
 const GROUP_UPLOADS: usize = 64;
 const GROUP_BYTES: usize = 64 << 20;
 
+/// Upload bodies read into memory at once: with the 256 MiB default limit, at most 4 GiB; the
+/// others wait (their agents' connections open) until a slot is free.
+const UPLOAD_SLOTS: usize = 16;
+
 /// What the handlers share.
 pub struct App {
     pool: Pool,
     /// Uploads waiting for the writer (see [`group_commit`]).
     uploads: tokio::sync::mpsc::Sender<Upload>,
     anonymous_read: bool,
+    max_upload_bytes: usize,
+    /// Upload bodies being read into memory at once (see [`records`]).
+    upload_slots: tokio::sync::Semaphore,
     metrics: metrics::Metrics,
     /// When each token's use was last written down (at most once a minute per token).
     used: Mutex<HashMap<String, Instant>>,
@@ -88,6 +95,8 @@ pub fn serve(config: Config) -> Result<()> {
         pool,
         uploads,
         anonymous_read: config.anonymous_read,
+        max_upload_bytes: config.max_upload_bytes,
+        upload_slots: tokio::sync::Semaphore::new(UPLOAD_SLOTS),
         metrics: metrics::Metrics::new(),
         used: Mutex::new(HashMap::new()),
     });
@@ -126,7 +135,7 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
 
 async fn run(config: &Config, app: Shared) -> Result<()> {
     let stop_signal = shutdown_signal()?;
-    let router = router(app, config.max_upload_bytes);
+    let router = router(app);
     let listener = listen(config.listen).with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -205,9 +214,9 @@ async fn group_commit(app: Shared, mut queued: tokio::sync::mpsc::Receiver<Uploa
 }
 
 /// Every route.
-pub fn router(app: Shared, max_upload_bytes: usize) -> Router {
+pub fn router(app: Shared) -> Router {
     Router::new()
-        .route("/api/v1/records", post(records).layer(DefaultBodyLimit::max(max_upload_bytes)))
+        .route("/api/v1/records", post(records).layer(DefaultBodyLimit::disable()))
         .route("/api/v1/hosts", get(hosts))
         .route("/api/v1/runs", get(runs))
         .route("/api/v1/compare", get(compare))
@@ -229,6 +238,8 @@ pub enum ApiError {
     /// asks the browser for the token as a password.
     Unauthorized(String, bool),
     Forbidden(String),
+    /// The body is larger than `--max-upload-mib` (413).
+    TooLarge(String),
     BadRequest {
         message: String,
         line: Option<usize>,
@@ -271,6 +282,7 @@ impl IntoResponse for ApiError {
         let (status, message, line) = match self {
             ApiError::Unauthorized(m, _) => (StatusCode::UNAUTHORIZED, m, None),
             ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m, None),
+            ApiError::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m, None),
             ApiError::BadRequest { message, line } => (StatusCode::BAD_REQUEST, message, line),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m, None),
@@ -345,9 +357,80 @@ fn answer<V: View>(view: &V, format: Option<&str>) -> Result<Response, ApiError>
     Ok(([(header::CONTENT_TYPE, kind)], body).into_response())
 }
 
+/// Reads and drops a refused upload's body (up to `limit` bytes, never holding more than a frame),
+/// so that the client, still sending, gets to read the refusal instead of a broken pipe.
+async fn discard(body: Body, limit: usize) {
+    let _ = frames(body, limit, |_| {}).await;
+}
+
+/// A body of at most `limit` bytes; `None` when it is larger (what follows the limit is read, up to
+/// `limit` more, and dropped, so that the client reads the refusal).
+async fn read_body(body: Body, limit: usize) -> Result<Option<Vec<u8>>, axum::Error> {
+    let mut out = Vec::new();
+    let mut over = false;
+    frames(body, 2 * limit, |data| {
+        if !over && out.len() + data.len() <= limit {
+            out.extend_from_slice(data);
+        } else {
+            over = true;
+            out = Vec::new();
+        }
+    })
+    .await?;
+    Ok((!over).then_some(out))
+}
+
+/// Feeds the body's data to `keep` frame by frame, up to about `limit` bytes.
+async fn frames(body: Body, limit: usize, mut keep: impl FnMut(&[u8])) -> Result<(), axum::Error> {
+    use axum::body::HttpBody;
+    let mut body = std::pin::pin!(body);
+    let mut seen = 0usize;
+    while seen <= limit {
+        match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    seen += data.len();
+                    keep(data);
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None => break,
+        }
+    }
+    Ok(())
+}
+
 /// `POST /api/v1/records`: an export, stored whole or not at all.
-async fn records(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let token = authorize(&app, &headers, Need::Write).await?;
+///
+/// The token is checked before the body is read, and at most [`UPLOAD_SLOTS`] bodies are read into
+/// memory at once, each up to `--max-upload-mib` (a larger one is refused with 413 as soon as it
+/// shows: by its `Content-Length`, or when the limit is reached).
+async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let token = match authorize(&app, &headers, Need::Write).await {
+        Ok(token) => token,
+        Err(refused) => {
+            discard(body, app.max_upload_bytes).await;
+            return Err(refused);
+        }
+    };
+    let too_large = || {
+        let mib = app.max_upload_bytes >> 20;
+        ApiError::TooLarge(format!("the upload is larger than this server takes ({mib} MiB, --max-upload-mib)"))
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > app.max_upload_bytes) {
+        discard(body, app.max_upload_bytes).await;
+        return Err(too_large());
+    }
+    let _slot = app.upload_slots.acquire().await.map_err(|_| ApiError::Unavailable("the server is stopping".into()))?;
+    let body = match read_body(body, app.max_upload_bytes).await {
+        Ok(Some(body)) => body,
+        Ok(None) => return Err(too_large()),
+        Err(e) => {
+            let message = format!("reading the body: {e}; nothing was imported");
+            return Err(ApiError::BadRequest { message, line: None });
+        }
+    };
     let text = String::from_utf8(body.to_vec()).map_err(|e| ApiError::BadRequest {
         message: format!("the body is not UTF-8 (byte {}); nothing was imported", e.utf8_error().valid_up_to()),
         line: None,
