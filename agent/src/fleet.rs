@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_bench::stats::{bootstrap_ratio_ci, mad, median, percentile_sorted, shift_ratio_ci, splitmix64};
+use kiln_bench::stats::{
+    bootstrap_ratio_ci, mad, median, percentile_sorted, shift_ci_overlaps, shift_ratio_ci, splitmix64,
+};
 use kiln_db::{Direction, Fleet, SeriesKey};
 use serde::Serialize;
 
@@ -633,6 +635,11 @@ pub fn detect(values: &[f64], noise: f64, seed: u64) -> Option<Change> {
         return None;
     }
     let (before, after) = (&values[..k], &values[k..]);
+    // Most series have no change worth the exact interval: where its 99 % interval certainly
+    // overlaps the band of half the noise threshold (the test below), it is not built.
+    if shift_ci_overlaps(before, after, 2.576, 1.0 + noise / 2.0, 1.0 - noise / 2.0) {
+        return None;
+    }
     let (mb, ma) = (median(before), median(after));
     // The shift's size and interval: Hodges–Lehmann with the Moses 99 % interval (rank-based,
     // exact, cheap); a bootstrap of the ratio of medians where values are not all positive.

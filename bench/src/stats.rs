@@ -153,6 +153,50 @@ pub fn shift_ratio_ci(before: &[f64], after: &[f64], z: f64) -> Option<(f64, f64
     Some((median_sorted(&d).exp(), d[cut].exp(), d[d.len() - 1 - cut].exp()))
 }
 
+/// Whether [`shift_ratio_ci`]'s interval certainly reaches down to `lower_at_most` and up to
+/// `upper_at_least` (both positive; with `upper_at_least <= lower_at_most`, it overlaps that band), decided
+/// without building and sorting the n₁n₂ pairwise ratios: the interval's ends are order statistics
+/// of those ratios, and how many ratios lie at or below `lo` (at or above `hi`) is counted in
+/// O(n log n) by walking the two sorted samples. Where this says `true`, the interval's lower end
+/// is at most `lower_at_most` and its upper end at least `upper_at_least`; `false` means "not certain" (compute it). The
+/// fleet's change detection asks this of every series before the exact interval (most series
+/// have no change worth computing it for).
+pub fn shift_ci_overlaps(before: &[f64], after: &[f64], z: f64, lower_at_most: f64, upper_at_least: f64) -> bool {
+    if before.is_empty() || after.is_empty() || before.iter().chain(after).any(|v| !(v.is_finite() && *v > 0.0)) {
+        return false;
+    }
+    let mut lb: Vec<f64> = before.iter().map(|v| v.ln()).collect();
+    let mut la: Vec<f64> = after.iter().map(|v| v.ln()).collect();
+    lb.sort_unstable_by(f64::total_cmp);
+    la.sort_unstable_by(f64::total_cmp);
+    let (n1, n2) = (before.len() as f64, after.len() as f64);
+    let len = before.len() * after.len();
+    let cut = (n1 * n2 / 2.0 - z * (n1 * n2 * (n1 + n2 + 1.0) / 12.0).sqrt()).floor().max(0.0) as usize;
+    let cut = cut.min((len - 1) / 2);
+    // A margin keeps rounding (ln, exp) from deciding a tie.
+    let (l, h) = (lower_at_most.ln() - 1e-9, upper_at_least.ln() + 1e-9);
+    // Pairs with la - lb <= l: for each a, the b's with lb >= la - l (a suffix of lb, moving right).
+    let mut at_or_below = 0usize;
+    let mut j = 0;
+    for &a in &la {
+        while j < lb.len() && lb[j] < a - l {
+            j += 1;
+        }
+        at_or_below += lb.len() - j;
+    }
+    // Pairs with la - lb >= h: for each a, the b's with lb <= la - h (a prefix of lb).
+    let mut at_or_above = 0usize;
+    let mut k = 0;
+    for &a in &la {
+        while k < lb.len() && lb[k] <= a - h {
+            k += 1;
+        }
+        at_or_above += k;
+    }
+    // The interval is [d(cut), d(len-1-cut)] of the sorted differences d.
+    at_or_below > cut && at_or_above > cut
+}
+
 /// Summarises samples; `None` for an empty slice.
 pub fn summarize(values: &[f64]) -> Option<Summary> {
     if values.is_empty() {
@@ -215,6 +259,33 @@ mod tests {
         let (est, lo, hi) = shift_ratio_ci(&before, &after, 2.576).unwrap();
         assert!((est - 0.9).abs() < 0.005 && lo <= est && est <= hi && hi < 1.0, "{est} [{lo}, {hi}]");
         assert!(shift_ratio_ci(&[0.0, 1.0], &[1.0], 1.96).is_none());
+    }
+
+    /// The shortcut agrees with the exact interval wherever it claims an overlap, and claims it
+    /// for most series that overlap.
+    #[test]
+    fn the_overlap_shortcut_never_contradicts_the_interval() {
+        let mut state = 7u64;
+        let mut claimed = 0;
+        let mut overlapping = 0;
+        for case in 0..3_000 {
+            let (n1, n2) = (6 + case % 40, 6 + (case * 7) % 40);
+            let step = [1.0, 1.005, 1.01, 1.02, 1.05, 0.95, 0.99][case % 7];
+            let noise = [0.002, 0.01, 0.03][case % 3];
+            let mut draw = |scale: f64| {
+                let u = (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+                scale * (1.0 + noise * (u - 0.5) * 3.4)
+            };
+            let before: Vec<f64> = (0..n1).map(|_| draw(100.0)).collect();
+            let after: Vec<f64> = (0..n2).map(|_| draw(100.0 * step)).collect();
+            let (_, lo, hi) = shift_ratio_ci(&before, &after, 2.576).unwrap();
+            let exact = lo <= 1.01 && hi >= 0.99;
+            let quick = shift_ci_overlaps(&before, &after, 2.576, 1.01, 0.99);
+            assert!(!quick || exact, "case {case}: the shortcut claimed an overlap the interval does not have");
+            overlapping += usize::from(exact);
+            claimed += usize::from(quick);
+        }
+        assert!(claimed * 10 >= overlapping * 9, "{claimed} of {overlapping}: the shortcut should catch nearly all");
     }
 
     #[test]
