@@ -102,6 +102,17 @@ pub struct Evidence {
     pub verdict: Option<kiln_db::VerdictRow>,
 }
 
+/// What a report is asked on, as [`gather`] takes it: exactly one of a host, a configuration or a
+/// run (`host:NEEDLE`, `config:NEEDLE`, `run:ID`); `None` for none or several.
+pub fn subject(host: Option<String>, config: Option<String>, run: Option<String>) -> Option<String> {
+    match (host, config, run) {
+        (Some(h), None, None) => Some(format!("host:{h}")),
+        (None, Some(c), None) => Some(format!("config:{c}")),
+        (None, None, Some(r)) => Some(format!("run:{r}")),
+        _ => None,
+    }
+}
+
 /// Reads what a report on `asked` needs: `host:NEEDLE`, `config:NEEDLE` (resolved as
 /// `kiln compare` resolves its subjects) or `run:ID`.
 ///

@@ -202,12 +202,8 @@ pub fn report(args: ReportArgs, ctx: &Ctx) -> Result<Output> {
         anyhow::bail!("say where the report goes: --html FILE and/or --markdown FILE");
     }
     let start = window_start(&args.since)?;
-    let asked = match (args.host, args.config, args.run) {
-        (Some(h), None, None) => format!("host:{h}"),
-        (None, Some(c), None) => format!("config:{c}"),
-        (None, None, Some(r)) => format!("run:{r}"),
-        _ => anyhow::bail!("give one of --host, --config or --run"),
-    };
+    let asked =
+        crate::report::subject(args.host, args.config, args.run).context("give one of --host, --config or --run")?;
     let evidence = ctx.with_store_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
     let report = crate::report::build(&evidence);
     let write = |path: &Path, text: String| {

@@ -234,9 +234,8 @@ pub fn router(app: Shared) -> Router {
 /// A request that did not succeed, answered as `{"error": ..., "line": ...}`.
 #[derive(Debug)]
 pub enum ApiError {
-    /// No token, a malformed one, an unknown or a revoked one (401). `true`: the dashboard, which
-    /// asks the browser for the token as a password.
-    Unauthorized(String, bool),
+    /// No token, a malformed one, an unknown or a revoked one (401).
+    Unauthorized(String),
     Forbidden(String),
     /// The body is larger than `--max-upload-mib` (413).
     TooLarge(String),
@@ -280,7 +279,7 @@ impl From<anyhow::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message, line) = match self {
-            ApiError::Unauthorized(m, _) => (StatusCode::UNAUTHORIZED, m, None),
+            ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m, None),
             ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m, None),
             ApiError::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m, None),
             ApiError::BadRequest { message, line } => (StatusCode::BAD_REQUEST, message, line),
@@ -308,16 +307,16 @@ async fn authorize(app: &Shared, headers: &HeaderMap, need: Need) -> Result<Opti
         if need == Need::Read && app.anonymous_read {
             return Ok(None);
         }
-        return Err(ApiError::Unauthorized("no token: send `Authorization: Bearer TOKEN`".into(), false));
+        return Err(ApiError::Unauthorized("no token: send `Authorization: Bearer TOKEN`".into()));
     };
     let Some((id, secret)) = auth::split(&token) else {
-        return Err(ApiError::Unauthorized("not a kiln token (kiln_<id>_<secret>)".into(), false));
+        return Err(ApiError::Unauthorized("not a kiln token (kiln_<id>_<secret>)".into()));
     };
     let id_owned = id.to_string();
     let row = app.pool.read(async move |s: &mut Store| s.token(&id_owned).await).await??;
     let row = match row {
         Some(row) if row.revoked_at.is_none() && auth::secret_matches(&row, secret) => row,
-        _ => return Err(ApiError::Unauthorized("unknown or revoked token".into(), false)),
+        _ => return Err(ApiError::Unauthorized("unknown or revoked token".into())),
     };
     if !need.allowed(row.role) {
         let what = if need == Need::Write { "upload" } else { "read the fleet" };
@@ -431,7 +430,7 @@ async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> R
             return Err(ApiError::BadRequest { message, line: None });
         }
     };
-    let text = String::from_utf8(body.to_vec()).map_err(|e| ApiError::BadRequest {
+    let text = String::from_utf8(body).map_err(|e| ApiError::BadRequest {
         message: format!("the body is not UTF-8 (byte {}); nothing was imported", e.utf8_error().valid_up_to()),
         line: None,
     })?;
@@ -592,11 +591,8 @@ async fn report(
     Query(q): Query<ReportQuery>,
 ) -> Result<Response, ApiError> {
     authorize(&app, &headers, Need::Read).await?;
-    let asked = match (q.host, q.config, q.run) {
-        (Some(h), None, None) => format!("host:{h}"),
-        (None, Some(c), None) => format!("config:{c}"),
-        (None, None, Some(r)) => format!("run:{r}"),
-        _ => return Err(ApiError::BadRequest { message: "give one of host=, config= or run=".into(), line: None }),
+    let Some(asked) = crate::report::subject(q.host, q.config, q.run) else {
+        return Err(ApiError::BadRequest { message: "give one of host=, config= or run=".into(), line: None });
     };
     let start = cli::window_start(q.since.as_deref().unwrap_or("30d"))?;
     let evidence = app
@@ -622,8 +618,8 @@ async fn metrics_page(State(app): State<Shared>, headers: HeaderMap) -> Result<R
 /// `GET /`: the dashboard. Browsers are asked for the token as the password of HTTP Basic.
 async fn dashboard(State(app): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     match authorize(&app, &headers, Need::Read).await {
-        Err(ApiError::Unauthorized(m, _)) => {
-            let mut r = ApiError::Unauthorized(m, true).into_response();
+        Err(ApiError::Unauthorized(m)) => {
+            let mut r = ApiError::Unauthorized(m).into_response();
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"kiln fleet: any user name, the token as password\""),
