@@ -25,8 +25,9 @@ pub struct Remote {
     pub token: Option<String>,
     /// Trust this CA (PEM) instead of the built-in web roots: a site's own CA or a self-signed server.
     pub ca_cert: Option<PathBuf>,
-    /// Where the settings came from, for messages.
-    pub from: String,
+    /// The HTTP client, made on first use and kept for every request of the command (its
+    /// connections and the CA file read once).
+    client: std::sync::OnceLock<ureq::Agent>,
 }
 
 #[derive(Deserialize)]
@@ -70,11 +71,20 @@ impl Remote {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             anyhow::bail!("{from}: {url:?} is not an http:// or https:// URL");
         }
-        Ok(Remote { url, token, ca_cert, from: from.to_string() })
+        Ok(Remote { url, token, ca_cert, client: std::sync::OnceLock::new() })
+    }
+
+    /// The HTTP client (see [`Remote::make_client`]).
+    fn client(&self) -> Result<&ureq::Agent> {
+        if let Some(client) = self.client.get() {
+            return Ok(client);
+        }
+        let made = self.make_client()?;
+        Ok(self.client.get_or_init(|| made))
     }
 
     /// An HTTP client that trusts `ca_cert` (or the web's roots) and leaves status codes to us.
-    fn client(&self) -> Result<ureq::Agent> {
+    fn make_client(&self) -> Result<ureq::Agent> {
         use ureq::tls::{PemItem, RootCerts, TlsConfig};
         let mut tls = TlsConfig::builder();
         if let Some(ca) = &self.ca_cert {
@@ -125,8 +135,9 @@ impl Remote {
         serde_json::from_str(&body).map_err(|e| format!("{}: an answer that is not an import's ({e})", self.url))
     }
 
-    /// `GET path?query`: the status, the `X-Kiln-Exit` header, and the body.
-    pub fn get(&self, path: &str, query: &[(&str, String)]) -> Result<(u16, Option<String>, String)> {
+    /// `GET path?query`: the `X-Kiln-Exit` header and the body of a 200 answer; any other status is
+    /// an error with the server's words.
+    pub fn get(&self, path: &str, query: &[(&str, String)]) -> Result<(Option<String>, String)> {
         let client = self.client()?;
         let mut request = client.get(format!("{}{path}", self.url));
         if self.token.is_some() {
@@ -141,7 +152,7 @@ impl Remote {
         if status != 200 {
             anyhow::bail!("{}{path} answered {status}: {}", self.url, server_error(&body));
         }
-        Ok((status, exit, body))
+        Ok((exit, body))
     }
 }
 

@@ -172,11 +172,6 @@ impl Ctx {
         self.remote.as_ref()
     }
 
-    /// Whether the database is kiln's default location (no --db, no KILN_DB).
-    pub fn db_is_default(&self) -> bool {
-        self.db.is_none()
-    }
-
     /// The command's result in the format asked for (`--json` or text).
     pub fn output<V: View>(&self, value: &V) -> Result<Output> {
         Ok(Output::new(document(value, self.json)?))
@@ -196,6 +191,18 @@ impl Ctx {
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
             .context("no --db given and neither XDG_DATA_HOME nor HOME is set; pass --db PATH")?;
         Ok(data.join("kiln/kiln.db"))
+    }
+
+    /// [`Ctx::db_path`], for a command that uses it with `access`: for a writer, the default
+    /// location's directory is made (it is kiln's own); an explicit --db's never is.
+    pub fn db_path_for(&self, access: kiln_db::Access) -> Result<PathBuf> {
+        let path = self.db_path()?;
+        if access == kiln_db::Access::Write && self.db.is_none() {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+        }
+        Ok(path)
     }
 
     /// The one async runtime (current thread), made on first use.
@@ -228,14 +235,8 @@ impl Ctx {
         let rt = self.runtime()?;
         let mut slot = self.store.borrow_mut();
         if slot.is_none() {
-            let path = self.db_path()?;
             let access = self.access;
-            if access == kiln_db::Access::Write && self.db.is_none() {
-                // The default location is kiln's own: its directory is made; an explicit --db's is not.
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-                }
-            }
+            let path = self.db_path_for(access)?;
             let mut store = rt.block_on(Store::open_for(&path, access))?;
             if access == kiln_db::Access::Write && self.remote.is_some() {
                 store.queue_uploads(true);
@@ -388,14 +389,6 @@ pub fn run_cli(cli: Cli) -> Result<Exit> {
     let flags = (cli.server.as_deref(), cli.token.as_deref(), cli.ca_cert.as_deref());
     let access = access(&cli.command);
     let ctx = Ctx::new(cli.db, cli.json, access);
-    if flags.0.is_some() {
-        let remote = Remote::resolve(flags.0, flags.1, flags.2)?.expect("--server given");
-        if let Some(out) = service::remote_read(&cli.command, &remote, &ctx) {
-            let out = out?;
-            out.print()?;
-            return Ok(out.exit);
-        }
-    }
     // Uploads only from the commands that store results; the server's own commands never.
     let uploads = access == kiln_db::Access::Write
         && !matches!(
@@ -403,8 +396,16 @@ pub fn run_cli(cli: Cli) -> Result<Exit> {
             Command::Serve { .. } | Command::Token { .. } | Command::Import { .. } | Command::Db { .. }
         );
     let sync = matches!(cli.command, Command::Sync { .. });
-    let remote = if uploads || sync { Remote::resolve(flags.0, flags.1, flags.2)? } else { None };
-    let ctx = ctx.with_remote(remote, !sync);
+    // A read command asks the fleet only when --server names it (not KILN_SERVER or the agent file).
+    let remote = if flags.0.is_some() || uploads || sync { Remote::resolve(flags.0, flags.1, flags.2)? } else { None };
+    if let (Some(remote), true) = (&remote, flags.0.is_some()) {
+        if let Some(out) = service::remote_read(&cli.command, remote, &ctx) {
+            let out = out?;
+            out.print()?;
+            return Ok(out.exit);
+        }
+    }
+    let ctx = ctx.with_remote(remote.filter(|_| uploads || sync), !sync);
     let out = run(cli.command, &ctx)?;
     ctx.finish()?;
     out.print()?;

@@ -25,12 +25,7 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, ctx: &Ctx) -> Result<Output> {
-    let db = ctx.db_path()?;
-    if ctx.db_is_default() {
-        if let Some(dir) = db.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-    }
+    let db = ctx.db_path_for(kiln_db::Access::Write)?;
     crate::serve::serve(crate::serve::Config {
         db,
         listen: args.listen,
@@ -223,7 +218,7 @@ pub fn remote_read(command: &Command, remote: &Remote, ctx: &Ctx) -> Option<Resu
     if !ctx.json {
         q.push(("format", "text".into()));
     }
-    Some(remote.get(path, &q).map(|(_, exit, body)| {
+    Some(remote.get(path, &q).map(|(exit, body)| {
         let exit = if exit.as_deref() == Some("1") { Exit::CheckFailed } else { Exit::Ok };
         Output::new(body).with_exit(exit)
     }))
@@ -243,7 +238,7 @@ fn remote_report(
         let Some(path) = path else { continue };
         let mut query = q.clone();
         query.push(("format", format.into()));
-        let (_, _, body) = remote.get("/api/v1/report", &query)?;
+        let (_, body) = remote.get("/api/v1/report", &query)?;
         super::outfile::write_output(path, |w| {
             w.write_all(body.as_bytes()).with_context(|| path.display().to_string())
         })?;
