@@ -75,16 +75,11 @@ fn scrape(src: &Sources) -> Result<String> {
             registry.register(name, help, g);
         }
     };
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = |key: &str| {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .map(|k| k * 1024.0)
-    };
-    gauge(&mut registry, "host_memory_total_bytes", "Memory the kernel manages", kib("MemTotal"));
-    gauge(&mut registry, "host_memory_available_bytes", "Memory available to new work", kib("MemAvailable"));
+    let meminfo =
+        crate::inventory::memory::parse_meminfo(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default());
+    let bytes = |key: &str| meminfo.iter().find(|(k, _)| k == key).map(|(_, v)| *v as f64);
+    gauge(&mut registry, "host_memory_total_bytes", "Memory the kernel manages", bytes("MemTotal"));
+    gauge(&mut registry, "host_memory_available_bytes", "Memory available to new work", bytes("MemAvailable"));
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<f64> = load.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect();
     gauge(&mut registry, "host_load1", "Load average over 1 minute", load.first().copied());
