@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use sqlx::{Connection, Row};
 
-use crate::series::{index_runs, period_of, HostSeries, IndexRun, Series, SeriesKey};
-use crate::{DbError, Direction, Result, Store};
+use crate::series::{HostSeries, SeriesKey};
+use crate::shared::index::{index_runs, IndexRun};
+use crate::{Direction, Result, Store};
 
 /// A host with its series.
 #[derive(Debug, Clone)]
@@ -67,7 +68,7 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     Some(days * 86_400 + h * 3600 + mi * 60 + se - offset)
 }
 
-fn direction_of(s: &str) -> Direction {
+pub(crate) fn direction_of(s: &str) -> Direction {
     match s {
         "higher" => Direction::Higher,
         "lower" => Direction::Lower,
@@ -89,116 +90,6 @@ pub fn mean_power<'a>(telemetry: impl Iterator<Item = (&'a str, &'a str, f64)>) 
 }
 
 impl Store {
-    /// Loads every series key and every host with its series — those of the partitions that reach
-    /// `since` (seconds since the epoch; older points of a reached partition are included: callers
-    /// filter by time).
-    pub async fn fleet(&mut self, since: Option<i64>) -> Result<Fleet> {
-        let err = self.sql_err();
-        let mut keys = BTreeMap::new();
-        for r in sqlx::query("SELECT id, config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction FROM series_keys")
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(&err)?
-        {
-            let key = SeriesKey {
-                id: r.get(0),
-                config_fingerprint: r.get(1),
-                config_name: r.get(2),
-                benchmark: r.get(3),
-                bench_config: r.get(4),
-                software_fingerprint: r.get(5),
-                metric: r.get(6),
-                unit: r.get(7),
-                direction: direction_of(&r.get::<String, _>(8)),
-            };
-            keys.insert(key.id, key);
-        }
-        // Every host, and its partitions that reach the window, oldest first.
-        let first_period = since.map(period_of).unwrap_or(i64::MIN);
-        let rows = sqlx::query(
-            "SELECT h.id, h.hostname, h.config_fingerprint, h.config_name, s.data FROM hosts h \
-             LEFT JOIN host_series s ON s.host_id = h.id AND s.period >= ?1 ORDER BY h.id, s.period",
-        )
-        .bind(first_period)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(&err)?;
-        let mut hosts: Vec<FleetHost> = Vec::with_capacity(rows.len());
-        // Per host being assembled: key → its points, in time order across partitions.
-        let mut points: BTreeMap<i64, Vec<(u32, f64)>> = BTreeMap::new();
-        let finish = |host: &mut FleetHost, points: &mut BTreeMap<i64, Vec<(u32, f64)>>| {
-            host.data.series = std::mem::take(points).into_iter().map(|(key, points)| Series { key, points }).collect();
-        };
-        for r in rows {
-            let id: String = r.get(0);
-            if hosts.last().is_none_or(|h| h.id != id) {
-                if let Some(last) = hosts.last_mut() {
-                    finish(last, &mut points);
-                }
-                hosts.push(FleetHost {
-                    id: id.clone(),
-                    hostname: r.get(1),
-                    config_fingerprint: r.get(2),
-                    config_name: r.get(3),
-                    data: HostSeries::default(),
-                });
-            }
-            let Some(blob) = r.get::<Option<Vec<u8>>, _>(4) else { continue };
-            let part = HostSeries::decode(&blob).map_err(|e| DbError::Corrupt {
-                path: self.path.clone(),
-                cause: sqlx::Error::Protocol(format!(
-                    "series of host {id}: {e}; `kiln` rebuilds them from the runs when the table is emptied"
-                )),
-            })?;
-            let host = hosts.last_mut().unwrap();
-            let offset = host.data.runs.len() as u32;
-            host.data.runs.extend(part.runs);
-            for s in part.series {
-                points.entry(s.key).or_default().extend(s.points.into_iter().map(|(run, v)| (run + offset, v)));
-            }
-        }
-        if let Some(last) = hosts.last_mut() {
-            finish(last, &mut points);
-        }
-        Ok(Fleet { keys, hosts })
-    }
-
-    /// What a run was measured on: (software fingerprint, software document, inventory document).
-    pub async fn run_context(
-        &mut self,
-        run_id: &str,
-    ) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
-        let row = sqlx::query(
-            "SELECT s.fingerprint, s.document, i.document FROM runs r LEFT JOIN software_stacks s ON s.id = r.software_id \
-             LEFT JOIN inventories i ON i.id = r.inventory_id WHERE r.id = ?",
-        )
-        .bind(run_id)
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(self.sql_err())?;
-        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
-    }
-
-    /// The mean of each telemetry channel of a run: (source, name, mean, samples).
-    pub async fn telemetry_means(&mut self, run_id: &str) -> Result<Vec<(String, String, f64, i64)>> {
-        let rows = sqlx::query("SELECT source, name, AVG(value), COUNT(*) FROM telemetry WHERE run_id = ? GROUP BY source, name ORDER BY source, name")
-            .bind(run_id)
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(self.sql_err())?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect())
-    }
-
-    /// A host's newest inventory document.
-    pub async fn latest_inventory(&mut self, host_id: &str) -> Result<Option<(String, String)>> {
-        let row = sqlx::query("SELECT collected_at, document FROM inventories WHERE host_id = ? ORDER BY collected_at DESC, rowid DESC LIMIT 1")
-            .bind(host_id)
-            .fetch_optional(&mut self.conn)
-            .await
-            .map_err(self.sql_err())?;
-        Ok(row.map(|r| (r.get(0), r.get(1))))
-    }
-
     /// Rebuilds every host's series from the runs and metrics tables (after the migration that
     /// introduced them, or to repair them).
     pub async fn rebuild_series(&mut self) -> Result<()> {

@@ -10,16 +10,16 @@ use std::str::FromStr;
 
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection};
 
 mod exchange;
 mod fleet;
 mod journal;
 mod outbox;
 mod series;
+mod shared;
 mod status;
 mod tokens;
-mod values;
 mod verdicts;
 pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
 pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
@@ -36,6 +36,17 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// waited for (the busy timeout) instead of failing when a transaction that has read tries to
 /// write (SQLite refuses that upgrade at once to avoid a deadlock).
 pub(crate) const WRITE: &str = "BEGIN IMMEDIATE";
+
+// What `shared` (the queries both engines run) needs of SQLite.
+type Conn = SqliteConnection;
+type DbRow = sqlx::sqlite::SqliteRow;
+const BEGIN_WRITE: &str = WRITE;
+
+/// Before a large import: a page cache big enough that the transaction does not spill pages
+/// mid-way (a hint: a failure here fails nothing).
+async fn prepare_import(conn: &mut Conn) {
+    let _ = sqlx::query("PRAGMA cache_size = -262144").execute(conn).await;
+}
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -714,8 +725,8 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
-        let nums = values::run_numbers(&mut tx, &[id.as_str()]).await.map_err(&err)?;
-        let v = values::Values {
+        let nums = shared::values::run_numbers(&mut tx, &[id.as_str()]).await.map_err(&err)?;
+        let v = shared::values::Values {
             metrics: run
                 .metrics
                 .iter()
@@ -728,7 +739,7 @@ impl Store {
                 .map(|(t, src, n, x)| (id.as_str(), src.as_str(), n.as_str(), *t, *x))
                 .collect(),
         };
-        values::write(&mut tx, &nums, &v).await.map_err(&err)?;
+        shared::values::write(&mut tx, &nums, &v).await.map_err(&err)?;
         let (config_fingerprint, config_name): (String, String) = sqlx::query_as(
             "SELECT COALESCE(i.config_fingerprint, h.config_fingerprint), COALESCE(i.config_name, h.config_name) \
              FROM hosts h LEFT JOIN inventories i ON i.id = ?2 WHERE h.id = ?1",
@@ -739,7 +750,7 @@ impl Store {
         .await
         .map_err(&err)?;
         if run.status.is_result() {
-            let index = series::IndexRun {
+            let index = shared::index::IndexRun {
                 host_id: &run.host_id,
                 run_id: &id,
                 started_at: &run.started_at,
@@ -755,192 +766,13 @@ impl Store {
                     .collect(),
                 power_watts: fleet::mean_power(run.telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
             };
-            series::index_runs(&mut tx, &[index]).await.map_err(&err)?;
+            shared::index::index_runs(&mut tx, &[index]).await.map_err(&err)?;
         }
         if self.queue_uploads {
             outbox::queue(&mut tx, "run", &id).await.map_err(&err)?;
         }
         tx.commit().await.map_err(&err)?;
         Ok(id)
-    }
-
-    pub(crate) async fn metrics_of(&mut self, run_id: &str) -> Result<Vec<Metric>> {
-        let err = self.sql_err();
-        let rows = sqlx::query("SELECT name, value, unit, direction FROM metrics WHERE run_id = ? ORDER BY name")
-            .bind(run_id)
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(err)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Metric {
-                name: r.get(0),
-                value: r.get(1),
-                unit: r.get(2),
-                direction: match r.get::<String, _>(3).as_str() {
-                    "higher" => Direction::Higher,
-                    "lower" => Direction::Lower,
-                    _ => Direction::None,
-                },
-            })
-            .collect())
-    }
-
-    /// Each host's newest run start (RFC 3339), by host id.
-    pub async fn last_runs(&mut self) -> Result<std::collections::BTreeMap<String, String>> {
-        let err = self.sql_err();
-        let rows: Vec<(String, String)> = sqlx::query_as("SELECT host_id, MAX(started_at) FROM runs GROUP BY host_id")
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(err)?;
-        Ok(rows.into_iter().collect())
-    }
-
-    /// The most recent runs first, with their metrics.
-    pub async fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>> {
-        let err = self.sql_err();
-        let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
-             ORDER BY r.started_at DESC, r.rowid DESC LIMIT ?"
-        );
-        let rows = sqlx::query(&sql).bind(limit).fetch_all(&mut self.conn).await.map_err(err)?;
-        self.with_metrics(rows).await
-    }
-
-    /// Rows of [`RUN_COLUMNS`] as runs, each with its metrics.
-    pub(crate) async fn with_metrics(&mut self, rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<RunRow>> {
-        let mut out = Vec::new();
-        for r in rows {
-            let id: String = r.get(0);
-            let metrics = self.metrics_of(&id).await?;
-            out.push(RunRow {
-                id,
-                host_id: r.get(1),
-                hostname: r.get(2),
-                benchmark: r.get(3),
-                config: r.get(4),
-                started_at: r.get(5),
-                finished_at: r.get(6),
-                status: r.get(7),
-                status_reason: r.get(8),
-                metrics,
-            });
-        }
-        Ok(out)
-    }
-
-    /// One run by id or unique prefix, with its samples and telemetry.
-    pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
-        let err = self.sql_err();
-        let pattern = like_prefix(id);
-        let rows = sqlx::query(
-            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document, \
-                    r.status_reason \
-             FROM runs r JOIN hosts h ON h.id = r.host_id LEFT JOIN software_stacks s ON s.id = r.software_id \
-             WHERE r.id LIKE ? ESCAPE '\\' LIMIT 2",
-        )
-        .bind(&pattern)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(&err)?;
-        let r = match rows.len() {
-            0 => return Err(DbError::NotFound { what: "run", id: id.to_string() }),
-            1 => &rows[0],
-            count => return Err(DbError::Ambiguous { what: "run", id: id.to_string(), count }),
-        };
-        let run_id: String = r.get(0);
-        let samples = sqlx::query("SELECT metric, idx, value FROM samples WHERE run_id = ? ORDER BY metric, idx")
-            .bind(&run_id)
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(&err)?
-            .into_iter()
-            .map(|s| (s.get(0), s.get(1), s.get(2)))
-            .collect();
-        let telemetry =
-            sqlx::query("SELECT t_ms, source, name, value FROM telemetry WHERE run_id = ? ORDER BY t_ms, source, name")
-                .bind(&run_id)
-                .fetch_all(&mut self.conn)
-                .await
-                .map_err(&err)?
-                .into_iter()
-                .map(|t| (t.get(0), t.get(1), t.get(2), t.get(3)))
-                .collect();
-        let metrics = self.metrics_of(&run_id).await?;
-        Ok(RunDetail {
-            software: r.get(8),
-            run: RunRow {
-                id: run_id,
-                host_id: r.get(1),
-                hostname: r.get(2),
-                benchmark: r.get(3),
-                config: r.get(4),
-                started_at: r.get(5),
-                finished_at: r.get(6),
-                status: r.get(7),
-                status_reason: r.get(9),
-                metrics,
-            },
-            samples,
-            telemetry,
-        })
-    }
-
-    /// Every known host with its inventory count, most recently seen first.
-    pub async fn hosts(&mut self) -> Result<Vec<HostRow>> {
-        let err = self.sql_err();
-        let rows = sqlx::query(
-            "SELECT h.id, h.identity, h.hostname, h.config_fingerprint, h.config_name, h.first_seen, h.last_seen, \
-                    COUNT(i.id) AS n, \
-                    (SELECT id FROM inventories WHERE host_id = h.id ORDER BY collected_at DESC, rowid DESC LIMIT 1) AS latest \
-             FROM hosts h LEFT JOIN inventories i ON i.host_id = h.id \
-             GROUP BY h.id ORDER BY h.last_seen DESC, h.id",
-        )
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(err)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| HostRow {
-                id: r.get(0),
-                identity: r.get(1),
-                hostname: r.get(2),
-                config_fingerprint: r.get(3),
-                config_name: r.get(4),
-                first_seen: r.get(5),
-                last_seen: r.get(6),
-                inventories: r.get(7),
-                latest_inventory: r.get(8),
-            })
-            .collect())
-    }
-
-    /// One inventory by its id or a unique prefix of it.
-    pub async fn inventory(&mut self, id: &str) -> Result<InventoryRow> {
-        let err = self.sql_err();
-        let pattern = like_prefix(id);
-        let rows = sqlx::query(
-            "SELECT id, host_id, collected_at, config_fingerprint, document FROM inventories \
-             WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
-        )
-        .bind(&pattern)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(err)?;
-        match rows.len() {
-            0 => Err(DbError::NotFound { what: "inventory", id: id.to_string() }),
-            1 => {
-                let r = &rows[0];
-                Ok(InventoryRow {
-                    id: r.get(0),
-                    host_id: r.get(1),
-                    collected_at: r.get(2),
-                    config_fingerprint: r.get(3),
-                    document: r.get(4),
-                })
-            }
-            count => Err(DbError::Ambiguous { what: "inventory", id: id.to_string(), count }),
-        }
     }
 
     pub async fn close(self) -> Result<()> {

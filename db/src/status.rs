@@ -1,8 +1,6 @@
 //! The closed sets of states the store keeps: a run's status, a provisioning apply's and a step's.
 //! Stored as their lower-case names; a name this build does not know is an error, never a guess.
 
-use sqlx::sqlite::{Sqlite, SqliteTypeInfo, SqliteValueRef};
-
 /// Declares a string-valued enum: `as_str`, `FromStr`, `Display`, serde as the name, and sqlx
 /// decoding from a TEXT column.
 macro_rules! named_enum {
@@ -56,15 +54,26 @@ macro_rules! named_enum {
             }
         }
 
-        impl sqlx::Type<Sqlite> for $name {
-            fn type_info() -> SqliteTypeInfo {
-                <str as sqlx::Type<Sqlite>>::type_info()
+        // Stored as text in either engine.
+        impl<DB: sqlx::Database> sqlx::Type<DB> for $name
+        where
+            str: sqlx::Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <str as sqlx::Type<DB>>::type_info()
+            }
+
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <str as sqlx::Type<DB>>::compatible(ty)
             }
         }
 
-        impl<'r> sqlx::Decode<'r, Sqlite> for $name {
-            fn decode(value: SqliteValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-                let text = <&str as sqlx::Decode<Sqlite>>::decode(value)?;
+        impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for $name
+        where
+            &'r str: sqlx::Decode<'r, DB>,
+        {
+            fn decode(value: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+                let text = <&str as sqlx::Decode<DB>>::decode(value)?;
                 Ok(text.parse()?)
             }
         }

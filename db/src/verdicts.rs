@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Row};
 
-use crate::{Result, RunRow, Store, RUN_COLUMNS};
+use crate::{Result, Store};
 
 /// A verdict to store. `document` is the verdict JSON; the agent owns its shape.
 #[derive(Debug, Clone)]
@@ -38,88 +37,18 @@ pub struct VerdictRow {
     pub document: Option<String>,
 }
 
-/// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
-/// what this database holds). Returns the rows written, 0 or 1.
-pub(crate) async fn insert(conn: &mut SqliteConnection, id: &str, v: &NewVerdict) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "INSERT OR IGNORE INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, \
-         failed, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(id)
-    .bind(&v.host_id)
-    .bind(&v.inventory_id)
-    .bind(&v.judged_at)
-    .bind(&v.spec_name)
-    .bind(&v.spec_hash)
-    .bind(&v.spec)
-    .bind(&v.verdict)
-    .bind(v.failed)
-    .bind(&v.document)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-/// A verdict's columns but its document.
-const SUMMARY: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed";
-/// `v` is its host's newest verdict.
-const NEWEST: &str =
-    "v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id ORDER BY judged_at DESC, rowid DESC LIMIT 1)";
-
-fn row(r: &sqlx::sqlite::SqliteRow) -> VerdictRow {
-    VerdictRow {
-        id: r.get(0),
-        host_id: r.get(1),
-        inventory_id: r.get(2),
-        judged_at: r.get(3),
-        spec_name: r.get(4),
-        spec_hash: r.get(5),
-        verdict: r.get(6),
-        failed: r.get(7),
-        document: r.get(8),
-    }
-}
-
 impl Store {
     /// Stores a verdict (one statement, committed at once).
     pub async fn save_verdict(&mut self, v: &NewVerdict) -> Result<String> {
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
         let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
-        insert(&mut tx, &id, v).await.map_err(&err)?;
+        crate::shared::reads::insert_verdict(&mut tx, &id, v).await.map_err(&err)?;
         if self.queue_uploads {
             crate::outbox::queue(&mut tx, "verdict", &id).await.map_err(&err)?;
         }
         tx.commit().await.map_err(&err)?;
         Ok(id)
-    }
-
-    /// The newest verdict of every host that has one, without its document (the hosts list needs
-    /// the decision, not every check of a fleet).
-    pub async fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>> {
-        let err = self.sql_err();
-        let sql = format!("SELECT {SUMMARY}, NULL FROM verdicts v WHERE {NEWEST}");
-        let rows = sqlx::query(&sql).fetch_all(&mut self.conn).await.map_err(err)?;
-        Ok(rows.iter().map(row).map(|v| (v.host_id.clone(), v)).collect())
-    }
-
-    /// The newest verdict of one host, with its document.
-    pub async fn latest_verdict(&mut self, host_id: &str) -> Result<Option<VerdictRow>> {
-        let err = self.sql_err();
-        let sql = format!("SELECT {SUMMARY}, document FROM verdicts v WHERE v.host_id = ? AND {NEWEST}");
-        let found = sqlx::query(&sql).bind(host_id).fetch_optional(&mut self.conn).await.map_err(err)?;
-        Ok(found.as_ref().map(row))
-    }
-
-    /// The runs taken with one inventory, oldest first, with their metrics.
-    pub async fn runs_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<RunRow>> {
-        let err = self.sql_err();
-        let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
-             WHERE r.inventory_id = ? ORDER BY r.started_at, r.rowid"
-        );
-        let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
-        self.with_metrics(rows).await
     }
 
     /// The telemetry a verdict reads of the runs taken with one inventory — PCIe link readings

@@ -1,13 +1,13 @@
 //! Writing runs' measured values — metric values, raw samples, telemetry — into the integer-keyed
 //! tables of schema 3: each run gets a number (`run_numbers`), each metric, sampled metric and
 //! telemetry channel a dictionary id, and rows go in sorted by key (B-tree appends) in batches. One
-//! path for `save_run` and `import`.
+//! path for `save_run` and `import`, in both engines.
 
 use std::collections::HashMap;
 
-use sqlx::sqlite::SqliteConnection;
 use sqlx::{QueryBuilder, Row};
 
+use super::Conn;
 use crate::MAX_BINDS;
 
 /// The values of one or more runs, each row naming its run by id.
@@ -22,10 +22,7 @@ pub(crate) struct Values<'a> {
 }
 
 /// Numbers new runs, in the order given (sorted ids give numbers in id order); run id → number.
-pub(crate) async fn run_numbers(
-    conn: &mut SqliteConnection,
-    run_ids: &[&str],
-) -> Result<HashMap<String, i64>, sqlx::Error> {
+pub(crate) async fn run_numbers(conn: &mut Conn, run_ids: &[&str]) -> Result<HashMap<String, i64>, sqlx::Error> {
     let mut nums = HashMap::with_capacity(run_ids.len());
     for chunk in run_ids.chunks(MAX_BINDS) {
         let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
@@ -42,7 +39,7 @@ pub(crate) async fn run_numbers(
 
 /// Ids of keys in a dictionary table whose key is the TEXT `columns`, creating the missing ones.
 async fn dictionary<'a, const N: usize>(
-    conn: &mut SqliteConnection,
+    conn: &mut Conn,
     table: &str,
     columns: [&str; N],
     keys: impl Iterator<Item = [&'a str; N]>,
@@ -51,8 +48,11 @@ async fn dictionary<'a, const N: usize>(
     for r in sqlx::query(&format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(&mut *conn).await? {
         known.insert(std::array::from_fn(|i| r.get(i + 1)), r.get(0));
     }
-    let insert =
-        format!("INSERT INTO {table} ({}) VALUES ({}) RETURNING id", columns.join(", "), vec!["?"; N].join(", "));
+    let insert = format!(
+        "INSERT INTO {table} ({}) VALUES ({}) RETURNING id",
+        columns.join(", "),
+        (1..=N).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+    );
     let mut out = HashMap::new();
     for key in keys {
         if out.contains_key(&key) {
@@ -75,11 +75,7 @@ async fn dictionary<'a, const N: usize>(
 }
 
 /// Writes the values of runs already numbered in `nums`.
-pub(crate) async fn write(
-    conn: &mut SqliteConnection,
-    nums: &HashMap<String, i64>,
-    v: &Values<'_>,
-) -> Result<(), sqlx::Error> {
+pub(crate) async fn write(conn: &mut Conn, nums: &HashMap<String, i64>, v: &Values<'_>) -> Result<(), sqlx::Error> {
     let ids =
         dictionary(conn, "metric_names", ["name", "unit", "direction"], v.metrics.iter().map(|m| [m.1, m.2, m.3]))
             .await?;

@@ -1,0 +1,495 @@
+//! Importing an export (a file, or the fleet service's uploads): every record checked, then
+//! stored all-or-nothing and idempotently — written once, compiled for each engine. Parsing and
+//! the record types are in `crate::exchange`.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{Connection, QueryBuilder, Row};
+
+use super::index::{index_runs, IndexRun};
+use super::{Conn, DbRow, Store};
+use crate::exchange::{parse_export, HostRec, ImportError, ImportStats, InventoryRec, Record, RunRec, SoftwareRec};
+use crate::fleet::mean_power;
+use crate::{DbError, MAX_BINDS};
+
+impl Store {
+    /// Imports an export: every line is parsed and checked first (a malformed or truncated file is
+    /// refused with its line number, and nothing is imported), then everything goes in as one
+    /// transaction. Records carry UUIDs: what is already here is skipped, so importing twice adds
+    /// nothing. Hosts merge by identity, software stacks by fingerprint.
+    pub async fn import(&mut self, file: &str, text: &str) -> std::result::Result<ImportStats, ImportError> {
+        let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+        let records = parse_export(file, text)?;
+        self.import_records(records, &malformed).await
+    }
+
+    async fn import_records(
+        &mut self,
+        records: Vec<(usize, Record<'_>)>,
+        malformed: &dyn Fn(usize, String) -> ImportError,
+    ) -> std::result::Result<ImportStats, ImportError> {
+        let err = self.sql_err();
+        // A page cache large enough that a big import does not spill pages mid-transaction.
+        super::prepare_import(&mut self.conn).await;
+        let mut tx = self.conn.begin_with(super::BEGIN_WRITE).await.map_err(&err)?;
+        let stats = import_into(&mut tx, records, malformed).await.map_err(|e| e.into_import(&err))?;
+        tx.commit().await.map_err(&err)?;
+        Ok(stats)
+    }
+
+    /// Several uploads (label, export text) in one transaction, each whole or not at all: each is
+    /// parsed first, then applied inside a savepoint that a failure rolls back, and one commit (one
+    /// sync to disk) stores them all. A failed commit fails every upload of the batch. The fleet
+    /// service's writer takes the uploads that queued while it was busy this way (group commit).
+    pub async fn import_many(
+        &mut self,
+        uploads: &[(String, String)],
+    ) -> Vec<std::result::Result<ImportStats, ImportError>> {
+        let err = self.sql_err();
+        let path = self.path().to_path_buf();
+        let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
+        let parsed: Vec<_> = uploads.iter().map(|(file, text)| parse_export(file, text)).collect();
+        if parsed.iter().all(|p| p.is_err()) {
+            return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
+        }
+        // As `import`: a page cache large enough that the batch does not spill pages mid-transaction.
+        // (Only a hint: a failure here fails nothing.)
+        super::prepare_import(&mut self.conn).await;
+        let mut tx = match self.conn.begin_with(super::BEGIN_WRITE).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                let message = err(e).to_string();
+                return parsed
+                    .into_iter()
+                    .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &message)))))
+                    .collect();
+            }
+        };
+        for ((file, _), records) in uploads.iter().zip(parsed) {
+            let records = match records {
+                Ok(r) => r,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            let malformed =
+                |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+            let result = async {
+                sqlx::query("SAVEPOINT upload").execute(&mut *tx).await?;
+                match import_into(&mut tx, records, &malformed).await {
+                    Ok(stats) => {
+                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
+                        Ok(stats)
+                    }
+                    Err(e) => {
+                        sqlx::query("ROLLBACK TO upload").execute(&mut *tx).await?;
+                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
+                        Err(e)
+                    }
+                }
+            }
+            .await;
+            results.push(result.map_err(|e: Failed| e.into_import(&err)));
+        }
+        if let Err(e) = tx.commit().await {
+            let message = err(e).to_string();
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(ImportError::Db(shared_failure(&path, &message)));
+            }
+        }
+        results
+    }
+}
+
+/// A failure that every upload of a batch shares (the transaction could not begin or commit).
+fn shared_failure(path: &std::path::Path, message: &str) -> DbError {
+    DbError::Conflict {
+        path: path.to_path_buf(),
+        what: format!("storing a batch of uploads failed, none was stored: {message}"),
+    }
+}
+
+/// Applies parsed records on a connection inside a transaction (or a savepoint).
+async fn import_into(
+    tx: &mut Conn,
+    records: Vec<(usize, Record<'_>)>,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+) -> std::result::Result<ImportStats, Failed> {
+    let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+    let parents = import_parents(tx, &records, malformed, &mut stats).await?;
+    let fresh = fresh_runs(tx, &records, &parents, malformed, &mut stats).await?;
+    insert_runs(tx, &fresh, &mut stats).await?;
+    index_fresh(tx, &fresh, &parents).await?;
+    import_verdicts(tx, &records, &parents, malformed, &mut stats).await?;
+    Ok(stats)
+}
+
+/// Verdicts, under the host and inventory earlier records gave (or that this database holds).
+async fn import_verdicts(
+    tx: &mut Conn,
+    records: &[(usize, Record<'_>)],
+    p: &Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    for (n, rec) in records {
+        let Record::Verdict(v) = rec else { continue };
+        let host = match p.host_ids.get(&v.host_id) {
+            Some(h) => h.clone(),
+            None => {
+                let here: Option<String> = sqlx::query_scalar("SELECT host_id FROM inventories WHERE id = $1")
+                    .bind(&v.inventory_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                here.ok_or_else(|| {
+                    Failed::File(malformed(
+                        *n,
+                        format!("verdict {} names host {}, which no record gives", v.id, v.host_id),
+                    ))
+                })?
+            }
+        };
+        let known: Option<String> = sqlx::query_scalar("SELECT id FROM inventories WHERE id = $1")
+            .bind(&v.inventory_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_none() {
+            let why = format!(
+                "verdict {} names inventory {}, which neither the file nor the database holds",
+                v.id, v.inventory_id
+            );
+            return Err(Failed::File(malformed(*n, why)));
+        }
+        let record = crate::NewVerdict {
+            host_id: host,
+            inventory_id: v.inventory_id.clone(),
+            judged_at: v.judged_at.clone(),
+            spec_name: v.spec_name.clone(),
+            spec_hash: v.spec_hash.clone(),
+            spec: v.spec.clone(),
+            verdict: v.verdict.clone(),
+            failed: v.failed,
+            document: v.document.get().to_string(),
+        };
+        stats.verdicts_new += super::reads::insert_verdict(&mut *tx, &v.id, &record).await?;
+    }
+    Ok(())
+}
+
+/// A failure inside an import: the database's (converted by the caller, who knows its path) or the
+/// file's.
+enum Failed {
+    Sql(sqlx::Error),
+    File(ImportError),
+}
+
+impl Failed {
+    fn into_import(self, sql: &impl Fn(sqlx::Error) -> DbError) -> ImportError {
+        match self {
+            Failed::Sql(e) => ImportError::Db(sql(e)),
+            Failed::File(e) => e,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Failed {
+    fn from(e: sqlx::Error) -> Failed {
+        Failed::Sql(e)
+    }
+}
+
+/// How the records that runs name map onto this database: hosts by identity, software by
+/// fingerprint, and the configuration each host and inventory had.
+#[derive(Default)]
+struct Parents {
+    host_ids: HashMap<String, String>,
+    software_ids: HashMap<String, String>,
+    host_configs: HashMap<String, (String, String)>,
+    inventory_configs: HashMap<String, (String, String)>,
+}
+
+/// Hosts (an export's id maps onto the id this database already has for the identity), software
+/// stacks and inventories.
+async fn import_parents(
+    tx: &mut Conn,
+    records: &[(usize, Record<'_>)],
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<Parents, Failed> {
+    let pairs =
+        |rows: Vec<DbRow>| -> HashMap<String, String> { rows.into_iter().map(|r| (r.get(0), r.get(1))).collect() };
+    let existing_hosts = pairs(sqlx::query("SELECT identity, id FROM hosts").fetch_all(&mut *tx).await?);
+    let existing_software =
+        pairs(sqlx::query("SELECT fingerprint, id FROM software_stacks").fetch_all(&mut *tx).await?);
+    let mut p = Parents::default();
+    for (n, rec) in records {
+        match rec {
+            Record::Host(h) => import_host(tx, *n, h, &existing_hosts, &mut p, malformed, stats).await?,
+            Record::Software(SoftwareRec { id, fingerprint, document, .. }) => {
+                if let Some(known) = existing_software.get(fingerprint) {
+                    p.software_ids.insert(id.clone(), known.clone());
+                    continue;
+                }
+                sqlx::query("INSERT INTO software_stacks (id, fingerprint, document) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                    .bind(id)
+                    .bind(fingerprint)
+                    .bind(document.get())
+                    .execute(&mut *tx)
+                    .await?;
+                p.software_ids.insert(id.clone(), id.clone());
+                stats.software_new += 1;
+            }
+            Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, stats).await?,
+            Record::Run(_) | Record::Verdict(_) | Record::End(_) => {}
+        }
+    }
+    Ok(p)
+}
+
+/// A host: merged into the one with its identity (its newest name and configuration win), or new.
+async fn import_host(
+    tx: &mut Conn,
+    n: usize,
+    h: &HostRec,
+    existing: &HashMap<String, String>,
+    p: &mut Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    p.host_configs.insert(h.id.clone(), (h.config_fingerprint.clone(), h.config_name.clone()));
+    if let Some(known) = existing.get(&h.identity) {
+        p.host_ids.insert(h.id.clone(), known.clone());
+        sqlx::query(
+            "UPDATE hosts SET last_seen = CASE WHEN $1 > last_seen THEN $1 ELSE last_seen END, \
+             first_seen = CASE WHEN $2 < first_seen THEN $2 ELSE first_seen END, \
+             hostname = CASE WHEN $1 > last_seen THEN COALESCE($3, hostname) ELSE hostname END, \
+             config_fingerprint = CASE WHEN $1 > last_seen THEN $4 ELSE config_fingerprint END, \
+             config_name = CASE WHEN $1 > last_seen THEN $5 ELSE config_name END WHERE id = $6",
+        )
+        .bind(&h.last_seen)
+        .bind(&h.first_seen)
+        .bind(&h.hostname)
+        .bind(&h.config_fingerprint)
+        .bind(&h.config_name)
+        .bind(known)
+        .execute(&mut *tx)
+        .await?;
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO hosts (id, identity, hostname, config_fingerprint, config_name, first_seen, last_seen) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&h.id)
+    .bind(&h.identity)
+    .bind(&h.hostname)
+    .bind(&h.config_fingerprint)
+    .bind(&h.config_name)
+    .bind(&h.first_seen)
+    .bind(&h.last_seen)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| Failed::File(malformed(n, format!("host {}: {e}", h.id))))?;
+    p.host_ids.insert(h.id.clone(), h.id.clone());
+    stats.hosts_new += 1;
+    Ok(())
+}
+
+/// An inventory, under the host an earlier record gave.
+async fn import_inventory(
+    tx: &mut Conn,
+    n: usize,
+    i: &InventoryRec<'_>,
+    p: &mut Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    let Some(host) = p.host_ids.get(&i.host_id) else {
+        let why = format!("inventory {} names host {}, which no earlier host record gives", i.id, i.host_id);
+        return Err(Failed::File(malformed(n, why)));
+    };
+    p.inventory_configs.insert(i.id.clone(), (i.config_fingerprint.clone(), i.config_name.clone()));
+    let done = sqlx::query(
+        "INSERT INTO inventories (id, host_id, collected_at, schema_version, config_fingerprint, \
+         config_name, cpu_model, cpu_packages, cpu_cores, cpu_threads, memory_bytes, kernel_release, problem_count, \
+         document) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&i.id)
+    .bind(host)
+    .bind(&i.collected_at)
+    .bind(i.schema_version)
+    .bind(&i.config_fingerprint)
+    .bind(&i.config_name)
+    .bind(&i.cpu_model)
+    .bind(i.cpu_packages)
+    .bind(i.cpu_cores)
+    .bind(i.cpu_threads)
+    .bind(i.memory_bytes)
+    .bind(&i.kernel_release)
+    .bind(i.problem_count)
+    .bind(i.document.get())
+    .execute(&mut *tx)
+    .await?;
+    stats.inventories_new += done.rows_affected();
+    Ok(())
+}
+
+/// Which of `ids` are already in `table` (batched lookups; a fresh database answers with nothing).
+async fn existing_ids(tx: &mut Conn, table: &str, ids: &[&str]) -> std::result::Result<HashSet<String>, sqlx::Error> {
+    let mut found = HashSet::new();
+    for chunk in ids.chunks(MAX_BINDS) {
+        let mut q = QueryBuilder::new(format!("SELECT id FROM {table} WHERE id IN ("));
+        let mut sep = q.separated(", ");
+        for id in chunk {
+            sep.push_bind(*id);
+        }
+        q.push(")");
+        for r in q.build().fetch_all(&mut *tx).await? {
+            found.insert(r.get(0));
+        }
+    }
+    Ok(found)
+}
+
+/// A run of the file that this database lacks, with its parents mapped.
+struct NewRunRef<'r> {
+    id: &'r str,
+    host: String,
+    inventory: Option<&'r str>,
+    software: Option<String>,
+    rec: &'r RunRec,
+}
+
+/// The file's runs that are not here yet, checked (their host, software and inventory must be
+/// given, their id a UUID), sorted by id.
+async fn fresh_runs<'r>(
+    tx: &mut Conn,
+    records: &'r [(usize, Record<'_>)],
+    p: &Parents,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    stats: &mut ImportStats,
+) -> std::result::Result<Vec<NewRunRef<'r>>, Failed> {
+    let runs: Vec<(usize, &RunRec)> =
+        records.iter().filter_map(|(n, r)| if let Record::Run(r) = r { Some((*n, r)) } else { None }).collect();
+    let ids: Vec<&str> = runs.iter().map(|(_, r)| r.id.as_str()).collect();
+    let mut known_runs = existing_ids(tx, "runs", &ids).await?;
+    // Inventories a run may name: those in this file (inserted above) and those already here.
+    let mut known_inventories: HashSet<String> = p.inventory_configs.keys().cloned().collect();
+    let outside: Vec<&str> = runs
+        .iter()
+        .filter_map(|(_, r)| r.inventory_id.as_deref())
+        .filter(|i| !known_inventories.contains(*i))
+        .collect();
+    known_inventories.extend(existing_ids(tx, "inventories", &outside).await?);
+    let mut fresh = Vec::new();
+    for (n, rec) in runs {
+        let RunRec { id, host_id, inventory_id, software_id, .. } = rec;
+        if known_runs.contains(id) {
+            stats.runs_known += 1;
+            continue;
+        }
+        let bad = |why: String| Failed::File(malformed(n, why));
+        let host = p
+            .host_ids
+            .get(host_id)
+            .ok_or_else(|| bad(format!("run {id} names host {host_id}, which no host record gives")))?;
+        let software =
+            match software_id {
+                Some(s) => Some(p.software_ids.get(s).cloned().ok_or_else(|| {
+                    bad(format!("run {id} names software stack {s}, which no software record gives"))
+                })?),
+                None => None,
+            };
+        if let Some(inv) = inventory_id.as_ref().filter(|i| !known_inventories.contains(*i)) {
+            return Err(bad(format!("run {id} names inventory {inv}, which no inventory record gives")));
+        }
+        if uuid::Uuid::parse_str(id).is_err() {
+            return Err(bad(format!("run id {id:?} is not a UUID")));
+        }
+        known_runs.insert(id.clone());
+        let inventory = inventory_id.as_deref();
+        fresh.push(NewRunRef { id, host: host.clone(), inventory, software, rec });
+    }
+    fresh.sort_unstable_by(|a, b| a.id.cmp(b.id));
+    stats.runs_new = fresh.len() as u64;
+    Ok(fresh)
+}
+
+/// The new runs and their values, numbered in run-id order and written key-sorted.
+async fn insert_runs(
+    tx: &mut Conn,
+    fresh: &[NewRunRef<'_>],
+    stats: &mut ImportStats,
+) -> std::result::Result<(), sqlx::Error> {
+    for chunk in fresh.chunks(MAX_BINDS / 10) {
+        let mut q = QueryBuilder::new(
+            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, \
+             status, status_reason) ",
+        );
+        q.push_values(chunk, |mut b, r| {
+            let RunRec { benchmark, config, started_at, finished_at, status, status_reason, .. } = r.rec;
+            b.push_bind(r.id)
+                .push_bind(&r.host)
+                .push_bind(r.inventory)
+                .push_bind(&r.software)
+                .push_bind(benchmark)
+                .push_bind(config)
+                .push_bind(started_at)
+                .push_bind(finished_at)
+                .push_bind(status.as_str())
+                .push_bind(status_reason);
+        });
+        q.build().execute(&mut *tx).await?;
+    }
+    let ids: Vec<&str> = fresh.iter().map(|r| r.id).collect();
+    let nums = super::values::run_numbers(tx, &ids).await?;
+    let mut v = super::values::Values::default();
+    for r in fresh {
+        let rec = r.rec;
+        v.metrics.extend(rec.metrics.iter().map(|(n, x, u, d)| (r.id, n.as_str(), u.as_str(), d.as_str(), *x)));
+        v.samples.extend(rec.samples.iter().map(|(m, i, x)| (r.id, m.as_str(), *i, *x)));
+        v.telemetry.extend(rec.telemetry.iter().map(|(t, src, n, x)| (r.id, src.as_str(), n.as_str(), *t, *x)));
+    }
+    super::values::write(tx, &nums, &v).await?;
+    (stats.metrics, stats.samples, stats.telemetry) =
+        (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
+    Ok(())
+}
+
+/// The series of the new runs (only results: `ok` and `unstable`).
+async fn index_fresh(tx: &mut Conn, fresh: &[NewRunRef<'_>], p: &Parents) -> std::result::Result<(), sqlx::Error> {
+    let software_fps: HashMap<String, String> = sqlx::query("SELECT id, fingerprint FROM software_stacks")
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let empty = (String::new(), String::new());
+    let index: Vec<IndexRun> = fresh
+        .iter()
+        .filter(|r| r.rec.status.is_result())
+        .map(|r| {
+            let RunRec { host_id, benchmark, config, started_at, metrics, telemetry, .. } = r.rec;
+            let (cfp, cname) = r
+                .inventory
+                .and_then(|i| p.inventory_configs.get(i))
+                .or_else(|| p.host_configs.get(host_id))
+                .unwrap_or(&empty);
+            IndexRun {
+                host_id: &r.host,
+                run_id: r.id,
+                started_at,
+                config_fingerprint: cfp,
+                config_name: cname,
+                benchmark,
+                bench_config: config,
+                software_fingerprint: r.software.as_ref().and_then(|s| software_fps.get(s)).map_or("", String::as_str),
+                metrics: metrics.iter().map(|(n, v, u, d)| (n.as_str(), *v, u.as_str(), d.as_str())).collect(),
+                power_watts: mean_power(telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
+            }
+        })
+        .collect();
+    index_runs(tx, &index).await
+}

@@ -1,0 +1,100 @@
+//! Adding runs to the fleet's series (`series_keys`, `host_series`; the blob format is in
+//! `crate::series`), in the transaction that stores the runs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::Conn;
+use crate::fleet::parse_rfc3339;
+use crate::series::{period_of, HostSeries, RunPoint};
+
+/// A run to add to the series.
+pub(crate) struct IndexRun<'a> {
+    pub host_id: &'a str,
+    pub run_id: &'a str,
+    pub started_at: &'a str,
+    pub config_fingerprint: &'a str,
+    pub config_name: &'a str,
+    pub benchmark: &'a str,
+    pub bench_config: &'a str,
+    pub software_fingerprint: &'a str,
+    pub metrics: Vec<(&'a str, f64, &'a str, &'a str)>,
+    pub power_watts: Option<f64>,
+}
+
+/// Adds runs to the series blobs, creating series keys as needed. Runs that are not `ok` or
+/// `unstable` carry no results worth comparing and are left out.
+pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::result::Result<(), sqlx::Error> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let existing: Vec<(i64, String, String, String, String, String)> = sqlx::query_as(
+        "SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    // Keys borrowed from the rows above and from the runs: no string copies per metric.
+    let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> = existing
+        .iter()
+        .map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id))
+        .collect();
+    let mut by_host: BTreeMap<(&str, i64), Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
+    for run in runs {
+        let Some(t) = parse_rfc3339(run.started_at) else { continue };
+        let Ok(run_id) = uuid::Uuid::parse_str(run.run_id) else { continue };
+        let mut values = Vec::with_capacity(run.metrics.len());
+        for &(name, value, unit, direction) in &run.metrics {
+            if !value.is_finite() {
+                continue;
+            }
+            let k = (run.config_fingerprint, run.benchmark, run.bench_config, run.software_fingerprint, name);
+            let id = match keys.get(&k) {
+                Some(id) => *id,
+                None => {
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO series_keys (config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                    )
+                    .bind(run.config_fingerprint)
+                    .bind(run.config_name)
+                    .bind(run.benchmark)
+                    .bind(run.bench_config)
+                    .bind(run.software_fingerprint)
+                    .bind(name)
+                    .bind(unit)
+                    .bind(direction)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    keys.insert(k, id);
+                    id
+                }
+            };
+            values.push((id, value));
+        }
+        by_host
+            .entry((run.host_id, period_of(t)))
+            .or_default()
+            .push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
+    }
+    for ((host, period), new) in by_host {
+        let existing: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = $1 AND period = $2")
+                .bind(host)
+                .bind(period)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let mut series = existing.and_then(|b| HostSeries::decode(&b).ok()).unwrap_or_default();
+        series.merge(new);
+        sqlx::query(
+            "INSERT INTO host_series (host_id, period, runs, points, data) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (host_id, period) DO UPDATE SET runs = excluded.runs, points = excluded.points, data = excluded.data",
+        )
+            .bind(host)
+            .bind(period)
+            .bind(series.runs.len() as i64)
+            .bind(series.points() as i64)
+            .bind(series.encode())
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! What the fleet service and the read commands ask of a store: hosts, runs, inventories, the
+//! fleet's series, verdicts — written once, compiled for each engine (see `shared/mod.rs`).
+
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+
+use super::{Conn, DbRow, Store};
+use crate::fleet::{direction_of, Fleet, FleetHost};
+use crate::series::{period_of, HostSeries, Series, SeriesKey};
+use crate::{
+    like_prefix, DbError, Direction, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, VerdictRow,
+    RUN_COLUMNS,
+};
+
+/// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
+/// what this database holds). Returns the rows written, 0 or 1.
+pub(crate) async fn insert_verdict(conn: &mut Conn, id: &str, v: &NewVerdict) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "INSERT INTO verdicts (id, host_id, inventory_id, judged_at, spec_name, spec_hash, spec, verdict, \
+         failed, document) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
+    )
+    .bind(id)
+    .bind(&v.host_id)
+    .bind(&v.inventory_id)
+    .bind(&v.judged_at)
+    .bind(&v.spec_name)
+    .bind(&v.spec_hash)
+    .bind(&v.spec)
+    .bind(&v.verdict)
+    .bind(v.failed)
+    .bind(&v.document)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// A verdict's columns but its document.
+const SUMMARY: &str = "id, host_id, inventory_id, judged_at, spec_name, spec_hash, verdict, failed";
+
+/// `v` is its host's newest verdict.
+const NEWEST: &str =
+    "v.rowid = (SELECT rowid FROM verdicts w WHERE w.host_id = v.host_id ORDER BY judged_at DESC, rowid DESC LIMIT 1)";
+
+fn row(r: &DbRow) -> VerdictRow {
+    VerdictRow {
+        id: r.get(0),
+        host_id: r.get(1),
+        inventory_id: r.get(2),
+        judged_at: r.get(3),
+        spec_name: r.get(4),
+        spec_hash: r.get(5),
+        verdict: r.get(6),
+        failed: r.get(7),
+        document: r.get(8),
+    }
+}
+
+impl Store {
+    pub(crate) async fn metrics_of(&mut self, run_id: &str) -> Result<Vec<Metric>> {
+        let err = self.sql_err();
+        let rows = sqlx::query("SELECT name, value, unit, direction FROM metrics WHERE run_id = $1 ORDER BY name")
+            .bind(run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(err)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Metric {
+                name: r.get(0),
+                value: r.get(1),
+                unit: r.get(2),
+                direction: match r.get::<String, _>(3).as_str() {
+                    "higher" => Direction::Higher,
+                    "lower" => Direction::Lower,
+                    _ => Direction::None,
+                },
+            })
+            .collect())
+    }
+
+    /// Each host's newest run start (RFC 3339), by host id.
+    pub async fn last_runs(&mut self) -> Result<std::collections::BTreeMap<String, String>> {
+        let err = self.sql_err();
+        let rows: Vec<(String, String)> = sqlx::query_as("SELECT host_id, MAX(started_at) FROM runs GROUP BY host_id")
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(err)?;
+        Ok(rows.into_iter().collect())
+    }
+
+    /// The most recent runs first, with their metrics.
+    pub async fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>> {
+        let err = self.sql_err();
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
+             ORDER BY r.started_at DESC, r.rowid DESC LIMIT $1"
+        );
+        let rows = sqlx::query(&sql).bind(limit).fetch_all(&mut self.conn).await.map_err(err)?;
+        self.with_metrics(rows).await
+    }
+
+    /// Rows of [`RUN_COLUMNS`] as runs, each with its metrics.
+    pub(crate) async fn with_metrics(&mut self, rows: Vec<DbRow>) -> Result<Vec<RunRow>> {
+        let mut out = Vec::new();
+        for r in rows {
+            let id: String = r.get(0);
+            let metrics = self.metrics_of(&id).await?;
+            out.push(RunRow {
+                id,
+                host_id: r.get(1),
+                hostname: r.get(2),
+                benchmark: r.get(3),
+                config: r.get(4),
+                started_at: r.get(5),
+                finished_at: r.get(6),
+                status: r.get(7),
+                status_reason: r.get(8),
+                metrics,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One run by id or unique prefix, with its samples and telemetry.
+    pub async fn run(&mut self, id: &str) -> Result<RunDetail> {
+        let err = self.sql_err();
+        let pattern = like_prefix(id);
+        let rows = sqlx::query(
+            "SELECT r.id, r.host_id, h.hostname, r.benchmark, r.config, r.started_at, r.finished_at, r.status, s.document, \
+                    r.status_reason \
+             FROM runs r JOIN hosts h ON h.id = r.host_id LEFT JOIN software_stacks s ON s.id = r.software_id \
+             WHERE r.id LIKE $1 ESCAPE '\\' LIMIT 2",
+        )
+        .bind(&pattern)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(&err)?;
+        let r = match rows.len() {
+            0 => return Err(DbError::NotFound { what: "run", id: id.to_string() }),
+            1 => &rows[0],
+            count => return Err(DbError::Ambiguous { what: "run", id: id.to_string(), count }),
+        };
+        let run_id: String = r.get(0);
+        let samples = sqlx::query("SELECT metric, idx, value FROM samples WHERE run_id = $1 ORDER BY metric, idx")
+            .bind(&run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(&err)?
+            .into_iter()
+            .map(|s| (s.get(0), s.get(1), s.get(2)))
+            .collect();
+        let telemetry = sqlx::query(
+            "SELECT t_ms, source, name, value FROM telemetry WHERE run_id = $1 ORDER BY t_ms, source, name",
+        )
+        .bind(&run_id)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(&err)?
+        .into_iter()
+        .map(|t| (t.get(0), t.get(1), t.get(2), t.get(3)))
+        .collect();
+        let metrics = self.metrics_of(&run_id).await?;
+        Ok(RunDetail {
+            software: r.get(8),
+            run: RunRow {
+                id: run_id,
+                host_id: r.get(1),
+                hostname: r.get(2),
+                benchmark: r.get(3),
+                config: r.get(4),
+                started_at: r.get(5),
+                finished_at: r.get(6),
+                status: r.get(7),
+                status_reason: r.get(9),
+                metrics,
+            },
+            samples,
+            telemetry,
+        })
+    }
+
+    /// Every known host with its inventory count, most recently seen first.
+    pub async fn hosts(&mut self) -> Result<Vec<HostRow>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT h.id, h.identity, h.hostname, h.config_fingerprint, h.config_name, h.first_seen, h.last_seen, \
+                    COUNT(i.id) AS n, \
+                    (SELECT id FROM inventories WHERE host_id = h.id ORDER BY collected_at DESC, rowid DESC LIMIT 1) AS latest \
+             FROM hosts h LEFT JOIN inventories i ON i.host_id = h.id \
+             GROUP BY h.id ORDER BY h.last_seen DESC, h.id",
+        )
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| HostRow {
+                id: r.get(0),
+                identity: r.get(1),
+                hostname: r.get(2),
+                config_fingerprint: r.get(3),
+                config_name: r.get(4),
+                first_seen: r.get(5),
+                last_seen: r.get(6),
+                inventories: r.get(7),
+                latest_inventory: r.get(8),
+            })
+            .collect())
+    }
+
+    /// One inventory by its id or a unique prefix of it.
+    pub async fn inventory(&mut self, id: &str) -> Result<InventoryRow> {
+        let err = self.sql_err();
+        let pattern = like_prefix(id);
+        let rows = sqlx::query(
+            "SELECT id, host_id, collected_at, config_fingerprint, document FROM inventories \
+             WHERE id LIKE $1 ESCAPE '\\' LIMIT 2",
+        )
+        .bind(&pattern)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        match rows.len() {
+            0 => Err(DbError::NotFound { what: "inventory", id: id.to_string() }),
+            1 => {
+                let r = &rows[0];
+                Ok(InventoryRow {
+                    id: r.get(0),
+                    host_id: r.get(1),
+                    collected_at: r.get(2),
+                    config_fingerprint: r.get(3),
+                    document: r.get(4),
+                })
+            }
+            count => Err(DbError::Ambiguous { what: "inventory", id: id.to_string(), count }),
+        }
+    }
+
+    /// Loads every series key and every host with its series — those of the partitions that reach
+    /// `since` (seconds since the epoch; older points of a reached partition are included: callers
+    /// filter by time).
+    pub async fn fleet(&mut self, since: Option<i64>) -> Result<Fleet> {
+        let err = self.sql_err();
+        let mut keys = BTreeMap::new();
+        for r in sqlx::query("SELECT id, config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction FROM series_keys")
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(&err)?
+        {
+            let key = SeriesKey {
+                id: r.get(0),
+                config_fingerprint: r.get(1),
+                config_name: r.get(2),
+                benchmark: r.get(3),
+                bench_config: r.get(4),
+                software_fingerprint: r.get(5),
+                metric: r.get(6),
+                unit: r.get(7),
+                direction: direction_of(&r.get::<String, _>(8)),
+            };
+            keys.insert(key.id, key);
+        }
+        // Every host, and its partitions that reach the window, oldest first.
+        let first_period = since.map(period_of).unwrap_or(i64::MIN);
+        let rows = sqlx::query(
+            "SELECT h.id, h.hostname, h.config_fingerprint, h.config_name, s.data FROM hosts h \
+             LEFT JOIN host_series s ON s.host_id = h.id AND s.period >= $1 ORDER BY h.id, s.period",
+        )
+        .bind(first_period)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(&err)?;
+        let mut hosts: Vec<FleetHost> = Vec::with_capacity(rows.len());
+        // Per host being assembled: key → its points, in time order across partitions.
+        let mut points: BTreeMap<i64, Vec<(u32, f64)>> = BTreeMap::new();
+        let finish = |host: &mut FleetHost, points: &mut BTreeMap<i64, Vec<(u32, f64)>>| {
+            host.data.series = std::mem::take(points).into_iter().map(|(key, points)| Series { key, points }).collect();
+        };
+        for r in rows {
+            let id: String = r.get(0);
+            if hosts.last().is_none_or(|h| h.id != id) {
+                if let Some(last) = hosts.last_mut() {
+                    finish(last, &mut points);
+                }
+                hosts.push(FleetHost {
+                    id: id.clone(),
+                    hostname: r.get(1),
+                    config_fingerprint: r.get(2),
+                    config_name: r.get(3),
+                    data: HostSeries::default(),
+                });
+            }
+            let Some(blob) = r.get::<Option<Vec<u8>>, _>(4) else { continue };
+            let part = HostSeries::decode(&blob).map_err(|e| DbError::Corrupt {
+                path: self.path.clone(),
+                cause: sqlx::Error::Protocol(format!(
+                    "series of host {id}: {e}; `kiln` rebuilds them from the runs when the table is emptied"
+                )),
+            })?;
+            let host = hosts.last_mut().unwrap();
+            let offset = host.data.runs.len() as u32;
+            host.data.runs.extend(part.runs);
+            for s in part.series {
+                points.entry(s.key).or_default().extend(s.points.into_iter().map(|(run, v)| (run + offset, v)));
+            }
+        }
+        if let Some(last) = hosts.last_mut() {
+            finish(last, &mut points);
+        }
+        Ok(Fleet { keys, hosts })
+    }
+
+    /// What a run was measured on: (software fingerprint, software document, inventory document).
+    pub async fn run_context(
+        &mut self,
+        run_id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
+        let row = sqlx::query(
+            "SELECT s.fingerprint, s.document, i.document FROM runs r LEFT JOIN software_stacks s ON s.id = r.software_id \
+             LEFT JOIN inventories i ON i.id = r.inventory_id WHERE r.id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(self.sql_err())?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    /// The mean of each telemetry channel of a run: (source, name, mean, samples).
+    pub async fn telemetry_means(&mut self, run_id: &str) -> Result<Vec<(String, String, f64, i64)>> {
+        let rows = sqlx::query("SELECT source, name, AVG(value), COUNT(*) FROM telemetry WHERE run_id = $1 GROUP BY source, name ORDER BY source, name")
+            .bind(run_id)
+            .fetch_all(&mut self.conn)
+            .await
+            .map_err(self.sql_err())?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect())
+    }
+
+    /// A host's newest inventory document.
+    pub async fn latest_inventory(&mut self, host_id: &str) -> Result<Option<(String, String)>> {
+        let row = sqlx::query("SELECT collected_at, document FROM inventories WHERE host_id = $1 ORDER BY collected_at DESC, rowid DESC LIMIT 1")
+            .bind(host_id)
+            .fetch_optional(&mut self.conn)
+            .await
+            .map_err(self.sql_err())?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// The newest verdict of every host that has one, without its document (the hosts list needs
+    /// the decision, not every check of a fleet).
+    pub async fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>> {
+        let err = self.sql_err();
+        let sql = format!("SELECT {SUMMARY}, NULL FROM verdicts v WHERE {NEWEST}");
+        let rows = sqlx::query(&sql).fetch_all(&mut self.conn).await.map_err(err)?;
+        Ok(rows.iter().map(row).map(|v| (v.host_id.clone(), v)).collect())
+    }
+
+    /// The newest verdict of one host, with its document.
+    pub async fn latest_verdict(&mut self, host_id: &str) -> Result<Option<VerdictRow>> {
+        let err = self.sql_err();
+        let sql = format!("SELECT {SUMMARY}, document FROM verdicts v WHERE v.host_id = $1 AND {NEWEST}");
+        let found = sqlx::query(&sql).bind(host_id).fetch_optional(&mut self.conn).await.map_err(err)?;
+        Ok(found.as_ref().map(row))
+    }
+
+    /// The runs taken with one inventory, oldest first, with their metrics.
+    pub async fn runs_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<RunRow>> {
+        let err = self.sql_err();
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs r JOIN hosts h ON h.id = r.host_id \
+             WHERE r.inventory_id = $1 ORDER BY r.started_at, r.rowid"
+        );
+        let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
+        self.with_metrics(rows).await
+    }
+}
