@@ -1,7 +1,8 @@
 //! The fleet service through the binary: `kiln serve` started on a loopback port, tokens made with
 //! `kiln token`, agents uploading with their own commands and `kiln sync`, readers asking with
 //! `--server`, and raw HTTP (ureq) for what a command never sends (no token, a wrong one, a body
-//! too large, a malformed one). The dashboard is checked in headless Chromium.
+//! too large, a malformed one). The dashboard is checked in headless Chromium. The service's
+//! tests run on both engines: an SQLite file, and PostgreSQL in a throwaway cluster.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::fleet_gen::{generate, hostname};
+use crate::pg_cluster::PgCluster;
 use crate::util::{fixtures, kiln, unpack, Run};
 
 /// A running `kiln serve`, stopped (SIGTERM) when dropped.
@@ -85,17 +87,48 @@ impl Drop for Server {
 
 struct Site {
     dir: tempfile::TempDir,
+    /// The service's PostgreSQL cluster, when the site stores there instead of an SQLite file.
+    pg: Option<PgCluster>,
 }
 
 impl Site {
     fn new() -> Site {
-        Site { dir: tempfile::tempdir().unwrap() }
+        Site { dir: tempfile::tempdir().unwrap(), pg: None }
+    }
+    /// A site whose service stores in PostgreSQL; `None` (said, or refused under
+    /// KILN_TEST_REQUIRE_ALL) where PostgreSQL is not installed.
+    fn postgres(test: &str) -> Option<Site> {
+        if !crate::util::needs(test, &crate::pg_cluster::missing().into_iter().collect::<Vec<_>>()) {
+            return None;
+        }
+        Some(Site { dir: tempfile::tempdir().unwrap(), pg: Some(PgCluster::start()) })
     }
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+    /// The service's `--db`: a file, or the PostgreSQL URL.
     fn server_db(&self) -> PathBuf {
-        self.path("fleet.db")
+        match &self.pg {
+            Some(pg) => PathBuf::from(&pg.url),
+            None => self.path("fleet.db"),
+        }
+    }
+    /// Checks the service's database: `kiln db check` on a file; on PostgreSQL, that every run's
+    /// values belong to a stored run (the engine keeps its own pages).
+    fn check_db(&self) {
+        match &self.pg {
+            None => {
+                self.admin(&["db", "check"]).success();
+            }
+            Some(pg) => {
+                let orphans = pg.psql(
+                    "kiln",
+                    "SELECT COUNT(*) FROM metric_values v LEFT JOIN run_numbers n ON n.num = v.run \
+                     LEFT JOIN runs r ON r.id = n.run_id WHERE r.id IS NULL",
+                );
+                assert_eq!(orphans.trim(), "0", "metric values without their run");
+            }
+        }
     }
     /// `kiln` on the server's database.
     fn admin(&self, args: &[&str]) -> Run {
@@ -140,10 +173,20 @@ fn runs_in(site: &Site) -> usize {
     runs["runs"].as_array().unwrap().len()
 }
 
-// Long: one fleet, uploaded once and asked every question, keeps the assertions next to their setup.
 #[test]
 fn the_service_stores_uploads_once_and_answers_as_the_local_commands_do() {
-    let site = Site::new();
+    stores_uploads_once_and_answers_as_the_local_commands_do(Site::new());
+}
+
+#[test]
+fn the_service_on_postgresql_stores_uploads_once_and_answers_as_the_local_commands_do() {
+    if let Some(site) = Site::postgres("the fleet service on PostgreSQL") {
+        stores_uploads_once_and_answers_as_the_local_commands_do(site);
+    }
+}
+
+// Long: one fleet, uploaded once and asked every question, keeps the assertions next to their setup.
+fn stores_uploads_once_and_answers_as_the_local_commands_do(site: Site) {
     let agent = site.token("rack-7", "agent");
     let reader = site.token("procurement", "reader");
     let server = Server::start(&site.server_db(), &[]);
@@ -285,7 +328,10 @@ fn the_service_stores_uploads_once_and_answers_as_the_local_commands_do() {
         assert!(page.contains(want), "the dashboard lacks {want:?}");
     }
     assert!(!page.contains("<script") && !page.contains("src="), "no scripts, no external assets");
-    dashboard_in_chromium(&site.path("dashboard.html"), &page);
+    if site.pg.is_none() {
+        // The page is built by the same code on either engine: drawn once.
+        dashboard_in_chromium(&site.path("dashboard.html"), &page);
+    }
 
     // A revoked token stops working at once; the others keep working.
     site.admin(&["token", "revoke", "procurement"]).success();
@@ -297,7 +343,7 @@ fn the_service_stores_uploads_once_and_answers_as_the_local_commands_do() {
     let (status, said) = server.stop();
     assert!(status.success(), "SIGTERM stops the server cleanly: {said}");
     assert!(said.contains("SIGTERM") && said.contains("stopped"), "{said}");
-    site.admin(&["db", "check"]).success();
+    site.check_db();
 }
 
 fn dashboard_in_chromium(file: &Path, page: &str) {
@@ -394,7 +440,17 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
 
 #[test]
 fn an_upload_cut_off_by_a_killed_server_is_stored_whole_or_not_at_all() {
-    let site = Site::new();
+    upload_cut_off_by_a_killed_server(Site::new());
+}
+
+#[test]
+fn an_upload_cut_off_by_a_killed_server_on_postgresql_is_stored_whole_or_not_at_all() {
+    if let Some(site) = Site::postgres("a killed server on PostgreSQL") {
+        upload_cut_off_by_a_killed_server(site);
+    }
+}
+
+fn upload_cut_off_by_a_killed_server(site: Site) {
     let token = site.token("box", "agent");
     let server = Server::start(&site.server_db(), &[]);
     let (export, ..) = generate(&crate::fleet::spec_seeded(7));
@@ -410,13 +466,46 @@ fn an_upload_cut_off_by_a_killed_server_is_stored_whole_or_not_at_all() {
     let _ = upload.join();
     let stored = runs_in(&site);
     assert!(stored == 0 || stored == 1200, "{stored} runs: an upload is one transaction");
-    site.admin(&["db", "check"]).success();
+    site.check_db();
 
     // The agent tries again: everything, once.
     let server = Server::start(&site.server_db(), &[]);
     let (status, _, body) = post(&server.url, Some(&token), &export);
     assert_eq!(status, 200, "{body}");
     assert_eq!(runs_in(&site), 1200);
+}
+
+#[test]
+fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() {
+    let Some(site) = Site::postgres("PostgreSQL restarted under the server") else { return };
+    let pg = site.pg.as_ref().unwrap();
+    let token = site.token("box", "agent");
+    let reader = site.token("ops", "reader");
+    let server = Server::start(&site.server_db(), &[]);
+    let (first, ..) = generate(&crate::fleet::spec_seeded(11));
+    assert_eq!(post(&server.url, Some(&token), &first).0, 200);
+
+    // The database goes away: uploads and questions answer 503 (agents keep their results and
+    // try again), health says so, and the server stays up.
+    pg.stop();
+    // Twenty more boxes (the first forty's runs again, and 600 new ones).
+    let (second, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 60, ..crate::fleet::spec_seeded(12) });
+    let (status, _, body) = post(&server.url, Some(&token), &second);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("cannot be reached"), "{body}");
+    assert_eq!(get(&server.url, "/healthz", None).0, 503);
+
+    // Back: the server's connections are made again; nothing was lost, nothing half-stored.
+    pg.restart();
+    assert_eq!(get(&server.url, "/healthz", None).0, 200);
+    let (status, _, body) = post(&server.url, Some(&token), &second);
+    assert_eq!(status, 200, "{body}");
+    let hosts = kiln(&["--server", &server.url, "--token", &reader, "hosts", "--json"], &[]).success().json();
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 60);
+    assert_eq!(runs_in(&site), 1800);
+    site.check_db();
+    let (status, said) = server.stop();
+    assert!(status.success(), "{said}");
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod hwloc;
 mod kill;
 mod lab;
 mod patterns;
+mod pg_cluster;
 mod provision;
 mod serve;
 mod synthetic;

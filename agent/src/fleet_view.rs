@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use kiln_db::{Direction, Store};
+use kiln_db::{AnyStore, Direction};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -163,7 +163,7 @@ pub fn render_comparison(c: &Comparison) -> String {
 }
 
 /// Telemetry means of an outlier's last run beside those of typical hosts.
-pub async fn outlier_telemetry(store: &mut Store, o: &Outlier) -> kiln_db::Result<Vec<String>> {
+pub async fn outlier_telemetry(store: &mut AnyStore, o: &Outlier) -> kiln_db::Result<Vec<String>> {
     let mine = store.telemetry_means(&o.last_run.to_string()).await?;
     let mut peers: std::collections::BTreeMap<(String, String), Vec<f64>> = std::collections::BTreeMap::new();
     for run in &o.peer_runs {
@@ -235,7 +235,7 @@ pub struct Explainer {
 }
 
 impl Explainer {
-    async fn context(&mut self, store: &mut Store, run: &str) -> kiln_db::Result<Context> {
+    async fn context(&mut self, store: &mut AnyStore, run: &str) -> kiln_db::Result<Context> {
         if let Some(c) = self.contexts.get(run) {
             return Ok(c.clone());
         }
@@ -244,7 +244,7 @@ impl Explainer {
         Ok(c)
     }
 
-    async fn between(&mut self, store: &mut Store, good: &str, bad: &str) -> kiln_db::Result<Vec<String>> {
+    async fn between(&mut self, store: &mut AnyStore, good: &str, bad: &str) -> kiln_db::Result<Vec<String>> {
         let key = (good.to_string(), bad.to_string());
         if let Some(d) = self.differences.get(&key) {
             return Ok(d.clone());
@@ -290,7 +290,7 @@ fn run_differences(a: Context, b: Context) -> Vec<String> {
 /// What changed at a host's regression: the software, firmware or inventory difference between
 /// consecutive runs nearest the estimated change point (within two runs). When the nearest change
 /// is not at the estimate, the regression is moved to it, and says so.
-pub async fn explain(store: &mut Store, cache: &mut Explainer, r: &mut Regression) -> kiln_db::Result<()> {
+pub async fn explain(store: &mut AnyStore, cache: &mut Explainer, r: &mut Regression) -> kiln_db::Result<()> {
     if r.around.len() < 2 {
         return Ok(());
     }

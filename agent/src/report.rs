@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use kiln_bench::stats::{median, percentile_sorted};
-use kiln_db::{Direction, Fleet, RunDetail, Store};
+use kiln_db::{AnyStore, Direction, Fleet, RunDetail};
 
 use crate::fleet::{self, by_group, detect, Filter, FleetError, HostValues, Subject};
 use crate::fleet_view::{num, pct, short, short6};
@@ -118,7 +118,7 @@ pub fn subject(host: Option<String>, config: Option<String>, run: Option<String>
 ///
 /// # Errors
 /// A subject that matches nothing, or several things; a database error.
-pub async fn gather(store: &mut Store, asked: &str, since: i64) -> Result<Evidence, FleetError> {
+pub async fn gather(store: &mut AnyStore, asked: &str, since: i64) -> Result<Evidence, FleetError> {
     let fleet = store.fleet(Some(since)).await?;
     let (subject, run) = match asked.strip_prefix("run:") {
         Some(id) => {

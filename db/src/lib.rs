@@ -1,8 +1,12 @@
-//! kiln's results store: SQLite through sqlx, with embedded migrations and WAL.
+//! kiln's results store: SQLite through sqlx, with embedded migrations and WAL; for the fleet
+//! service, PostgreSQL too (`pg`), running the same queries (`shared`).
 //!
 //! Invariants: the store never overwrites or "repairs" a file it did not create (a corrupt or
 //! foreign file is refused), never writes to a database from a newer kiln, and every write is one
 //! transaction. It knows nothing of kiln's JSON documents beyond storing them as text.
+
+// `shared` is compiled once per engine on purpose (see shared/mod.rs).
+#![allow(clippy::duplicate_mod)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,19 +16,23 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
 
+mod any;
 mod exchange;
 mod fleet;
 mod journal;
 mod outbox;
+mod pg;
 mod series;
 mod shared;
 mod status;
 mod tokens;
 mod verdicts;
+pub use any::{AnyStore, Location};
 pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
 pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
 pub use outbox::{Pending, UploadBatch};
+pub use pg::{redact, PgStore};
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 pub use tokens::{Role, TokenRow};
@@ -80,6 +88,8 @@ pub enum DbError {
     ReadOnly { path: PathBuf },
     #[error("{path}: a write to this database was interrupted (a killed kiln, a crash or a power cut) and SQLite must roll it back before anything can read it, which needs write access to the file and its directory; run kiln once as a user who may write them")]
     Interrupted { path: PathBuf },
+    #[error("{path}: the database server cannot be reached ({cause}); nothing was written: start it, or check the URL and that this host may connect")]
+    Unavailable { path: PathBuf, cause: sqlx::Error },
     #[error("{path}: {what}")]
     Conflict { path: PathBuf, what: String },
     #[error("no {what} matches {id:?}")]

@@ -16,10 +16,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
                   not run, or no spec applies)."
 )]
 pub struct Cli {
-    /// The results database, a path or sqlite://PATH [default: /var/lib/kiln/kiln.db as root, else
+    /// The results database: a path or sqlite://PATH, or for the fleet's commands (serve, token,
+    /// import and the read commands) a postgres:// URL [default: /var/lib/kiln/kiln.db as root, else
     /// ~/.local/share/kiln/kiln.db]
-    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH", value_parser = parse_db)]
-    pub db: Option<PathBuf>,
+    #[arg(long, global = true, env = "KILN_DB", value_name = "PATH|URL", value_parser = parse_db)]
+    pub db: Option<kiln_db::Location>,
     /// The fleet service (`kiln serve`): results are stored here, then uploaded to it; the read
     /// commands (hosts, runs, compare, outliers, regressions, report) ask it instead of the local
     /// database [uploads also: KILN_SERVER, else `server` in /etc/kiln/agent.toml]
@@ -39,19 +40,9 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// `--db`: a path, or `sqlite://PATH`. PostgreSQL URLs are named and refused: this build stores in
-/// SQLite only.
-fn parse_db(text: &str) -> Result<PathBuf, String> {
-    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-        return Err(
-            "PostgreSQL is not supported by this build of kiln yet; give a SQLite file (PATH or sqlite://PATH)".into(),
-        );
-    }
-    let path = text.strip_prefix("sqlite://").unwrap_or(text);
-    if path.is_empty() {
-        return Err("an empty path".into());
-    }
-    Ok(PathBuf::from(path))
+/// `--db`: a path, `sqlite://PATH`, or a `postgres://` URL.
+fn parse_db(text: &str) -> Result<kiln_db::Location, String> {
+    kiln_db::Location::parse(text)
 }
 
 // Where and how to take the inventory.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use kiln_db::Store;
+use kiln_db::AnyStore;
 use serde::Serialize;
 
 use super::args::{By, Window};
@@ -51,8 +51,7 @@ pub fn compare(
         }
         None => BTreeMap::new(),
     };
-    let view =
-        ctx.with_store_sync(|rt, store| rt.block_on(compare_view(store, subjects, by, &prices, filter, noise)))?;
+    let view = ctx.with_any_sync(|rt, store| rt.block_on(compare_view(store, subjects, by, &prices, filter, noise)))?;
     ctx.output(&view)
 }
 
@@ -75,7 +74,7 @@ impl View for CompareView {
 
 /// `kiln compare` of a store (the command's own, or the fleet service's).
 pub async fn compare_view(
-    store: &mut Store,
+    store: &mut AnyStore,
     subjects: &[String],
     by: Option<By>,
     prices: &BTreeMap<String, f64>,
@@ -112,12 +111,12 @@ impl View for Outliers {
 }
 
 pub fn outliers(filter: &Filter, threshold: f64, min_deviation: f64, ctx: &Ctx) -> Result<Output> {
-    ctx.output(&ctx.with_store(async |store| outliers_view(store, filter, threshold, min_deviation).await)?)
+    ctx.output(&ctx.with_any(async |store| outliers_view(store, filter, threshold, min_deviation).await)?)
 }
 
 /// `kiln outliers` of a store (the command's own, or the fleet service's).
 pub async fn outliers_view(
-    store: &mut Store,
+    store: &mut AnyStore,
     filter: &Filter,
     threshold: f64,
     min_deviation: f64,
@@ -149,14 +148,14 @@ impl View for Regressions {
 }
 
 pub fn regressions(since: &str, metric: Option<String>, noise: f64, ctx: &Ctx) -> Result<Output> {
-    let view = ctx.with_store_sync(|rt, store| rt.block_on(regressions_view(store, since, metric, noise)))?;
+    let view = ctx.with_any_sync(|rt, store| rt.block_on(regressions_view(store, since, metric, noise)))?;
     let found = !view.regressions.is_empty();
     Ok(ctx.output(&view)?.with_exit(Exit::check(found)))
 }
 
 /// `kiln regressions` of a store (the command's own, or the fleet service's).
 pub async fn regressions_view(
-    store: &mut Store,
+    store: &mut AnyStore,
     since: &str,
     metric: Option<String>,
     noise: f64,
@@ -204,7 +203,7 @@ pub fn report(args: ReportArgs, ctx: &Ctx) -> Result<Output> {
     let start = window_start(&args.since)?;
     let asked =
         crate::report::subject(args.host, args.config, args.run).context("give one of --host, --config or --run")?;
-    let evidence = ctx.with_store_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
+    let evidence = ctx.with_any_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
     let report = crate::report::build(&evidence);
     let write = |path: &Path, text: String| {
         super::outfile::write_output(path, |w| w.write_all(text.as_bytes()).with_context(|| path.display().to_string()))

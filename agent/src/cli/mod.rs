@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use kiln_db::Store;
+use kiln_db::{AnyStore, Location, Store};
 use serde::Serialize;
 
 pub use args::{Cli, Command};
@@ -141,12 +141,12 @@ impl Output {
 /// What every command may need, made once: the output format, the database path, one async
 /// runtime and one open store (both made on first use).
 pub struct Ctx {
-    db: Option<PathBuf>,
+    db: Option<kiln_db::Location>,
     pub json: bool,
     /// How the command uses the database: read-only commands never create, migrate or write it.
     access: kiln_db::Access,
     runtime: OnceCell<tokio::runtime::Runtime>,
-    store: RefCell<Option<Store>>,
+    store: RefCell<Option<AnyStore>>,
     /// The fleet service results are uploaded to (flags, environment or agent file).
     remote: Option<crate::upload::Remote>,
     /// Whether `finish` sends what is due (not after `kiln sync`, which has just sent it).
@@ -155,7 +155,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// The context of one command; `access` is what [`access`] says of it.
-    pub fn new(db: Option<PathBuf>, json: bool, access: kiln_db::Access) -> Ctx {
+    pub fn new(db: Option<kiln_db::Location>, json: bool, access: kiln_db::Access) -> Ctx {
         Ctx { db, json, access, runtime: OnceCell::new(), store: RefCell::new(None), remote: None, upload_after: false }
     }
 
@@ -178,10 +178,28 @@ impl Ctx {
     }
 
     /// `--db`/`KILN_DB`, else the system location as root, else the user's data directory.
-    pub fn db_path(&self) -> Result<PathBuf> {
-        if let Some(path) = &self.db {
-            return Ok(path.clone());
+    pub fn location(&self) -> Result<Location> {
+        if let Some(location) = &self.db {
+            return Ok(location.clone());
         }
+        Ok(Location::Sqlite(Self::default_path()?))
+    }
+
+    /// The SQLite file this command stores in: commands that keep a box's own results (measuring,
+    /// the provisioning journal, uploads) work on a local file, never on the fleet's PostgreSQL.
+    pub fn db_path(&self) -> Result<PathBuf> {
+        match self.location()? {
+            Location::Sqlite(path) => Ok(path),
+            Location::Postgres(url) => anyhow::bail!(
+                "--db {}: this command keeps results in a local SQLite file (give a path); a PostgreSQL \
+                 database serves `kiln serve`, `kiln token`, `kiln import` and the fleet's read commands \
+                 (hosts, runs, show, compare, outliers, regressions, report)",
+                kiln_db::redact(&url)
+            ),
+        }
+    }
+
+    fn default_path() -> Result<PathBuf> {
         if nix::unistd::geteuid().is_root() {
             return Ok(PathBuf::from("/var/lib/kiln/kiln.db"));
         }
@@ -193,16 +211,16 @@ impl Ctx {
         Ok(data.join("kiln/kiln.db"))
     }
 
-    /// [`Ctx::db_path`], for a command that uses it with `access`: for a writer, the default
+    /// [`Ctx::location`], for a command that uses it with `access`: for a writer, the default
     /// location's directory is made (it is kiln's own); an explicit --db's never is.
-    pub fn db_path_for(&self, access: kiln_db::Access) -> Result<PathBuf> {
-        let path = self.db_path()?;
-        if access == kiln_db::Access::Write && self.db.is_none() {
+    pub fn location_for(&self, access: kiln_db::Access) -> Result<Location> {
+        let location = self.location()?;
+        if let (Location::Sqlite(path), kiln_db::Access::Write, None) = (&location, access, &self.db) {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             }
         }
-        Ok(path)
+        Ok(location)
     }
 
     /// The one async runtime (current thread), made on first use.
@@ -232,14 +250,25 @@ impl Ctx {
 
     /// Like [`Ctx::with_store`], for code that drives the runtime itself (the provisioning journal).
     pub fn with_store_sync<T>(&self, f: impl FnOnce(&tokio::runtime::Runtime, &mut Store) -> Result<T>) -> Result<T> {
+        self.db_path()?;
+        self.with_any_sync(|rt, any| f(rt, any.sqlite().expect("db_path() said SQLite")))
+    }
+
+    /// Runs `f` on the store in whichever engine `--db` names: for the commands a fleet's
+    /// PostgreSQL database serves as well as a file.
+    pub fn with_any<T>(&self, f: impl AsyncFnOnce(&mut AnyStore) -> kiln_db::Result<T>) -> Result<T> {
+        self.with_any_sync(|rt, store| Ok(rt.block_on(f(store))?))
+    }
+
+    /// Like [`Ctx::with_any`], for code that drives the runtime itself.
+    pub fn with_any_sync<T>(&self, f: impl FnOnce(&tokio::runtime::Runtime, &mut AnyStore) -> Result<T>) -> Result<T> {
         let rt = self.runtime()?;
         let mut slot = self.store.borrow_mut();
         if slot.is_none() {
             let access = self.access;
-            let path = self.db_path_for(access)?;
-            let mut store = rt.block_on(Store::open_for(&path, access))?;
-            if access == kiln_db::Access::Write && self.remote.is_some() {
-                store.queue_uploads(true);
+            let mut store = rt.block_on(AnyStore::open(&self.location_for(access)?, access))?;
+            if let (Some(s), kiln_db::Access::Write, Some(_)) = (store.sqlite(), access, &self.remote) {
+                s.queue_uploads(true);
             }
             *slot = Some(store);
         }
@@ -249,7 +278,11 @@ impl Ctx {
     /// Removes the database this command created, after the command failed before storing
     /// anything in it (a refused import): nothing is created by mistake.
     pub fn discard_created(&self) -> Result<()> {
-        let Some(store) = self.store.borrow_mut().take_if(|s| s.created()) else { return Ok(()) };
+        let Some(AnyStore::Sqlite(store)) =
+            self.store.borrow_mut().take_if(|s| s.sqlite().is_some_and(|s| s.created()))
+        else {
+            return Ok(());
+        };
         Ok(self.block_on(store.discard())??)
     }
 
@@ -259,9 +292,12 @@ impl Ctx {
     pub fn finish(self) -> Result<()> {
         if let Some(store) = self.store.into_inner() {
             let sends = self.upload_after && self.access == kiln_db::Access::Write;
-            if let (Some(remote), Some(rt), true) = (&self.remote, self.runtime.get(), sends) {
+            if let (Some(remote), Some(rt), true, AnyStore::Sqlite(_)) =
+                (&self.remote, self.runtime.get(), sends, &store)
+            {
                 let mut store = store;
-                match rt.block_on(crate::upload::sync(&mut store, remote, true)) {
+                let local = store.sqlite().expect("matched above");
+                match rt.block_on(crate::upload::sync(local, remote, true)) {
                     Ok(s) if s.error.is_some() || s.pending.total() > 0 => eprintln!(
                         "kiln: warning: {} results not sent to {}{}; they stay queued here and are retried by \
                          the next command (with back-off) or now by `kiln sync`",
@@ -281,10 +317,12 @@ impl Ctx {
         Ok(())
     }
 
-    fn close(store: Store, rt: &tokio::runtime::Runtime) -> Result<()> {
-        if store.created() {
-            // Said once the command has succeeded: a database it then discarded is not news.
-            eprintln!("kiln: created the results database {}", store.path().display());
+    fn close(store: AnyStore, rt: &tokio::runtime::Runtime) -> Result<()> {
+        if let AnyStore::Sqlite(s) = &store {
+            if s.created() {
+                // Said once the command has succeeded: a database it then discarded is not news.
+                eprintln!("kiln: created the results database {}", s.path().display());
+            }
         }
         Ok(rt.block_on(store.close())?)
     }

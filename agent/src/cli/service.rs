@@ -25,7 +25,7 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, ctx: &Ctx) -> Result<Output> {
-    let db = ctx.db_path_for(kiln_db::Access::Write)?;
+    let db = ctx.location_for(kiln_db::Access::Write)?;
     crate::serve::serve(crate::serve::Config {
         db,
         listen: args.listen,
@@ -115,13 +115,13 @@ pub fn token(what: TokenCmd, ctx: &Ctx) -> Result<Output> {
             let new = auth::new_token();
             let (id, hash, at) = (new.id.clone(), new.secret_sha256.clone(), crate::timefmt::now_rfc3339());
             let stored_name = name.clone();
-            ctx.with_store(async |s| s.create_token(&id, &stored_name, role, &hash, &at).await)?;
+            ctx.with_any(async |s| s.create_token(&id, &stored_name, role, &hash, &at).await)?;
             ctx.output(&Created { id: new.id, name, role, token: new.token })
         }
-        TokenCmd::List => ctx.output(&Tokens { tokens: ctx.with_store(async |s| s.tokens().await)? }),
+        TokenCmd::List => ctx.output(&Tokens { tokens: ctx.with_any(async |s| s.tokens().await)? }),
         TokenCmd::Revoke { name_or_id } => {
             let at = crate::timefmt::now_rfc3339();
-            let row = ctx.with_store(async |s| s.revoke_token(&name_or_id, &at).await)?;
+            let row = ctx.with_any(async |s| s.revoke_token(&name_or_id, &at).await)?;
             let row =
                 row.with_context(|| format!("no live token is named or has the id {name_or_id:?} (kiln token list)"))?;
             ctx.output(&Revoked { token: row })

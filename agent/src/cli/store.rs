@@ -42,12 +42,12 @@ impl View for Runs {
 }
 
 pub fn runs(limit: i64, ctx: &Ctx) -> Result<Output> {
-    let database = ctx.db_path()?.display().to_string();
-    ctx.output(&ctx.with_store(async |store| runs_view(store, limit, database).await)?)
+    let database = ctx.location()?.shown();
+    ctx.output(&ctx.with_any(async |store| runs_view(store, limit, database).await)?)
 }
 
 /// `kiln runs` of a store (the command's own, or the fleet service's).
-pub async fn runs_view(store: &mut kiln_db::Store, limit: i64, database: String) -> kiln_db::Result<Runs> {
+pub async fn runs_view(store: &mut kiln_db::AnyStore, limit: i64, database: String) -> kiln_db::Result<Runs> {
     Ok(Runs { runs: store.runs(limit).await?, database })
 }
 
@@ -101,12 +101,12 @@ impl View for Hosts {
 }
 
 pub fn hosts(ctx: &Ctx) -> Result<Output> {
-    let database = ctx.db_path()?.display().to_string();
-    ctx.output(&ctx.with_store(async |store| hosts_view(store, database).await)?)
+    let database = ctx.location()?.shown();
+    ctx.output(&ctx.with_any(async |store| hosts_view(store, database).await)?)
 }
 
 /// `kiln hosts` of a store (the command's own, or the fleet service's).
-pub async fn hosts_view(store: &mut kiln_db::Store, database: String) -> kiln_db::Result<Hosts> {
+pub async fn hosts_view(store: &mut kiln_db::AnyStore, database: String) -> kiln_db::Result<Hosts> {
     let (hosts, mut verdicts) = (store.hosts().await?, store.latest_verdicts().await?);
     let hosts = hosts.into_iter().map(|host| HostEntry { verdict: verdicts.remove(&host.id), host }).collect();
     Ok(Hosts { hosts, database })
@@ -224,11 +224,11 @@ fn json_leaves(value: &serde_json::Value, path: String, out: &mut Vec<(String, S
 pub fn show(what: Show, ctx: &Ctx) -> Result<Output> {
     match what {
         Show::Run { id } => {
-            let run = ctx.with_store(async |store| store.run(&id).await)?;
+            let run = ctx.with_any(async |store| store.run(&id).await)?;
             ctx.output(&ShowRun(run))
         }
         Show::Inventory { id } => {
-            let row = ctx.with_store(async |store| store.inventory(&id).await)?;
+            let row = ctx.with_any(async |store| store.inventory(&id).await)?;
             if ctx.json {
                 // The document carries its own schema_version; printed exactly as stored.
                 return Ok(Output::new(row.document));
@@ -237,7 +237,7 @@ pub fn show(what: Show, ctx: &Ctx) -> Result<Output> {
                 format!(
                     "inventory {} in {} is not a document this kiln can read; try --json",
                     row.id,
-                    ctx.db_path().map(|p| p.display().to_string()).unwrap_or_default()
+                    ctx.location().map(|l| l.shown()).unwrap_or_default()
                 )
             })?;
             let text =
@@ -327,7 +327,7 @@ pub fn import(files: &[PathBuf], ctx: &Ctx) -> Result<Output> {
             anyhow::anyhow!("{name}: not UTF-8 text (byte {}); nothing was imported", e.utf8_error().valid_up_to())
         })?;
         let started = std::time::Instant::now();
-        let stats = match ctx.with_store(async |store| Ok(store.import(&name, &text).await))? {
+        let stats = match ctx.with_any(async |store| Ok(store.import(&name, &text).await))? {
             Ok(stats) => stats,
             Err(e) => {
                 if imports.is_empty() {

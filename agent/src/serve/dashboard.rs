@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use kiln_db::{Direction, Store};
+use kiln_db::{AnyStore, Direction};
 
 use crate::cli::View;
 use crate::fleet::{by_group, Filter};
@@ -36,7 +36,7 @@ fn query(value: &str) -> String {
 }
 
 /// The dashboard's HTML.
-pub async fn page(store: &mut Store) -> anyhow::Result<String> {
+pub async fn page(store: &mut AnyStore) -> anyhow::Result<String> {
     let now = crate::timefmt::now_unix();
     let hosts = store.hosts().await?;
     let verdicts = store.latest_verdicts().await?;

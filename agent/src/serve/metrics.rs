@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use kiln_db::{ImportStats, Store};
+use kiln_db::{AnyStore, ImportStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -121,7 +121,7 @@ impl Metrics {
         let recount =
             self.regressions_at.lock().map(|t| t.is_none_or(|t| t.elapsed() > REGRESSIONS_TTL)).unwrap_or(true);
         let fleet = pool
-            .read(async move |s: &mut Store| -> anyhow::Result<_> {
+            .read(async move |s: &mut AnyStore| -> anyhow::Result<_> {
                 let hosts = s.hosts().await?;
                 let verdicts = s.latest_verdicts().await?;
                 let last_runs = s.last_runs().await?;

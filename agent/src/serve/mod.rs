@@ -27,7 +27,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use kiln_db::{DbError, ImportError, ImportStats, Store, TokenRow};
+use kiln_db::{AnyStore, DbError, ImportError, ImportStats, TokenRow};
 use serde::Deserialize;
 
 use crate::cli::{self, View};
@@ -36,7 +36,7 @@ use pool::Pool;
 
 /// How `kiln serve` runs.
 pub struct Config {
-    pub db: PathBuf,
+    pub db: kiln_db::Location,
     pub listen: SocketAddr,
     /// PEM certificate chain and private key: HTTPS when both are given.
     pub tls: Option<(PathBuf, PathBuf)>,
@@ -205,7 +205,7 @@ async fn group_commit(app: Shared, mut queued: tokio::sync::mpsc::Receiver<Uploa
         let (inputs, replies): (Vec<(String, String)>, Vec<_>) =
             batch.into_iter().map(|u| ((u.label, u.text), u.reply)).unzip();
         // A closed pool (the server stopping) drops the replies: those requests answer 503.
-        if let Ok(results) = app.pool.write(async move |s: &mut Store| s.import_many(&inputs).await).await {
+        if let Ok(results) = app.pool.write(async move |s: &mut AnyStore| s.import_many(&inputs).await).await {
             for (result, reply) in results.into_iter().zip(replies) {
                 let _ = reply.send(result);
             }
@@ -260,6 +260,8 @@ impl From<DbError> for ApiError {
         match e {
             DbError::NotFound { .. } => ApiError::NotFound(e.to_string()),
             DbError::Ambiguous { .. } => ApiError::BadRequest { message: e.to_string(), line: None },
+            // The database server is down or restarting: the agent tries again later.
+            DbError::Unavailable { .. } => ApiError::Unavailable(e.to_string()),
             _ => ApiError::Internal(e.to_string()),
         }
     }
@@ -313,7 +315,7 @@ async fn authorize(app: &Shared, headers: &HeaderMap, need: Need) -> Result<Opti
         return Err(ApiError::Unauthorized("not a kiln token (kiln_<id>_<secret>)".into()));
     };
     let id_owned = id.to_string();
-    let row = app.pool.read(async move |s: &mut Store| s.token(&id_owned).await).await??;
+    let row = app.pool.read(async move |s: &mut AnyStore| s.token(&id_owned).await).await??;
     let row = match row {
         Some(row) if row.revoked_at.is_none() && auth::secret_matches(&row, secret) => row,
         _ => return Err(ApiError::Unauthorized("unknown or revoked token".into())),
@@ -338,7 +340,7 @@ async fn note_use(app: &Shared, row: &TokenRow) {
     }
     let id = row.id.clone();
     let at = crate::timefmt::now_rfc3339();
-    if let Ok(Err(e)) = app.pool.write(async move |s: &mut Store| s.token_used(&id, &at).await).await {
+    if let Ok(Err(e)) = app.pool.write(async move |s: &mut AnyStore| s.token_used(&id, &at).await).await {
         tracing::warn!("noting a token's use: {e}");
     }
 }
@@ -455,7 +457,8 @@ async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> R
 }
 
 async fn healthz(State(app): State<Shared>) -> Result<Response, ApiError> {
-    app.pool.read(async |_s: &mut Store| ()).await?;
+    // The database answers (a PostgreSQL connection is made again after a restart).
+    app.pool.read(async |s: &mut AnyStore| s.revive().await).await??;
     Ok(axum::Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") })).into_response())
 }
 
@@ -468,7 +471,7 @@ async fn ask<V, E, F>(
     question: F,
 ) -> Result<Response, ApiError>
 where
-    F: AsyncFnOnce(&mut Store) -> Result<V, E> + Send + 'static,
+    F: AsyncFnOnce(&mut AnyStore) -> Result<V, E> + Send + 'static,
     V: View + Send + 'static,
     E: Into<ApiError> + Send + 'static,
 {
@@ -478,8 +481,10 @@ where
 }
 
 async fn hosts(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<Format>) -> Result<Response, ApiError> {
-    ask(&app, &headers, q.format.as_deref(), async |s: &mut Store| cli::store::hosts_view(s, "the fleet".into()).await)
-        .await
+    ask(&app, &headers, q.format.as_deref(), async |s: &mut AnyStore| {
+        cli::store::hosts_view(s, "the fleet".into()).await
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -490,7 +495,7 @@ struct RunsQuery {
 
 async fn runs(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<RunsQuery>) -> Result<Response, ApiError> {
     let limit = q.limit.unwrap_or(20);
-    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
         cli::store::runs_view(s, limit, "the fleet".into()).await
     })
     .await
@@ -535,7 +540,7 @@ async fn compare(
     };
     let subjects: Vec<String> = q.a.iter().chain(q.b.iter()).cloned().collect();
     let noise = q.noise.unwrap_or(crate::fleet::NOISE);
-    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
         cli::fleet::compare_view(s, &subjects, by, &Default::default(), &filter, noise).await
     })
     .await
@@ -549,7 +554,7 @@ async fn outliers(
     let filter = q.filter()?;
     let threshold = q.threshold.unwrap_or(3.5);
     let min_dev = q.min_deviation.unwrap_or(crate::fleet::MIN_DEVIATION);
-    ask(&app, &headers, q.format.as_deref(), async move |s: &mut Store| {
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
         cli::fleet::outliers_view(s, &filter, threshold, min_dev).await
     })
     .await
@@ -567,7 +572,7 @@ async fn regressions(
     let metric = q.metric.clone();
     let view = app
         .pool
-        .read(async move |s: &mut Store| cli::fleet::regressions_view(s, &since, metric, noise).await)
+        .read(async move |s: &mut AnyStore| cli::fleet::regressions_view(s, &since, metric, noise).await)
         .await??;
     let found = !view.regressions.is_empty();
     let mut response = answer(&view, q.format.as_deref())?;
@@ -597,7 +602,7 @@ async fn report(
     let start = cli::window_start(q.since.as_deref().unwrap_or("30d"))?;
     let evidence = app
         .pool
-        .read(async move |s: &mut Store| crate::report::gather(s, &asked, start).await)
+        .read(async move |s: &mut AnyStore| crate::report::gather(s, &asked, start).await)
         .await?
         .map_err(|e| ApiError::BadRequest { message: e.to_string(), line: None })?;
     let built = crate::report::build(&evidence);
@@ -628,6 +633,6 @@ async fn dashboard(State(app): State<Shared>, headers: HeaderMap) -> Result<Resp
         }
         other => other?,
     };
-    let page = app.pool.read(async |s: &mut Store| dashboard::page(s).await).await??;
+    let page = app.pool.read(async |s: &mut AnyStore| dashboard::page(s).await).await??;
     Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response())
 }

@@ -1,17 +1,16 @@
-//! The server's connections to its SQLite store: one writer and a few readers, each on a thread of
+//! The server's connections to its store (SQLite or PostgreSQL): one writer and a few readers, each on a thread of
 //! its own with a current-thread runtime. Requests hand them work and await the answer, so that a
 //! long fleet question neither blocks the HTTP workers nor waits behind an upload (SQLite's WAL
 //! lets readers and the writer run at once), and uploads are applied one at a time, as SQLite
 //! allows anyway.
 
-use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
-use kiln_db::{Access, Store};
+use kiln_db::{Access, AnyStore, Location};
 
-type Job = Box<dyn FnOnce(&mut Store, &tokio::runtime::Runtime) + Send>;
+type Job = Box<dyn FnOnce(&mut AnyStore, &tokio::runtime::Runtime) + Send>;
 
 /// The server's store connections.
 pub struct Pool {
@@ -27,13 +26,13 @@ pub struct Closed;
 
 /// Opens `path` on a new thread and serves jobs from `jobs` until every sender is dropped.
 fn connection(
-    path: &Path,
+    location: &Location,
     access: Access,
     jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
     name: String,
 ) -> Result<JoinHandle<()>> {
     let (opened_tx, opened_rx) = mpsc::channel::<Result<()>>();
-    let path = path.to_owned();
+    let location = location.clone();
     let thread = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
@@ -44,7 +43,7 @@ fn connection(
                     return;
                 }
             };
-            let mut store = match rt.block_on(Store::open_for(&path, access)) {
+            let mut store = match rt.block_on(AnyStore::open(&location, access)) {
                 Ok(store) => store,
                 Err(e) => {
                     let _ = opened_tx.send(Err(e.into()));
@@ -59,6 +58,11 @@ fn connection(
                     Err(_) => break,
                 };
                 let Ok(job) = job else { break };
+                // A PostgreSQL server that restarted dropped the connection: connect again. (Still
+                // down: the job fails with the reason and the request answers 503.)
+                if let Err(e) = rt.block_on(store.revive()) {
+                    tracing::warn!("{e}");
+                }
                 // A panic in one request must not take the connection down with it; the job's
                 // answer channel is dropped, and the request answers 500.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut store, &rt)));
@@ -75,14 +79,14 @@ fn connection(
 impl Pool {
     /// Opens the writer (creating and migrating the database where needed), then `readers`
     /// read-only connections.
-    pub fn open(path: &Path, readers: usize) -> Result<Pool> {
+    pub fn open(location: &Location, readers: usize) -> Result<Pool> {
         let (writer, writer_rx) = mpsc::channel::<Job>();
         let mut threads =
-            vec![connection(path, Access::Write, Arc::new(Mutex::new(writer_rx)), "kiln-db-writer".into())?];
+            vec![connection(location, Access::Write, Arc::new(Mutex::new(writer_rx)), "kiln-db-writer".into())?];
         let (reader_tx, reader_rx) = mpsc::channel::<Job>();
         let reader_rx = Arc::new(Mutex::new(reader_rx));
         for i in 0..readers.max(1) {
-            threads.push(connection(path, Access::Read, reader_rx.clone(), format!("kiln-db-reader-{i}"))?);
+            threads.push(connection(location, Access::Read, reader_rx.clone(), format!("kiln-db-reader-{i}"))?);
         }
         Ok(Pool {
             writer: Mutex::new(Some(writer)),
@@ -93,7 +97,7 @@ impl Pool {
 
     async fn call<T, F>(queue: &Mutex<Option<mpsc::Sender<Job>>>, f: F) -> Result<T, Closed>
     where
-        F: AsyncFnOnce(&mut Store) -> T + Send + 'static,
+        F: AsyncFnOnce(&mut AnyStore) -> T + Send + 'static,
         T: Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -108,7 +112,7 @@ impl Pool {
     /// Runs `f` on the writer connection.
     pub async fn write<T, F>(&self, f: F) -> Result<T, Closed>
     where
-        F: AsyncFnOnce(&mut Store) -> T + Send + 'static,
+        F: AsyncFnOnce(&mut AnyStore) -> T + Send + 'static,
         T: Send + 'static,
     {
         Self::call(&self.writer, f).await
@@ -117,7 +121,7 @@ impl Pool {
     /// Runs `f` on a reader connection.
     pub async fn read<T, F>(&self, f: F) -> Result<T, Closed>
     where
-        F: AsyncFnOnce(&mut Store) -> T + Send + 'static,
+        F: AsyncFnOnce(&mut AnyStore) -> T + Send + 'static,
         T: Send + 'static,
     {
         Self::call(&self.readers, f).await

@@ -58,10 +58,10 @@ impl Store {
         let mut tx = match self.conn.begin_with(super::BEGIN_WRITE).await {
             Ok(tx) => tx,
             Err(e) => {
-                let message = err(e).to_string();
+                let cause = err(e);
                 return parsed
                     .into_iter()
-                    .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &message)))))
+                    .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &cause)))))
                     .collect();
             }
         };
@@ -93,20 +93,27 @@ impl Store {
             results.push(result.map_err(|e: Failed| e.into_import(&err)));
         }
         if let Err(e) = tx.commit().await {
-            let message = err(e).to_string();
+            let cause = err(e);
             for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(ImportError::Db(shared_failure(&path, &message)));
+                *r = Err(ImportError::Db(shared_failure(&path, &cause)));
             }
         }
         results
     }
 }
 
-/// A failure that every upload of a batch shares (the transaction could not begin or commit).
-fn shared_failure(path: &std::path::Path, message: &str) -> DbError {
-    DbError::Conflict {
-        path: path.to_path_buf(),
-        what: format!("storing a batch of uploads failed, none was stored: {message}"),
+/// A failure that every upload of a batch shares (the transaction could not begin or commit). A
+/// database server that is down stays that (the service answers 503 and agents try again).
+fn shared_failure(path: &std::path::Path, cause: &DbError) -> DbError {
+    match cause {
+        DbError::Unavailable { cause, .. } => DbError::Unavailable {
+            path: path.to_path_buf(),
+            cause: sqlx::Error::Io(std::io::Error::other(format!("none of a batch of uploads was stored: {cause}"))),
+        },
+        _ => DbError::Conflict {
+            path: path.to_path_buf(),
+            what: format!("storing a batch of uploads failed, none was stored: {cause}"),
+        },
     }
 }
 
