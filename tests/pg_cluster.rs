@@ -51,8 +51,19 @@ pub fn missing() -> Option<String> {
 const NOBODY: u32 = 65534;
 
 impl PgCluster {
-    /// Starts a cluster and creates the database `kiln` in it.
+    /// Starts a cluster and creates the database `kiln` in it. Tests pay for no durability
+    /// (`fsync` off); see [`PgCluster::start_durable`].
     pub fn start() -> PgCluster {
+        Self::start_with(false)
+    }
+
+    /// As [`PgCluster::start`], with PostgreSQL's default durability (every commit flushed), as a
+    /// benchmark must measure it.
+    pub fn start_durable() -> PgCluster {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> PgCluster {
         let bin = bin_dir().expect("PostgreSQL programs (check `missing()` first)");
         let dir = tempfile::Builder::new().prefix("kiln-pg-").tempdir().expect("temporary folder");
         let root = nix::unistd::geteuid().is_root();
@@ -78,8 +89,10 @@ impl PgCluster {
         let sock = dir.path().to_str().expect("UTF-8 temporary path");
         run("initdb", &["-D", data_s, "-U", "kiln", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]);
         // No TCP; the socket in the cluster's folder; no durability to pay for in a test.
-        let options =
-            format!("-k {sock} -c listen_addresses='' -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        let mut options = format!("-k {sock} -c listen_addresses=''");
+        if !durable {
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off";
+        }
         let log = dir.path().join("log");
         run("pg_ctl", &["-D", data_s, "-o", &options, "-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
         let cluster = PgCluster { url: format!("postgres://kiln@localhost/kiln?host={sock}"), dir, bin, options };

@@ -47,8 +47,15 @@ pub(crate) const WRITE: &str = "BEGIN IMMEDIATE";
 
 // What `shared` (the queries both engines run) needs of SQLite.
 type Conn = SqliteConnection;
+type Db = sqlx::Sqlite;
 type DbRow = sqlx::sqlite::SqliteRow;
 const BEGIN_WRITE: &str = WRITE;
+/// SQLite has no COPY: bulk rows go in as batched INSERTs.
+const COPY_IN: bool = false;
+
+async fn copy_in(_conn: &mut Conn, _statement: &str, _data: String) -> std::result::Result<(), sqlx::Error> {
+    Err(sqlx::Error::Protocol("SQLite has no COPY".into()))
+}
 
 /// Before a large import: a page cache big enough that the transaction does not spill pages
 /// mid-way (a hint: a failure here fails nothing).

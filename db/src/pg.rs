@@ -17,9 +17,22 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations-pg");
 
 // What `shared` needs of PostgreSQL.
 type Conn = PgConnection;
+type Db = sqlx::Postgres;
 type DbRow = sqlx::postgres::PgRow;
 type Store = PgStore;
 const BEGIN_WRITE: &str = "BEGIN";
+/// Bulk rows (metric values, samples, telemetry) go in through COPY.
+const COPY_IN: bool = true;
+
+/// Sends `data` (COPY's text format) through `statement` (`COPY … FROM STDIN`).
+async fn copy_in(conn: &mut Conn, statement: &str, data: String) -> std::result::Result<(), sqlx::Error> {
+    let mut copy = conn.copy_in_raw(statement).await?;
+    if let Err(e) = copy.send(data.into_bytes()).await {
+        let _ = copy.abort(e.to_string()).await;
+        return Err(e);
+    }
+    copy.finish().await.map(|_| ())
+}
 
 /// Nothing to prepare: PostgreSQL sizes its own buffers.
 async fn prepare_import(_conn: &mut Conn) {}
