@@ -430,12 +430,12 @@ async fn insert_runs(
     fresh: &[NewRunRef<'_>],
     stats: &mut ImportStats,
 ) -> std::result::Result<(), sqlx::Error> {
-    for chunk in fresh.chunks(MAX_BINDS / 10) {
-        let mut q = QueryBuilder::new(
-            "INSERT INTO runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, \
-             status, status_reason) ",
-        );
-        q.push_values(chunk, |mut b, r| {
+    super::values::insert_rows(
+        tx,
+        "runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status, status_reason)",
+        10,
+        fresh,
+        |mut b, r| {
             let RunRec { benchmark, config, started_at, finished_at, status, status_reason, .. } = r.rec;
             b.push_bind(r.id)
                 .push_bind(&r.host)
@@ -447,9 +447,28 @@ async fn insert_runs(
                 .push_bind(finished_at)
                 .push_bind(status.as_str())
                 .push_bind(status_reason);
-        });
-        q.build().execute(&mut *tx).await?;
-    }
+        },
+        |out, r| {
+            let RunRec { benchmark, config, started_at, finished_at, status, status_reason, .. } = r.rec;
+            let fields = [
+                Some(r.id),
+                Some(r.host.as_str()),
+                r.inventory,
+                r.software.as_deref(),
+                Some(benchmark.as_str()),
+                Some(config.as_str()),
+                Some(started_at.as_str()),
+                finished_at.as_deref(),
+                Some(status.as_str()),
+                status_reason.as_deref(),
+            ];
+            for (i, f) in fields.iter().enumerate() {
+                super::values::copy_field(out, *f, i == fields.len() - 1);
+            }
+            Ok(())
+        },
+    )
+    .await?;
     let ids: Vec<&str> = fresh.iter().map(|r| r.id).collect();
     let nums = super::values::run_numbers(tx, &ids).await?;
     let mut v = super::values::Values::default();

@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use sqlx::{QueryBuilder, Row};
+
 use super::Conn;
 use crate::fleet::parse_rfc3339;
 use crate::series::{period_of, HostSeries, RunPoint};
@@ -75,26 +77,37 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
             .or_default()
             .push((RunPoint { run_id, t, power_watts: run.power_watts.map(|p| p as f32) }, values));
     }
+    // The partitions these runs fall in, read in batches (a statement per partition cost a
+    // round trip each: a fleet's import touches thousands), merged, and written back in batches.
+    let wanted: Vec<(&str, i64)> = by_host.keys().copied().collect();
+    let mut existing: HashMap<(String, i64), Vec<u8>> = HashMap::new();
+    for chunk in wanted.chunks(500) {
+        let mut q = QueryBuilder::new("SELECT host_id, period, data FROM host_series WHERE (host_id, period) IN (");
+        q.push_values(chunk, |mut b, (host, period)| {
+            b.push_bind(*host).push_bind(*period);
+        });
+        q.push(")");
+        for r in q.build().fetch_all(&mut *conn).await? {
+            existing.insert((r.get(0), r.get(1)), r.get(2));
+        }
+    }
+    let mut merged: Vec<(&str, i64, i64, i64, Vec<u8>)> = Vec::with_capacity(by_host.len());
     for ((host, period), new) in by_host {
-        let existing: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT data FROM host_series WHERE host_id = $1 AND period = $2")
-                .bind(host)
-                .bind(period)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let mut series = existing.and_then(|b| HostSeries::decode(&b).ok()).unwrap_or_default();
+        let old = existing.remove(&(host.to_string(), period));
+        let mut series = old.and_then(|b| HostSeries::decode(&b).ok()).unwrap_or_default();
         series.merge(new);
-        sqlx::query(
-            "INSERT INTO host_series (host_id, period, runs, points, data) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (host_id, period) DO UPDATE SET runs = excluded.runs, points = excluded.points, data = excluded.data",
-        )
-            .bind(host)
-            .bind(period)
-            .bind(series.runs.len() as i64)
-            .bind(series.points() as i64)
-            .bind(series.encode())
-            .execute(&mut *conn)
-            .await?;
+        merged.push((host, period, series.runs.len() as i64, series.points() as i64, series.encode()));
+    }
+    for chunk in merged.chunks(500) {
+        let mut q = QueryBuilder::new("INSERT INTO host_series (host_id, period, runs, points, data) ");
+        q.push_values(chunk, |mut b, (host, period, runs, points, data)| {
+            b.push_bind(*host).push_bind(*period).push_bind(*runs).push_bind(*points).push_bind(data.as_slice());
+        });
+        q.push(
+            " ON CONFLICT (host_id, period) DO UPDATE SET runs = excluded.runs, points = excluded.points, \
+             data = excluded.data",
+        );
+        q.build().execute(&mut *conn).await?;
     }
     Ok(())
 }

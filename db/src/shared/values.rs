@@ -77,16 +77,17 @@ async fn dictionary<'a, const N: usize>(
     Ok(out)
 }
 
-/// Rows of numbers into `into` (`table (columns)`), in the order given: through COPY where the
-/// engine has it (PostgreSQL's own bulk path, several times faster than any INSERT), else as
-/// batched multi-row INSERTs.
-async fn insert_numbers<R>(
+/// Rows into `into` (`table (columns)`), in the order given: through COPY where the engine has
+/// it (PostgreSQL's own bulk path, several times faster than any INSERT), else as batched
+/// multi-row INSERTs. `bind` binds a row's `width` values; `text` writes it as a line of COPY's
+/// text format (text fields through [`copy_field`]).
+pub(crate) async fn insert_rows<'r, R>(
     conn: &mut Conn,
     into: &str,
     width: usize,
-    rows: &[R],
-    bind: impl Fn(Separated<'_, '_, Db, &'static str>, &R),
-    text: impl Fn(&mut String, &R) -> std::fmt::Result,
+    rows: &'r [R],
+    bind: impl Fn(Separated<'_, 'r, Db, &'static str>, &'r R),
+    text: impl Fn(&mut String, &'r R) -> std::fmt::Result,
 ) -> Result<(), sqlx::Error> {
     if rows.is_empty() {
         return Ok(());
@@ -99,11 +100,31 @@ async fn insert_numbers<R>(
         return copy_in(conn, &format!("COPY {into} FROM STDIN"), data).await;
     }
     for chunk in rows.chunks(MAX_BINDS / width) {
-        let mut q = QueryBuilder::new(format!("INSERT INTO {into} "));
+        let mut q: QueryBuilder<'r, Db> = QueryBuilder::new(format!("INSERT INTO {into} "));
         q.push_values(chunk, |b, r| bind(b, r));
         q.build().execute(&mut *conn).await?;
     }
     Ok(())
+}
+
+/// A text field in COPY's text format, tab-separated from the next: `\\N` for NULL, and the
+/// format's escapes for a backslash, tab, newline and carriage return.
+pub(crate) fn copy_field(out: &mut String, value: Option<&str>, last: bool) {
+    match value {
+        None => out.push_str("\\N"),
+        Some(v) => {
+            for c in v.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\t' => out.push_str("\\t"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    c => out.push(c),
+                }
+            }
+        }
+    }
+    out.push(if last { '\n' } else { '\t' });
 }
 
 /// Writes the values of runs already numbered in `nums`.
@@ -113,7 +134,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &HashMap<String, i64>, v: &Valu
             .await?;
     let mut rows: Vec<(i64, i64, f64)> = v.metrics.iter().map(|m| (nums[m.0], ids[&[m.1, m.2, m.3]], m.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1));
-    insert_numbers(
+    insert_rows(
         conn,
         "metric_values (run, metric, value)",
         3,
@@ -127,7 +148,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &HashMap<String, i64>, v: &Valu
     let ids = dictionary(conn, "sample_metrics", ["name"], v.samples.iter().map(|s| [s.1])).await?;
     let mut rows: Vec<(i64, i64, i64, f64)> = v.samples.iter().map(|s| (nums[s.0], ids[&[s.1]], s.2, s.3)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
-    insert_numbers(
+    insert_rows(
         conn,
         "sample_values (run, metric, idx, value)",
         4,
@@ -143,7 +164,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &HashMap<String, i64>, v: &Valu
     let mut rows: Vec<(i64, i64, i64, f64)> =
         v.telemetry.iter().map(|t| (nums[t.0], ids[&[t.1, t.2]], t.3, t.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
-    insert_numbers(
+    insert_rows(
         conn,
         "telemetry_values (run, channel, t_ms, value)",
         4,
