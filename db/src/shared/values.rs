@@ -101,7 +101,7 @@ pub(crate) async fn insert_rows<'r, R>(
     }
     for chunk in rows.chunks(MAX_BINDS / width) {
         let mut q: QueryBuilder<'r, Db> = QueryBuilder::new(format!("INSERT INTO {into} "));
-        q.push_values(chunk, |b, r| bind(b, r));
+        q.push_values(chunk, &bind);
         q.build().execute(&mut *conn).await?;
     }
     Ok(())
