@@ -9,10 +9,16 @@
 //! `regressions` over HTTP, each against the issue's target of 2 s, and the same commands run
 //! locally on the file for comparison. `KILN_BENCH_FLEET=0` skips it.
 //!
+//! Everything runs on both engines: an SQLite file, then PostgreSQL in a throwaway cluster with
+//! default durability (skipped with the reason where PostgreSQL is not installed;
+//! `KILN_BENCH_ENGINES=sqlite` or `=postgresql` picks one).
+//!
 //! `cargo bench --bench serve`; `KILN_BENCH_AGENTS` sets the number of agents.
 
 #[path = "../tests/fleet_gen.rs"]
 mod fleet_gen;
+#[path = "../tests/pg_cluster.rs"]
+mod pg_cluster;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -110,8 +116,9 @@ fn median_ms(n: usize, mut f: impl FnMut()) -> f64 {
     t[n / 2]
 }
 
-/// The fleet questions through the server on a fleet of `hosts × nights × metrics`.
-fn large_fleet(hosts: usize, nights: usize, metrics: usize) {
+/// The fleet questions through the server on a fleet of `hosts × nights × metrics`, stored at
+/// `db` (a file in `dir`, or a PostgreSQL URL).
+fn large_fleet(engine: &str, db: &Path, hosts: usize, nights: usize, metrics: usize) {
     let spec = fleet_gen::FleetSpec {
         hosts,
         configs: 8,
@@ -130,16 +137,15 @@ fn large_fleet(hosts: usize, nights: usize, metrics: usize) {
     let file = dir.path().join("fleet.jsonl");
     std::fs::write(&file, &export).unwrap();
     drop(export);
-    let db = dir.path().join("fleet.db");
     let generated = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    kiln(&db, &["import", file.to_str().unwrap()]);
+    kiln(db, &["import", file.to_str().unwrap()]);
     println!(
-        "large fleet: {hosts} hosts × {nights} nights × {metrics} metrics = {rows} metric rows (generated in \
+        "{engine}: large fleet: {hosts} hosts × {nights} nights × {metrics} metrics = {rows} metric rows (generated in \
          {generated:.0} s, imported in {:.0} s)",
         t.elapsed().as_secs_f64()
     );
-    let (server, addr) = start_server(&db);
+    let (server, addr) = start_server(db);
     let client: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let since = format!("{}d", nights + 10);
     let questions: [(&str, String, Vec<&str>); 3] = [
@@ -157,10 +163,10 @@ fn large_fleet(hosts: usize, nights: usize, metrics: usize) {
         let mut local_args = args.clone();
         local_args.extend(["--since", &since, "--json"]);
         let local = median_ms(3, || {
-            let _ = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&local_args).env("KILN_DB", &db).output();
+            let _ = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&local_args).env("KILN_DB", db).output();
         });
         println!(
-            "  {name}: through the server {served:.0} ms (target < 2000 ms: {:.2}x of it), `kiln {}` locally {local:.0} ms",
+            "  {engine}: {name}: through the server {served:.0} ms (target < 2000 ms: {:.2}x of it), `kiln {}` directly on the database {local:.0} ms",
             served / 2000.0,
             args.join(" ")
         );
@@ -169,6 +175,42 @@ fn large_fleet(hosts: usize, nights: usize, metrics: usize) {
 }
 
 fn main() {
+    let engines = std::env::var("KILN_BENCH_ENGINES").unwrap_or_else(|_| "sqlite,postgresql".into());
+    let fleet = std::env::var("KILN_BENCH_FLEET").unwrap_or_else(|_| "10000x90x20".into());
+    let dims: Vec<usize> = fleet.split('x').filter_map(|v| v.parse().ok()).collect();
+    for engine in engines.split(',') {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = match engine {
+            "sqlite" => None,
+            "postgresql" => match pg_cluster::missing() {
+                Some(missing) => {
+                    println!("postgresql: SKIPPED — needs {missing}");
+                    continue;
+                }
+                None => Some(pg_cluster::PgCluster::start_durable()),
+            },
+            other => panic!("KILN_BENCH_ENGINES: unknown engine {other:?} (sqlite, postgresql)"),
+        };
+        // The service's database, the anchor's and the large fleet's: files, or databases of the cluster.
+        let db = |name: &str| -> std::path::PathBuf {
+            match &cluster {
+                None => dir.path().join(format!("{name}.db")),
+                Some(c) => {
+                    c.psql("postgres", &format!("CREATE DATABASE {name}"));
+                    std::path::PathBuf::from(c.url.replace("/kiln?", &format!("/{name}?")))
+                }
+            }
+        };
+        agents_bench(engine, &db("service"), &db("anchor"), dir.path());
+        if let [hosts, nights, metrics] = dims[..] {
+            large_fleet(engine, &db("large"), hosts, nights, metrics);
+        }
+    }
+}
+
+/// 1,000 agents uploading at once to a service on `db`; the anchor imports the same records into
+/// `local`.
+fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
     let agents: usize = std::env::var("KILN_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let spec = fleet_gen::FleetSpec {
         hosts: agents,
@@ -192,19 +234,16 @@ fn main() {
         bytes as f64 / agents as f64 / 1024.0
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    // The anchor: the same records as one local import.
-    let file = dir.path().join("fleet.jsonl");
+    // The anchor: the same records as one import.
+    let file = dir.join("fleet.jsonl");
     std::fs::write(&file, &export).unwrap();
-    let local = dir.path().join("local.db");
     let t = Instant::now();
-    kiln(&local, &["import", file.to_str().unwrap()]);
+    kiln(local, &["import", file.to_str().unwrap()]);
     let import_secs = t.elapsed().as_secs_f64();
 
-    let db = dir.path().join("fleet.db");
-    let made = kiln(&db, &["token", "create", "--name", "bench", "--json"]);
+    let made = kiln(db, &["token", "create", "--name", "bench", "--json"]);
     let token = serde_json::from_str::<serde_json::Value>(&made).unwrap()["token"].as_str().unwrap().to_string();
-    let (server, addr) = start_server(&db);
+    let (server, addr) = start_server(db);
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let t = Instant::now();
@@ -238,12 +277,12 @@ fn main() {
     assert!(failures.is_empty(), "{} uploads failed: {:?}", failures.len(), &failures[..failures.len().min(5)]);
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1000.0;
-    let runs: serde_json::Value = serde_json::from_str(&kiln(&db, &["runs", "--limit", "1000000", "--json"])).unwrap();
-    let hosts: serde_json::Value = serde_json::from_str(&kiln(&db, &["hosts", "--json"])).unwrap();
+    let runs: serde_json::Value = serde_json::from_str(&kiln(db, &["runs", "--limit", "1000000", "--json"])).unwrap();
+    let hosts: serde_json::Value = serde_json::from_str(&kiln(db, &["hosts", "--json"])).unwrap();
     let (n_runs, n_hosts) = (runs["runs"].as_array().unwrap().len(), hosts["hosts"].as_array().unwrap().len());
     assert_eq!((n_runs, n_hosts), (agents, agents), "every agent's run and host is stored, once");
     println!(
-        "serve: {agents} concurrent uploads in {wall:.2} s: {:.0} uploads/s, latency p50 {:.0} ms, p99 {:.0} ms, max \
+        "{engine}: serve: {agents} concurrent uploads in {wall:.2} s: {:.0} uploads/s, latency p50 {:.0} ms, p99 {:.0} ms, max \
          {:.0} ms; all {n_runs} runs and {n_hosts} hosts stored",
         agents as f64 / wall,
         pct(0.50),
@@ -251,14 +290,8 @@ fn main() {
         pct(1.0)
     );
     println!(
-        "anchor: kiln import of the same records as one file: {import_secs:.2} s; the server takes them at {:.2}x \
+        "{engine}: anchor: kiln import of the same records as one file: {import_secs:.2} s; the server takes them at {:.2}x \
          that speed",
         import_secs / wall
     );
-
-    let fleet = std::env::var("KILN_BENCH_FLEET").unwrap_or_else(|_| "10000x90x20".into());
-    let dims: Vec<usize> = fleet.split('x').filter_map(|v| v.parse().ok()).collect();
-    if let [hosts, nights, metrics] = dims[..] {
-        large_fleet(hosts, nights, metrics);
-    }
 }

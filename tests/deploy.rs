@@ -132,8 +132,9 @@ fn the_kubernetes_manifests_parse_and_run_commands_kiln_has() {
     kinds.sort();
     assert_eq!(
         kinds,
-        ["ConfigMap", "CronJob", "DaemonSet", "Deployment", "Namespace", "PersistentVolumeClaim", "Service"],
-        "the DaemonSet (agents), the CronJob (nightly) and the Deployment and Service (kiln serve)"
+        ["ConfigMap", "CronJob", "DaemonSet", "Deployment", "Namespace", "Service", "Service", "StatefulSet"],
+        "the DaemonSet (agents), the CronJob (nightly), the Deployment and Service (kiln serve) and PostgreSQL's \
+         StatefulSet and Service"
     );
 }
 

@@ -509,6 +509,25 @@ fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() 
 }
 
 #[test]
+fn postgresql_urls_are_taken_where_they_serve_and_refused_clearly_elsewhere() {
+    let url = "postgres://kiln:s3cret@localhost/kiln?host=/nonexistent-kiln-socket-dir";
+    // A command that keeps a box's own results: refused before anything runs, saying what takes one.
+    let refused = kiln(&["--db", url, "db", "check"], &[]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("local SQLite file"), "{}", refused.describe());
+    // A fleet command takes it; a server that is not there is named, never with the password.
+    for args in [vec!["hosts"], vec!["token", "list"], vec!["compare", "--by", "config"]] {
+        let mut all = vec!["--db", url];
+        all.extend(&args);
+        let down = kiln(&all, &[]);
+        assert_eq!(down.code(), Some(2), "{}", down.describe());
+        assert!(down.stderr().contains("cannot be reached"), "{}", down.describe());
+        assert!(down.stderr().contains("postgres://kiln:***@localhost"), "{}", down.describe());
+        assert!(!down.stderr().contains("s3cret") && !down.stdout().contains("s3cret"), "{}", down.describe());
+    }
+}
+
+#[test]
 fn limits_anonymous_reads_and_https() {
     let site = Site::new();
     let token = site.token("box", "agent");

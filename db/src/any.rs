@@ -152,3 +152,23 @@ impl AnyStore {
         fn import_many(&mut self, uploads: &[(String, String)]) -> Vec<std::result::Result<ImportStats, ImportError>>;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_and_redacted_urls() {
+        assert_eq!(Location::parse("/var/lib/kiln/kiln.db"), Ok(Location::Sqlite("/var/lib/kiln/kiln.db".into())));
+        assert_eq!(Location::parse("sqlite://rel/k.db"), Ok(Location::Sqlite("rel/k.db".into())));
+        assert!(Location::parse("sqlite://").is_err());
+        let pg = Location::parse("postgresql://kiln:s3cret@db:5432/kiln?sslmode=disable").unwrap();
+        assert_eq!(pg, Location::Postgres("postgresql://kiln:s3cret@db:5432/kiln?sslmode=disable".into()));
+        assert_eq!(pg.shown(), "postgresql://kiln:***@db:5432/kiln?sslmode=disable");
+        for plain in ["postgres://kiln@localhost/kiln?host=/run/postgresql", "postgres://db/kiln", "not a url"] {
+            assert_eq!(crate::redact(plain), plain);
+        }
+        // An '@' in the password: everything up to the last '@' of the authority is user info.
+        assert_eq!(crate::redact("postgres://u:p@ss@h/d"), "postgres://u:***@h/d");
+    }
+}
