@@ -9,8 +9,7 @@ use super::{Conn, DbRow, Store};
 use crate::fleet::{direction_of, Fleet, FleetHost};
 use crate::series::{period_of, HostSeries, Series, SeriesKey};
 use crate::{
-    like_prefix, DbError, Direction, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, VerdictRow,
-    RUN_COLUMNS,
+    like_prefix, DbError, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, VerdictRow, RUN_COLUMNS,
 };
 
 /// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
@@ -70,11 +69,7 @@ impl Store {
                 name: r.get(0),
                 value: r.get(1),
                 unit: r.get(2),
-                direction: match r.get::<String, _>(3).as_str() {
-                    "higher" => Direction::Higher,
-                    "lower" => Direction::Lower,
-                    _ => Direction::None,
-                },
+                direction: direction_of(&r.get::<String, _>(3)),
             })
             .collect())
     }
