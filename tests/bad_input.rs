@@ -302,3 +302,59 @@ fn the_snapshot_root_is_a_boundary() {
         }
     }
 }
+
+/// A full disk under the database, made for real: a 4 MiB tmpfs in a user and mount namespace of
+/// the test's own (`unshare -rm`, so no root is needed and nothing outlives the test). A stored
+/// result, the disk filled, another save refused with the reason, a benchmark refused before it
+/// measures, and after space is freed the database checks clean with the first result in it.
+#[test]
+fn a_full_disk_is_named_and_loses_nothing() {
+    let mut missing: Vec<String> = crate::util::program("unshare", "util-linux").into_iter().collect();
+    let works = missing.is_empty()
+        && std::process::Command::new("unshare")
+            .args(["-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /tmp"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if missing.is_empty() && !works {
+        missing.push("user and mount namespaces (unshare -rm with a tmpfs mount)".into());
+    }
+    if !crate::util::needs("a_full_disk_is_named_and_loses_nothing", &missing) {
+        return;
+    }
+    let root = unpack(&fixtures().join("hwloc/16em64t-4s2c2t.tar.bz2")).join("16em64t-4s2c2t");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let (kiln, root, disk) = (env!("CARGO_BIN_EXE_kiln"), root.display(), disk.display());
+    let script = format!(
+        r#"mount -t tmpfs -o size=4m tmpfs {disk} || exit 97
+db={disk}/kiln.db
+"{kiln}" --db "$db" inventory --save --root {root} >/dev/null 2>&1; echo "first=$?"
+dd if=/dev/zero of={disk}/filler bs=16k >/dev/null 2>&1
+"{kiln}" --db "$db" inventory --save --root {root} >/dev/null 2>{disk}/../second.err; echo "second=$?"
+"{kiln}" --db "$db" bench membw --array-mib 1 --repetitions 1 >/dev/null 2>{disk}/../bench.err; echo "bench=$?"
+rm {disk}/filler
+"{kiln}" --db "$db" db check >/dev/null 2>&1; echo "check=$?"
+"{kiln}" --db "$db" hosts --json
+"#
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", &script])
+        .env_remove("KILN_DB")
+        .env("KILN_MAX_CONTENTION", "100")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    for want in ["first=0", "second=2", "bench=2", "check=0"] {
+        assert!(said.contains(want), "{want}:\n{said}");
+    }
+    let second = std::fs::read_to_string(dir.path().join("second.err")).unwrap();
+    assert!(second.contains("kiln.db: the filesystem holding the database is full"), "{second}");
+    let bench = std::fs::read_to_string(dir.path().join("bench.err")).unwrap();
+    assert!(bench.contains("KiB free") && bench.contains("nothing was measured"), "{bench}");
+    let hosts: Value =
+        serde_json::from_str(said.lines().skip_while(|l| !l.starts_with('{')).collect::<Vec<_>>().join("\n").as_str())
+            .unwrap();
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 1, "the first result is still there: {said}");
+}

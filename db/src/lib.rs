@@ -97,6 +97,8 @@ pub enum DbError {
     Interrupted { path: PathBuf },
     #[error("{path}: the database server cannot be reached ({cause}); nothing was written: start it, or check the URL and that this host may connect")]
     Unavailable { path: PathBuf, cause: sqlx::Error },
+    #[error("{path}: the filesystem holding the database is full ({cause}); nothing was written and what was stored before is intact: free space there, or point --db elsewhere, and run the command again")]
+    Full { path: PathBuf, cause: sqlx::Error },
     #[error("{path}: {what}")]
     Conflict { path: PathBuf, what: String },
     #[error("no {what} matches {id:?}")]
@@ -382,6 +384,12 @@ fn connect_options(path: &Path) -> Result<SqliteConnectOptions> {
         .disable_statement_logging())
 }
 
+/// Whether the filesystem holding `db` has (next to) no room left: under 1 MiB free to this user.
+fn disk_full(db: &Path) -> bool {
+    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < 1 << 20)
+}
+
 fn classify(path: &Path, cause: sqlx::Error) -> DbError {
     if is_corruption(&cause) {
         DbError::Corrupt { path: path.to_owned(), cause }
@@ -390,6 +398,9 @@ fn classify(path: &Path, cause: sqlx::Error) -> DbError {
         DbError::Busy { path: path.to_owned() }
     } else if sqlite_code(&cause) == Some(8) {
         DbError::ReadOnly { path: path.to_owned() }
+    } else if sqlite_code(&cause) == Some(13) || (sqlite_code(&cause) == Some(10) && disk_full(path)) {
+        // SQLITE_FULL; or an I/O error (growing the WAL index, say) on a filesystem with no room.
+        DbError::Full { path: path.to_owned(), cause }
     } else {
         DbError::Sql { path: path.to_owned(), cause }
     }

@@ -222,14 +222,33 @@ fn serve_net(addr: &str, idle: u64) -> Result<Output> {
     Ok(Output::empty(Exit::Ok))
 }
 
-/// Opens the database before a benchmark runs, so that a bad file stops the job before the
-/// minutes of measuring, not after.
+/// Opens the database before a benchmark runs, so that a bad file — or a full disk — stops the job
+/// before the minutes of measuring, not after.
 fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
     if store.no_save {
         return Ok(());
     }
+    let path = ctx.db_path()?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if let Ok(fs) = nix::sys::statvfs::statvfs(dir) {
+        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+        if free < MIN_FREE {
+            anyhow::bail!(
+                "{}: the filesystem holding the database has {} KiB free, under the {} MiB a benchmark's results \
+                 may need; nothing was measured: free space there, or point --db elsewhere (--no-save measures \
+                 without storing)",
+                path.display(),
+                free / 1024,
+                MIN_FREE >> 20
+            );
+        }
+    }
     ctx.open_store()
 }
+
+/// The room a benchmark wants before it starts: a run with its samples and telemetry, the
+/// inventory it is stored with, and the write-ahead log's copies of both, with a margin.
+const MIN_FREE: u64 = 16 << 20;
 
 /// Stores the run unless told not to, and prints it; a failed check exits 1.
 fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> Result<Output> {
