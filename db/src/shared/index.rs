@@ -51,10 +51,14 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
             let k = (run.config_fingerprint, run.benchmark, run.bench_config, run.software_fingerprint, name);
             let id = match keys.get(&k) {
                 Some(id) => *id,
+                // A key another writer added since the read above (a second fleet service on the
+                // same PostgreSQL) conflicts: the no-op update returns its id.
                 None => {
                     let id: i64 = sqlx::query_scalar(
                         "INSERT INTO series_keys (config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                         ON CONFLICT (config_fingerprint, benchmark, bench_config, software_fingerprint, metric) \
+                         DO UPDATE SET unit = series_keys.unit RETURNING id",
                     )
                     .bind(run.config_fingerprint)
                     .bind(run.config_name)

@@ -51,10 +51,16 @@ async fn dictionary<'a, const N: usize>(
     for r in sqlx::query(&format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(&mut *conn).await? {
         known.insert(std::array::from_fn(|i| r.get(i + 1)), r.get(0));
     }
+    // A key another writer added since the read above (a second fleet service on the same
+    // PostgreSQL) conflicts: it is looked up instead.
     let insert = format!(
-        "INSERT INTO {table} ({}) VALUES ({}) RETURNING id",
+        "INSERT INTO {table} ({}) VALUES ({}) ON CONFLICT DO NOTHING RETURNING id",
         columns.join(", "),
         (1..=N).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+    );
+    let lookup = format!(
+        "SELECT id FROM {table} WHERE {}",
+        columns.iter().enumerate().map(|(i, c)| format!("{c} = ${}", i + 1)).collect::<Vec<_>>().join(" AND ")
     );
     let mut out = HashMap::new();
     for key in keys {
@@ -69,7 +75,16 @@ async fn dictionary<'a, const N: usize>(
                 for part in key {
                     q = q.bind(part);
                 }
-                q.fetch_one(&mut *conn).await?
+                match q.fetch_optional(&mut *conn).await? {
+                    Some(id) => id,
+                    None => {
+                        let mut q = sqlx::query_scalar(&lookup);
+                        for part in key {
+                            q = q.bind(part);
+                        }
+                        q.fetch_one(&mut *conn).await?
+                    }
+                }
             }
         };
         out.insert(key, id);
