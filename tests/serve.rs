@@ -508,6 +508,54 @@ fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() 
     assert!(status.success(), "{said}");
 }
 
+/// An export split in two by host (alternate hosts), each half a complete export.
+fn halves(export: &str) -> [String; 2] {
+    let lines: Vec<&str> = export.lines().collect();
+    let (header, body) = (lines[0], &lines[1..lines.len() - 1]);
+    let shared: Vec<&str> = body.iter().copied().filter(|l| l.starts_with(r#"{"type":"software""#)).collect();
+    let mut parts: [Vec<&str>; 2] = [shared.clone(), shared];
+    let mut host = 0;
+    for l in body.iter().copied().filter(|l| !l.starts_with(r#"{"type":"software""#)) {
+        if l.starts_with(r#"{"type":"host""#) {
+            host += 1;
+        }
+        parts[host % 2].push(l);
+    }
+    parts.map(|p| format!("{header}\n{}\n{{\"type\":\"end\",\"records\":{}}}\n", p.join("\n"), p.len()))
+}
+
+#[test]
+fn two_services_on_one_postgresql_share_its_fleet() {
+    let Some(site) = Site::postgres("two services on one PostgreSQL") else { return };
+    let token = site.token("box", "agent");
+    let (a, b) = (Server::start(&site.server_db(), &[]), Server::start(&site.server_db(), &[]));
+    // The same configurations in both halves: both uploads bring the same new metrics and series
+    // keys. (Whether the two imports overlap is up to timing; a race on a new key is handled by
+    // ON CONFLICT in the shared queries, which this test does not force.)
+    let (export, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 80, ..crate::fleet::spec_seeded(31) });
+    let [first, second] = halves(&export);
+    let sent: Vec<_> = [(a.url.clone(), first), (b.url.clone(), second)]
+        .into_iter()
+        .map(|(url, body)| {
+            let token = token.clone();
+            std::thread::spawn(move || post(&url, Some(&token), &body))
+        })
+        .collect();
+    for s in sent {
+        let (status, _, body) = s.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(runs_in(&site), 2400);
+    let reader = site.token("ops", "reader");
+    let hosts = kiln(&["--server", &a.url, "--token", &reader, "hosts", "--json"], &[]).success().json();
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 80);
+    let pg = site.pg.as_ref().unwrap();
+    let keys = pg.psql("kiln", "SELECT COUNT(*), COUNT(DISTINCT (config_fingerprint, benchmark, bench_config, software_fingerprint, metric)) FROM series_keys");
+    let (all, distinct) = keys.trim().split_once('|').unwrap();
+    assert_eq!(all, distinct, "each series key once");
+    site.check_db();
+}
+
 #[test]
 fn postgresql_urls_are_taken_where_they_serve_and_refused_clearly_elsewhere() {
     let url = "postgres://kiln:s3cret@localhost/kiln?host=/nonexistent-kiln-socket-dir";
