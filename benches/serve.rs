@@ -33,34 +33,6 @@ fn kiln(db: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// One export per host: the header, the shared software records, the host's own records, the end.
-fn per_host(export: &str) -> Vec<String> {
-    let lines: Vec<&str> = export.lines().collect();
-    let header = lines[0];
-    let software: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with(r#"{"type":"software""#)).collect();
-    let mut groups: Vec<Vec<&str>> = Vec::new();
-    for l in &lines[1..lines.len() - 1] {
-        if l.starts_with(r#"{"type":"host""#) {
-            groups.push(Vec::new());
-        }
-        if let Some(g) = groups.last_mut() {
-            g.push(l);
-        }
-    }
-    groups
-        .into_iter()
-        .map(|g| {
-            let mut text = format!("{header}\n");
-            for l in software.iter().chain(&g) {
-                text.push_str(l);
-                text.push('\n');
-            }
-            text.push_str(&format!("{{\"type\":\"end\",\"records\":{}}}\n", software.len() + g.len()));
-            text
-        })
-        .collect()
-}
-
 async fn upload(addr: std::net::SocketAddr, token: &str, body: &str) -> Result<(u16, Duration), String> {
     let start = Instant::now();
     let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
@@ -225,7 +197,7 @@ fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
         seed: 11,
     };
     let (export, metrics, samples, telemetry) = fleet_gen::generate(&spec);
-    let bodies = per_host(&export);
+    let bodies = fleet_gen::split_by_host(&export, agents);
     assert_eq!(bodies.len(), agents);
     let bytes: usize = bodies.iter().map(String::len).sum();
     println!(

@@ -190,3 +190,27 @@ pub fn generate(spec: &FleetSpec) -> (String, usize, usize, usize) {
     let _ = writeln!(out, r#"{{"type":"end","records":{records}}}"#);
     (out, n_metrics, n_samples, n_telemetry)
 }
+
+/// An export split by host into `parts` complete exports: the i-th host of the file, with its
+/// records, goes to part i % `parts`, and every part carries the software records. `parts` equal
+/// to the number of hosts gives one export per host, as each host's agent uploads it.
+pub fn split_by_host(export: &str, parts: usize) -> Vec<String> {
+    let lines: Vec<&str> = export.lines().collect();
+    let (header, body) = (lines[0], &lines[1..lines.len() - 1]);
+    let is_software = |l: &str| l.starts_with(r#"{"type":"software""#);
+    let software: Vec<&str> = body.iter().copied().filter(|l| is_software(l)).collect();
+    let mut groups: Vec<Vec<&str>> = vec![software; parts];
+    let mut host = None;
+    for l in body.iter().copied().filter(|l| !is_software(l)) {
+        if l.starts_with(r#"{"type":"host""#) {
+            host = Some(host.map_or(0, |h| h + 1));
+        }
+        if let Some(h) = host {
+            groups[h % parts].push(l);
+        }
+    }
+    groups
+        .into_iter()
+        .map(|g| format!("{header}\n{}\n{{\"type\":\"end\",\"records\":{}}}\n", g.join("\n"), g.len()))
+        .collect()
+}

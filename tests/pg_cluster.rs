@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 pub struct PgCluster {
@@ -98,11 +98,6 @@ impl PgCluster {
         let cluster = PgCluster { url: format!("postgres://kiln@localhost/kiln?host={sock}"), dir, bin, options };
         cluster.psql("postgres", "CREATE DATABASE kiln");
         cluster
-    }
-
-    /// The cluster's folder (its socket is here).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// Runs SQL through `psql` on `database`; returns its unaligned output.

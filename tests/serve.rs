@@ -508,22 +508,6 @@ fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() 
     assert!(status.success(), "{said}");
 }
 
-/// An export split in two by host (alternate hosts), each half a complete export.
-fn halves(export: &str) -> [String; 2] {
-    let lines: Vec<&str> = export.lines().collect();
-    let (header, body) = (lines[0], &lines[1..lines.len() - 1]);
-    let shared: Vec<&str> = body.iter().copied().filter(|l| l.starts_with(r#"{"type":"software""#)).collect();
-    let mut parts: [Vec<&str>; 2] = [shared.clone(), shared];
-    let mut host = 0;
-    for l in body.iter().copied().filter(|l| !l.starts_with(r#"{"type":"software""#)) {
-        if l.starts_with(r#"{"type":"host""#) {
-            host += 1;
-        }
-        parts[host % 2].push(l);
-    }
-    parts.map(|p| format!("{header}\n{}\n{{\"type\":\"end\",\"records\":{}}}\n", p.join("\n"), p.len()))
-}
-
 #[test]
 fn two_services_on_one_postgresql_share_its_fleet() {
     let Some(site) = Site::postgres("two services on one PostgreSQL") else { return };
@@ -533,7 +517,7 @@ fn two_services_on_one_postgresql_share_its_fleet() {
     // keys. (Whether the two imports overlap is up to timing; a race on a new key is handled by
     // ON CONFLICT in the shared queries, which this test does not force.)
     let (export, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 80, ..crate::fleet::spec_seeded(31) });
-    let [first, second] = halves(&export);
+    let [first, second]: [String; 2] = crate::fleet_gen::split_by_host(&export, 2).try_into().unwrap();
     let sent: Vec<_> = [(a.url.clone(), first), (b.url.clone(), second)]
         .into_iter()
         .map(|(url, body)| {

@@ -3,7 +3,7 @@
 //! query text (`shared`) on whichever engine holds the fleet.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::{
     Access, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunDetail, RunRow, Store,
@@ -83,14 +83,6 @@ impl AnyStore {
         match self {
             AnyStore::Sqlite(s) => Some(s),
             AnyStore::Pg(_) => None,
-        }
-    }
-
-    /// The database, as messages name it.
-    pub fn path(&self) -> &Path {
-        match self {
-            AnyStore::Sqlite(s) => s.path(),
-            AnyStore::Pg(s) => s.path(),
         }
     }
 

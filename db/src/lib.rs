@@ -384,10 +384,16 @@ fn connect_options(path: &Path) -> Result<SqliteConnectOptions> {
         .disable_statement_logging())
 }
 
+/// The bytes free to this user on the filesystem that holds (or will hold) the database at `db`;
+/// `None` where its directory cannot be asked (it does not exist yet).
+pub fn free_bytes(db: &Path) -> Option<u64> {
+    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    nix::sys::statvfs::statvfs(dir).ok().map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
+}
+
 /// Whether the filesystem holding `db` has (next to) no room left: under 1 MiB free to this user.
 fn disk_full(db: &Path) -> bool {
-    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < 1 << 20)
+    free_bytes(db).is_some_and(|free| free < 1 << 20)
 }
 
 fn classify(path: &Path, cause: sqlx::Error) -> DbError {

@@ -229,9 +229,7 @@ fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
         return Ok(());
     }
     let path = ctx.db_path()?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    if let Ok(fs) = nix::sys::statvfs::statvfs(dir) {
-        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+    if let Some(free) = kiln_db::free_bytes(&path) {
         if free < MIN_FREE {
             anyhow::bail!(
                 "{}: the filesystem holding the database has {} KiB free, under the {} MiB a benchmark's results \
