@@ -1,8 +1,8 @@
 //! The server's connections to its store (SQLite or PostgreSQL): one writer and a few readers,
-//! each on a thread of its own with a current-thread runtime. Requests hand them work and await the answer, so that a
-//! long fleet question neither blocks the HTTP workers nor waits behind an upload (SQLite's WAL
-//! lets readers and the writer run at once), and uploads are applied one at a time, as SQLite
-//! allows anyway.
+//! each on a thread of its own with a current-thread runtime. Requests hand them work and await
+//! the answer, so that a long fleet question neither blocks the HTTP workers nor waits behind an
+//! upload (SQLite's WAL lets readers and the writer run at once), and uploads are applied one at a
+//! time, as SQLite allows anyway.
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
