@@ -6,6 +6,7 @@ mod util;
 mod bad_input;
 mod bench;
 mod cli;
+mod cluster;
 mod deploy;
 mod devices;
 mod fleet;

@@ -3,6 +3,7 @@
 //! runs; benchmarks and tests use this crate directly.
 
 pub mod cli;
+pub mod cluster;
 pub mod exporter;
 pub mod fleet;
 pub mod fleet_view;

@@ -6,6 +6,7 @@
 pub mod bf16;
 pub mod blas;
 pub mod ceilings;
+pub mod cluster;
 pub mod disk;
 pub mod fused;
 pub mod gemm;

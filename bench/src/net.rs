@@ -87,7 +87,11 @@ pub struct Report {
     pub rtt_p99_us: f64,
 }
 
-fn throughput_once(addr: &std::net::SocketAddr, streams: usize, seconds: f64) -> std::io::Result<f64> {
+/// One throughput measurement: `streams` connections send for `seconds`; Gb/s as the server counted.
+///
+/// # Errors
+/// The server cannot be reached, or a connection breaks.
+pub fn throughput_once(addr: &std::net::SocketAddr, streams: usize, seconds: f64) -> std::io::Result<f64> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let counts: Vec<std::io::Result<u64>> = std::thread::scope(|s| {
@@ -120,6 +124,27 @@ fn throughput_once(addr: &std::net::SocketAddr, streams: usize, seconds: f64) ->
     Ok(bytes as f64 * 8.0 / elapsed / 1e9)
 }
 
+/// Round trips of a 64-byte message, microseconds: `messages` of them, after 100 untimed.
+///
+/// # Errors
+/// The server cannot be reached, or the connection breaks.
+pub fn round_trips(addr: &std::net::SocketAddr, messages: usize) -> std::io::Result<Vec<f64>> {
+    let mut stream = TcpStream::connect_timeout(addr, Duration::from_secs(10))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(b"L")?;
+    let mut msg = [0x42u8; MESSAGE];
+    let mut rtt = Vec::with_capacity(messages);
+    for i in 0..messages + 100 {
+        let t0 = Instant::now();
+        stream.write_all(&msg)?;
+        stream.read_exact(&mut msg)?;
+        if i >= 100 {
+            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(rtt)
+}
+
 /// Measures throughput (`repetitions` rounds of `streams` parallel streams) and round-trip latency.
 ///
 /// # Errors
@@ -135,20 +160,7 @@ pub fn measure(server: &str, config: &Config, mut progress: impl FnMut(&str)) ->
         gbps.push(throughput_once(&addr, config.streams, config.seconds_per_repetition)?);
     }
     progress("latency");
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
-    stream.set_nodelay(true)?;
-    stream.write_all(b"L")?;
-    let mut msg = [0x42u8; MESSAGE];
-    let mut rtt = Vec::with_capacity(config.latency_messages);
-    for i in 0..config.latency_messages + 100 {
-        let t0 = Instant::now();
-        stream.write_all(&msg)?;
-        stream.read_exact(&mut msg)?;
-        if i >= 100 {
-            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    drop(stream);
+    let rtt = round_trips(&addr, config.latency_messages)?;
     let mut sorted = rtt.clone();
     sorted.sort_by(f64::total_cmp);
     let p99 = percentile_sorted(&sorted, 0.99);

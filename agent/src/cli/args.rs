@@ -346,6 +346,12 @@ pub enum Command {
         #[arg(long, env = "KILN_NVML_LIB", value_name = "PATH")]
         nvml_lib: Option<PathBuf>,
     },
+    /// Tests across servers, run as every rank of a job that `srun`, `mpirun` or `torchrun` started
+    /// (one rank per node); needs a kiln built with `--features mpi`
+    Cluster {
+        #[command(subcommand)]
+        what: ClusterCmd,
+    },
     /// Send every result waiting for the fleet service now (after a failed upload, or to a new server)
     Sync {
         /// Queue every result this database holds first (those stored before a fleet service was
@@ -691,4 +697,87 @@ pub enum TokenRole {
     Agent,
     Reader,
     Admin,
+}
+
+#[derive(Subcommand)]
+#[command(defer = true)]
+pub enum ClusterCmd {
+    /// Where this process sits in its job (launcher, rank, world size, local rank), and whether this
+    /// kiln has MPI
+    Env,
+    /// Bandwidth both ways and round trips between every pair of nodes, per NIC (rail), in a
+    /// round-robin tournament (each node in one pair at a time); names the slow node, NIC or link
+    /// and its direction: exit 1 when one is slow
+    Fabric {
+        /// Parallel TCP streams per measurement
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        /// Seconds per repetition and direction
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Repetitions per direction (their median is the link's figure)
+        #[arg(long, default_value_t = 3)]
+        repetitions: usize,
+        /// Interfaces to test, one rail each, matched by position across nodes (repeat the flag)
+        /// [default: the default route's]
+        #[arg(long = "iface", value_name = "NAME")]
+        interfaces: Vec<String>,
+        /// Make the test's sockets in this network namespace; `{rank}` and `{local_rank}` are
+        /// replaced (e.g. /run/netns/rail{local_rank})
+        #[arg(long, value_name = "PATH")]
+        netns: Option<String>,
+        /// The spec's floor for one link: below it a link is slow whatever its peers do
+        #[arg(long, value_name = "GBPS")]
+        min_gbps: Option<f64>,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// All-reduce, all-gather, reduce-scatter and all-to-all across every rank at each size, with
+    /// algorithm and bus bandwidth as nccl-tests computes them (MPI on CPU ranks)
+    Collectives {
+        /// Smallest message (bytes, or with K, M, G)
+        #[arg(long, default_value = "8", value_parser = parse_size)]
+        min_bytes: u64,
+        /// Largest message
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        max_bytes: u64,
+        /// Collectives, comma-separated [default: all four]
+        #[arg(long, value_enum, value_delimiter = ',')]
+        ops: Vec<CollectiveOp>,
+        /// Timed iterations per size at most
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// Untimed iterations per size
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Fewer iterations where a size would take longer than this
+        #[arg(long, default_value_t = 0.5, value_name = "SECONDS")]
+        seconds_per_size: f64,
+        #[command(flatten)]
+        store: Store,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::cluster::parse_size(s)
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum CollectiveOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+}
+
+impl From<CollectiveOp> for kiln_bench::cluster::Collective {
+    fn from(op: CollectiveOp) -> Self {
+        use kiln_bench::cluster::Collective;
+        match op {
+            CollectiveOp::AllReduce => Collective::AllReduce,
+            CollectiveOp::AllGather => Collective::AllGather,
+            CollectiveOp::ReduceScatter => Collective::ReduceScatter,
+            CollectiveOp::AllToAll => Collective::AllToAll,
+        }
+    }
 }

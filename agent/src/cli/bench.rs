@@ -224,7 +224,7 @@ fn serve_net(addr: &str, idle: u64) -> Result<Output> {
 
 /// Opens the database before a benchmark runs, so that a bad file — or a full disk — stops the job
 /// before the minutes of measuring, not after.
-fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
+pub(crate) fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
     if store.no_save {
         return Ok(());
     }
@@ -267,7 +267,7 @@ fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> R
 }
 
 /// Stores one outcome as a run against a stored inventory; returns the run's id.
-fn store_outcome(ctx: &Ctx, inv: &Inventory, saved: &SavedInventory, outcome: &Outcome) -> Result<String> {
+pub(crate) fn store_outcome(ctx: &Ctx, inv: &Inventory, saved: &SavedInventory, outcome: &Outcome) -> Result<String> {
     let run = outcome.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone());
     ctx.with_store(async |store| store.save_run(&run).await)
 }

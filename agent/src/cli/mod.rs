@@ -8,6 +8,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod cluster;
 pub mod fleet;
 pub mod inventory;
 pub mod outfile;
@@ -348,6 +349,7 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             verdict::capture(&source, inventory.as_deref(), config.as_deref(), fraction, name, output.as_deref(), ctx)
         }
         Command::Bench { what } => bench::run(what, ctx),
+        Command::Cluster { what } => cluster::run(what, ctx),
         Command::Runs { limit } => store::runs(limit, ctx),
         Command::Hosts => store::hosts(ctx),
         Command::Show { what } => store::show(what, ctx),

@@ -105,6 +105,8 @@ pub enum Report {
     Train(TrainReport),
     Disk(kiln_bench::disk::Report),
     Net(kiln_bench::net::Report),
+    Fabric(Box<crate::cluster::FabricReport>),
+    Collectives(Box<crate::cluster::CollectivesReport>),
 }
 
 impl Report {
@@ -114,6 +116,10 @@ impl Report {
         match self {
             Report::Membw(m) => m.invalid.clone(),
             Report::Gemm(g) => g.invalid.clone(),
+            Report::Fabric(f) => {
+                let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
+                (!why.is_empty()).then(|| why.join("; "))
+            }
             _ => None,
         }
     }
@@ -125,6 +131,8 @@ impl Report {
             Report::Train(_) => "train",
             Report::Disk(_) => "disk",
             Report::Net(_) => "net",
+            Report::Fabric(_) => "fabric",
+            Report::Collectives(_) => "collectives",
         }
     }
 }

@@ -1,0 +1,166 @@
+//! `kiln cluster …`: run as every rank of a job; each rank stores its part of the result under one
+//! cluster-run id, and rank 0 prints the whole job's.
+
+use anyhow::Result;
+use kiln_bench::cluster::{Collective, Launch};
+use kiln_db::RunStatus;
+use serde::Serialize;
+
+use super::args::{self, ClusterCmd};
+use super::bench::{preflight, store_outcome, BenchRun};
+use super::inventory::{live_inventory, store_inventory};
+use super::{Ctx, Exit, Output, View};
+use crate::cluster::{self, CollectivesConfig, FabricConfig};
+use crate::runs::{Outcome, Report};
+use crate::timefmt::now_rfc3339;
+
+/// `kiln cluster env`.
+#[derive(Serialize)]
+pub struct Placement {
+    pub launch: Option<Launch>,
+    pub mpi_built: bool,
+    pub mpi_library: Option<String>,
+}
+
+impl View for Placement {
+    fn render(&self) -> String {
+        let mut out = match &self.launch {
+            Some(l) => format!(
+                "launched by {:?}: rank {} of {}{}{}\n",
+                l.launcher,
+                l.rank,
+                l.world_size,
+                l.local_rank.map(|r| format!(", local rank {r}")).unwrap_or_default(),
+                l.node.map(|n| format!(", node {n}")).unwrap_or_default()
+            ),
+            None => "not started by a launcher (no SLURM_PROCID, OMPI_COMM_WORLD_RANK or RANK)\n".to_string(),
+        };
+        match (&self.mpi_built, &self.mpi_library) {
+            (true, Some(lib)) => out.push_str(&format!("MPI: {}\n", lib.lines().next().unwrap_or(lib))),
+            (true, None) => out.push_str("MPI: built in\n"),
+            (false, _) => out.push_str(&format!("MPI: not built in — {}\n", cluster::NOT_BUILT)),
+        }
+        out
+    }
+}
+
+/// Runs one `kiln cluster` command.
+///
+/// # Errors
+/// No MPI in this build, a launcher that disagrees with MPI, a rank that cannot set up.
+pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
+    match what {
+        ClusterCmd::Env => {
+            let view = Placement {
+                launch: cluster::launch_from_env()?,
+                mpi_built: cluster::MPI_BUILT,
+                mpi_library: cluster::library_version(),
+            };
+            ctx.output(&view)
+        }
+        ClusterCmd::Fabric { streams, seconds, repetitions, interfaces, netns, min_gbps, store } => {
+            anyhow::ensure!(
+                streams >= 1 && repetitions >= 1 && seconds > 0.0,
+                "--streams, --repetitions and --seconds must be positive"
+            );
+            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+            preflight(ctx, store)?;
+            let config = FabricConfig { streams, seconds, repetitions, interfaces, netns, floor_gbps: min_gbps };
+            let started_at = now_rfc3339();
+            let (report, job) = cluster::fabric(&config)?;
+            let slow = report.has_findings();
+            let outcome = Outcome {
+                status: RunStatus::Ok,
+                status_reason: None,
+                started_at,
+                config: serde_json::json!({
+                    "cluster_id": report.cluster_id,
+                    "rank": report.rank,
+                    "world_size": report.world_size,
+                    "launcher": report.launcher,
+                    "fabric": config,
+                }),
+                headline: format!(
+                    "fabric of {} nodes: {}",
+                    report.world_size,
+                    if slow { "slow node, NIC or link named" } else { "nothing slow" }
+                ),
+                text: report.render(),
+                metrics: report.metrics(),
+                samples: Vec::new(),
+                telemetry: Vec::new(),
+                report: Report::Fabric(Box::new(report)),
+            };
+            let outcome = match outcome.report.invalid_reason() {
+                Some(_) => Outcome { status: RunStatus::Invalid, ..outcome },
+                None => outcome,
+            };
+            keep(ctx, outcome, store, slow, &job)
+        }
+        ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, store } => {
+            anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
+            anyhow::ensure!(
+                iterations >= 1 && seconds_per_size > 0.0,
+                "--iterations and --seconds-per-size must be positive"
+            );
+            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+            preflight(ctx, store)?;
+            let collectives: Vec<Collective> =
+                if ops.is_empty() { Collective::ALL.to_vec() } else { ops.into_iter().map(Into::into).collect() };
+            let config = CollectivesConfig { min_bytes, max_bytes, collectives, iterations, warmup, seconds_per_size };
+            let started_at = now_rfc3339();
+            let (report, job) = cluster::collectives(&config)?;
+            let outcome = Outcome {
+                status: if report.checked { RunStatus::Ok } else { RunStatus::Failed },
+                status_reason: (!report.checked).then(|| "a collective's result was wrong on some rank".to_string()),
+                started_at,
+                config: serde_json::json!({
+                    "cluster_id": report.cluster_id,
+                    "rank": report.rank,
+                    "world_size": report.world_size,
+                    "launcher": report.launcher,
+                    "collectives": config,
+                }),
+                headline: format!("collectives over {} ranks", report.world_size),
+                text: report.render(),
+                metrics: report.metrics(),
+                samples: Vec::new(),
+                telemetry: Vec::new(),
+                report: Report::Collectives(Box::new(report)),
+            };
+            keep(ctx, outcome, store, false, &job)
+        }
+    }
+}
+
+/// Stores this rank's part (unless told not to), waits for every rank to have stored its own, and
+/// then rank 0 prints the job's and carries the verdict: exit 1 there when something is slow or a
+/// check failed (the job's exit status is its first non-zero one; the other ranks exit 0, so that
+/// the launcher stops nobody before it has stored).
+fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &cluster::Job) -> Result<Output> {
+    let rank = match &outcome.report {
+        Report::Fabric(f) => f.rank,
+        Report::Collectives(c) => c.rank,
+        _ => 0,
+    };
+    let run_id = if store.no_save {
+        None
+    } else {
+        let inv = live_inventory()?;
+        let saved = store_inventory(ctx, &inv)?;
+        Some(store_outcome(ctx, &inv, &saved, &outcome)?)
+    };
+    job.barrier();
+    if rank != 0 {
+        return Ok(Output::empty(Exit::Ok));
+    }
+    let exit = Exit::check(slow || outcome.failed_check());
+    let view = BenchRun {
+        benchmark: outcome.benchmark(),
+        run_id,
+        status: outcome.status,
+        report: &outcome.report,
+        text: &outcome.text,
+    };
+    Ok(ctx.output(&view)?.with_exit(exit))
+}

@@ -1,0 +1,536 @@
+//! `kiln cluster`: tests across servers, run as one rank of a job that the cluster's own launcher
+//! started (`srun`, `mpirun`, `torchrun`). Rendezvous and CPU collectives go through MPI (the `mpi`
+//! cargo feature, over the system's Open MPI); the pair matrix's traffic is kiln's TCP benchmark
+//! (`kiln_bench::net`) between the ranks' NIC addresses, one pair per node at a time.
+//!
+//! This module holds what needs no MPI: the rails (NICs) a rank tests and their addresses, the
+//! documents (`FabricReport`, `CollectivesReport`), their text and their metrics. `mpi.rs` runs them.
+
+#[cfg(feature = "mpi")]
+mod mpi;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use kiln_bench::cluster::{Collective, FabricVerdict, Finding, Launch, Link, Quantity, Subject};
+use kiln_db::{Direction as Better, Metric};
+use serde::Serialize;
+
+use crate::inventory::cpulist::parse_list;
+
+/// Whether this kiln was built with MPI.
+pub const MPI_BUILT: bool = cfg!(feature = "mpi");
+
+/// What to do when this kiln has no MPI.
+pub const NOT_BUILT: &str = "this kiln was built without MPI, which `kiln cluster` needs for its rendezvous and \
+collectives: install Open MPI's development files and libclang (Debian/Ubuntu: `apt install libopenmpi-dev \
+libclang-dev`) and build with `cargo build --release --features mpi`, then launch one rank per node \
+(`srun --ntasks-per-node=1 kiln cluster …`, `mpirun --map-by ppr:1:node kiln cluster …`)";
+
+/// This process's launcher, read from the environment.
+///
+/// # Errors
+/// A launcher variable that is not a number, or a rank outside the world.
+pub fn launch_from_env() -> Result<Option<Launch>> {
+    kiln_bench::cluster::detect_launch(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)
+}
+
+/// One NIC a rank tests: the pair matrix is measured per rail, NIC i of one node to NIC i of the
+/// other (the rail-optimised wiring of training fabrics).
+#[derive(Debug, Clone, Serialize)]
+pub struct Rail {
+    pub interface: String,
+    pub address: IpAddr,
+    /// The CPUs local to the NIC's PCI device (its NUMA node); the measuring threads run there.
+    pub local_cpus: Option<Vec<u32>>,
+    /// The link speed the kernel reports for a physical NIC, Mb/s; none for virtual ones.
+    pub speed_mbps: Option<u64>,
+}
+
+/// The interface of the default route (`/proc/net/route`), in the calling thread's namespace.
+fn default_route_interface() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/net/route").ok()?;
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() > 2 && f[1] == "00000000").then(|| f[0].to_string())
+    })
+}
+
+/// The rails to test: the named interfaces in order, else the default route's interface, else the
+/// first interface that is up with an IPv4 address, else loopback (ranks on one host).
+///
+/// # Errors
+/// A named interface that does not exist or has no IPv4 address.
+pub fn rails(named: &[String]) -> Result<Vec<Rail>> {
+    use nix::ifaddrs::getifaddrs;
+    use nix::net::if_::InterfaceFlags;
+    let mut v4: Vec<(String, IpAddr, bool, bool)> = Vec::new();
+    for a in getifaddrs().context("listing the network interfaces (getifaddrs)")? {
+        let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()) else { continue };
+        let up = a.flags.contains(InterfaceFlags::IFF_UP) && a.flags.contains(InterfaceFlags::IFF_RUNNING);
+        let lo = a.flags.contains(InterfaceFlags::IFF_LOOPBACK);
+        v4.push((a.interface_name, IpAddr::V4(sin.ip()), up, lo));
+    }
+    let pick = |name: &str| v4.iter().find(|(n, ..)| n == name).map(|(n, ip, ..)| rail_of(n, *ip));
+    if !named.is_empty() {
+        return named
+            .iter()
+            .map(|n| {
+                pick(n).with_context(|| {
+                    let known: BTreeSet<&str> = v4.iter().map(|(n, ..)| n.as_str()).collect();
+                    format!(
+                        "--iface {n}: no such interface with an IPv4 address here (interfaces with one: {})",
+                        known.into_iter().collect::<Vec<_>>().join(", ")
+                    )
+                })
+            })
+            .collect();
+    }
+    let chosen = default_route_interface()
+        .and_then(|n| pick(&n))
+        .or_else(|| v4.iter().find(|(_, _, up, lo)| *up && !lo).map(|(n, ip, ..)| rail_of(n, *ip)))
+        .or_else(|| v4.iter().find(|(_, _, _, lo)| *lo).map(|(n, ip, ..)| rail_of(n, *ip)))
+        .context("no interface has an IPv4 address, not even loopback")?;
+    Ok(vec![chosen])
+}
+
+fn rail_of(interface: &str, address: IpAddr) -> Rail {
+    let dir = Path::new("/sys/class/net").join(interface);
+    let physical = dir.join("device").exists();
+    let local_cpus = physical
+        .then(|| std::fs::read_to_string(dir.join("device/local_cpulist")).ok())
+        .flatten()
+        .and_then(|s| parse_list(s.trim()));
+    let speed_mbps = physical
+        .then(|| std::fs::read_to_string(dir.join("speed")).ok())
+        .flatten()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|&s| s > 0)
+        .map(|s| s as u64);
+    Rail { interface: interface.to_string(), address, local_cpus, speed_mbps }
+}
+
+/// Moves the calling thread into a network namespace (a path like `/run/netns/NAME`): the sockets
+/// it makes from then on, and the threads it starts, are that namespace's.
+///
+/// # Errors
+/// The file cannot be opened, or the kernel refuses (`setns` needs CAP_SYS_ADMIN).
+pub fn enter_netns(path: &Path) -> Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("--netns {}: cannot open it", path.display()))?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("--netns {}: entering the network namespace (needs root)", path.display()))
+}
+
+/// Pins the calling thread to `cpus` (threads it starts inherit them); the old set is returned to
+/// restore. `None` when there is nothing to pin to or the kernel refuses (then the thread runs anywhere).
+pub fn pin_thread(cpus: Option<&[u32]>) -> Option<nix::sched::CpuSet> {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let cpus = cpus.filter(|c| !c.is_empty())?;
+    let old = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        set.set(c as usize).ok()?;
+    }
+    sched_setaffinity(Pid::from_raw(0), &set).ok()?;
+    Some(old)
+}
+
+/// Restores what [`pin_thread`] changed.
+pub fn unpin_thread(old: Option<nix::sched::CpuSet>) {
+    if let Some(old) = old {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &old);
+    }
+}
+
+/// How the fabric test runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricConfig {
+    pub streams: usize,
+    pub seconds: f64,
+    pub repetitions: usize,
+    /// Interfaces to test (rails), in order; empty: the default route's.
+    pub interfaces: Vec<String>,
+    /// A network namespace to make the test's sockets in: `{rank}` and `{local_rank}` are replaced.
+    pub netns: Option<String>,
+    /// The spec's floor for one link, Gb/s.
+    pub floor_gbps: Option<f64>,
+}
+
+/// One node (rank) of the job, as the fabric test names it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Node {
+    pub rank: usize,
+    pub host: String,
+    /// How reports name it: the host name, with the namespace or rank where hosts repeat.
+    pub label: String,
+}
+
+/// One rail's matrix and verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct RailReport {
+    /// This rank's interface (rail i of every node is matched with rail i of every other).
+    pub interface: String,
+    /// Every directed link, every rank's measurements.
+    pub links: Vec<Link>,
+    pub verdict: FabricVerdict,
+    /// Why a figure cannot be right (above the slower NIC's link speed), when one is not.
+    pub invalid: Option<String>,
+}
+
+/// `kiln cluster fabric`: the whole job's matrix, as every rank holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricReport {
+    pub cluster_id: String,
+    pub rank: usize,
+    pub world_size: usize,
+    pub launcher: Option<Launch>,
+    pub nodes: Vec<Node>,
+    pub rails: Vec<RailReport>,
+    /// Tournament rounds run (N−1 for even N, N for odd).
+    pub rounds: usize,
+    pub seconds: f64,
+    pub config: FabricConfig,
+}
+
+impl FabricReport {
+    /// Whether any rail names anything.
+    pub fn has_findings(&self) -> bool {
+        self.rails.iter().any(|r| !r.verdict.findings.is_empty())
+    }
+
+    fn subject(&self, subject: &Subject) -> String {
+        let label = |i: usize| self.nodes.get(i).map_or_else(|| format!("rank {i}"), |n| n.label.clone());
+        match subject {
+            Subject::Node { node } => format!("node {}", label(*node)),
+            Subject::Link { a, b } => format!("link {} <-> {}", label(*a), label(*b)),
+        }
+    }
+
+    /// One finding in a sentence: what, which way, measured against the baseline.
+    pub fn describe(&self, rail: &RailReport, f: &Finding) -> String {
+        use kiln_bench::cluster::Direction;
+        let label = |i: usize| self.nodes.get(i).map_or_else(|| format!("rank {i}"), |n| n.label.clone());
+        let way = match (&f.subject, f.direction) {
+            (Subject::Node { .. }, Direction::Send) => "when it sends".to_string(),
+            (Subject::Node { .. }, Direction::Receive) => "when it receives".to_string(),
+            (Subject::Node { .. }, Direction::Both) => "both ways".to_string(),
+            (Subject::Link { a, b }, Direction::Send) => format!("{} -> {}", label(*a), label(*b)),
+            (Subject::Link { a, b }, Direction::Receive) => format!("{} -> {}", label(*b), label(*a)),
+            (Subject::Link { .. }, Direction::Both) => "both ways".to_string(),
+        };
+        let what = match f.quantity {
+            Quantity::Bandwidth => format!(
+                "slow {way}: {:.2} Gb/s against a baseline of {:.2} Gb/s ({:.0} %)",
+                f.measured,
+                f.baseline,
+                100.0 * f.measured / f.baseline
+            ),
+            Quantity::Latency => format!(
+                "slow round trips {way}: {:.1} us against a baseline of {:.1} us ({:.1}x)",
+                f.measured,
+                f.baseline,
+                f.measured / f.baseline
+            ),
+        };
+        let evidence: Vec<String> = f
+            .evidence
+            .iter()
+            .map(|l| match f.quantity {
+                Quantity::Bandwidth => format!("{}->{} {:.2}", label(l.from), label(l.to), l.gbps),
+                Quantity::Latency => format!("{}->{} {:.1}", label(l.from), label(l.to), l.rtt_us),
+            })
+            .collect();
+        format!("{} on rail {}: {what} (evidence: {})", self.subject(&f.subject), rail.interface, evidence.join(", "))
+    }
+
+    /// The matrix and the verdict, for people.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "fabric of {} nodes ({} rounds, {:.1} s), cluster run {}\n",
+            self.world_size, self.rounds, self.seconds, self.cluster_id
+        );
+        out.push_str("nodes:");
+        for n in &self.nodes {
+            out.push_str(&format!(" #{} {}", n.rank, n.label));
+            out.push(if n.rank + 1 < self.nodes.len() { ',' } else { '\n' });
+        }
+        for rail in &self.rails {
+            out.push_str(&format!("\nrail {}: Gb/s, row sends to column\n{:>5}", rail.interface, ""));
+            for n in &self.nodes {
+                out.push_str(&format!(" {:>7}", format!("#{}", n.rank)));
+            }
+            out.push('\n');
+            for from in &self.nodes {
+                out.push_str(&format!("{:>5}", format!("#{}", from.rank)));
+                for to in &self.nodes {
+                    match rail.links.iter().find(|l| l.from == from.rank && l.to == to.rank) {
+                        Some(l) => out.push_str(&format!(" {:>7.2}", l.gbps)),
+                        None => out.push_str(&format!(" {:>7}", "-")),
+                    }
+                }
+                out.push('\n');
+            }
+            let b = &rail.verdict.baseline;
+            out.push_str(&format!(
+                "baseline {:.2} Gb/s (spread {:.2}), slow below {:.2}{}; round trip {:.1} us, slow above {:.1} us\n",
+                b.median_gbps,
+                b.mad_gbps,
+                b.slow_below_gbps,
+                b.floor_gbps.map(|f| format!(" (spec floor {f:.2})")).unwrap_or_default(),
+                b.median_rtt_us,
+                b.slow_above_us
+            ));
+            if let Some(why) = &rail.invalid {
+                out.push_str(&format!("INVALID: {why}\n"));
+            }
+            for f in &rail.verdict.findings {
+                out.push_str(&format!("SLOW {}\n", self.describe(rail, f)));
+            }
+        }
+        if !self.has_findings() {
+            out.push_str("\nno slow node, NIC or link\n");
+        }
+        out
+    }
+
+    /// This rank's figures, named so that they compare across nodes and nights: its links out and
+    /// in (worst and median) and its round trips, per rail (`fabric.` or `fabric.<rail>.` with
+    /// several rails).
+    pub fn metrics(&self) -> Vec<Metric> {
+        let mut metrics = Vec::new();
+        let several = self.rails.len() > 1;
+        for rail in &self.rails {
+            let prefix = if several { format!("fabric.{}.", rail.interface) } else { "fabric.".to_string() };
+            let m = |name: &str, value: f64, unit: &str, direction| Metric {
+                name: format!("{prefix}{name}"),
+                value,
+                unit: unit.into(),
+                direction,
+            };
+            let out: Vec<f64> = rail.links.iter().filter(|l| l.from == self.rank).map(|l| l.gbps).collect();
+            let inn: Vec<f64> = rail.links.iter().filter(|l| l.to == self.rank).map(|l| l.gbps).collect();
+            let rtt: Vec<f64> =
+                rail.links.iter().filter(|l| l.from == self.rank && l.rtt_us.is_finite()).map(|l| l.rtt_us).collect();
+            let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if !out.is_empty() {
+                metrics.push(m("tx_gbps_min", min(&out), "Gb/s", Better::Higher));
+                metrics.push(m("tx_gbps_median", kiln_bench::stats::median(&out), "Gb/s", Better::Higher));
+            }
+            if !inn.is_empty() {
+                metrics.push(m("rx_gbps_min", min(&inn), "Gb/s", Better::Higher));
+                metrics.push(m("rx_gbps_median", kiln_bench::stats::median(&inn), "Gb/s", Better::Higher));
+            }
+            if !rtt.is_empty() {
+                metrics.push(m("rtt_us_median", kiln_bench::stats::median(&rtt), "us", Better::Lower));
+                metrics.push(m("rtt_us_max", max(&rtt), "us", Better::Lower));
+            }
+        }
+        metrics
+    }
+}
+
+/// Any link above the slower NIC's reported speed (with 2 % for rounding): the figure cannot be
+/// right, so the rail is not a result. `speeds[rank]` in Mb/s, `None` for a virtual NIC.
+pub fn above_ceiling(links: &[Link], speeds: &[Option<u64>]) -> Option<String> {
+    links.iter().find_map(|l| {
+        let (Some(a), Some(b)) = (speeds.get(l.from).copied().flatten(), speeds.get(l.to).copied().flatten()) else {
+            return None;
+        };
+        let ceiling = a.min(b) as f64 / 1000.0;
+        (l.gbps > ceiling * 1.02).then(|| {
+            format!(
+                "rank {} -> rank {}: {:.2} Gb/s is above the slower NIC's link speed of {ceiling:.2} Gb/s",
+                l.from, l.to, l.gbps
+            )
+        })
+    })
+}
+
+/// How the collectives run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectivesConfig {
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub collectives: Vec<Collective>,
+    /// Timed iterations at most (fewer for sizes that would take longer than `seconds_per_size`).
+    pub iterations: usize,
+    pub warmup: usize,
+    pub seconds_per_size: f64,
+}
+
+/// One collective at one size, as nccl-tests prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectiveRow {
+    pub collective: Collective,
+    /// nccl-tests' size: the whole buffer (all-gather's output, reduce-scatter's input).
+    pub bytes: u64,
+    /// f32 elements in that buffer.
+    pub count: u64,
+    pub iterations: usize,
+    /// Mean time of one call, the slowest rank's, microseconds.
+    pub time_us: f64,
+    /// GB/s (10⁹ bytes).
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+}
+
+/// `kiln cluster collectives`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectivesReport {
+    pub cluster_id: String,
+    pub rank: usize,
+    pub world_size: usize,
+    pub launcher: Option<Launch>,
+    /// The MPI library's own description.
+    pub library: String,
+    pub rows: Vec<CollectiveRow>,
+    /// Every result was checked against the sum or the data it must hold.
+    pub checked: bool,
+    pub config: CollectivesConfig,
+}
+
+impl CollectivesReport {
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "collectives over MPI, {} ranks, cluster run {} ({})\n",
+            self.world_size,
+            self.cluster_id,
+            self.library.lines().next().unwrap_or("")
+        );
+        for c in &self.config.collectives {
+            out.push_str(&format!(
+                "\n{}\n{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}\n",
+                c.name(),
+                "size (B)",
+                "count",
+                "iters",
+                "time (us)",
+                "algbw GB/s",
+                "busbw GB/s"
+            ));
+            for r in self.rows.iter().filter(|r| r.collective == *c) {
+                out.push_str(&format!(
+                    "{:>12} {:>12} {:>6} {:>12.1} {:>10.3} {:>10.3}\n",
+                    r.bytes, r.count, r.iterations, r.time_us, r.algbw_gbs, r.busbw_gbs
+                ));
+            }
+        }
+        out.push_str(&format!("results {}\n", if self.checked { "checked: correct" } else { "NOT checked" }));
+        out
+    }
+
+    /// Per collective: the best bus bandwidth over the sizes, and the smallest size's time.
+    pub fn metrics(&self) -> Vec<Metric> {
+        let mut metrics = Vec::new();
+        for c in &self.config.collectives {
+            let rows: Vec<&CollectiveRow> = self.rows.iter().filter(|r| r.collective == *c).collect();
+            let Some(first) = rows.first() else { continue };
+            let best = rows.iter().map(|r| r.busbw_gbs).fold(0.0, f64::max);
+            metrics.push(Metric {
+                name: format!("coll.{}.busbw_gbs_max", c.name()),
+                value: best,
+                unit: "GB/s".into(),
+                direction: Better::Higher,
+            });
+            metrics.push(Metric {
+                name: format!("coll.{}.time_us_smallest", c.name()),
+                value: first.time_us,
+                unit: "us".into(),
+                direction: Better::Lower,
+            });
+        }
+        metrics
+    }
+}
+
+/// Sizes like nccl-tests takes them: bytes, or with K, M, G (binary).
+///
+/// # Errors
+/// Anything else.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| format!("{s:?}: a size is bytes, or a number with K, M or G"))?;
+    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// The namespace path for this rank: `{rank}` and `{local_rank}` replaced.
+pub fn netns_path(pattern: &str, rank: usize, local_rank: usize) -> String {
+    pattern.replace("{rank}", &rank.to_string()).replace("{local_rank}", &local_rank.to_string())
+}
+
+#[cfg(feature = "mpi")]
+pub use mpi::{collectives, fabric, library_version};
+
+/// The job, kept open after a test so that every rank stores its part before any rank leaves: a
+/// launcher stops the whole job when one rank exits with an error, and rank 0 exits 1 on a finding.
+pub struct Job {
+    #[cfg(feature = "mpi")]
+    universe: ::mpi::environment::Universe,
+}
+
+impl Job {
+    /// Waits until every rank has come here.
+    pub fn barrier(&self) {
+        #[cfg(feature = "mpi")]
+        {
+            use ::mpi::traits::CommunicatorCollectives;
+            self.universe.world().barrier();
+        }
+    }
+}
+
+/// Without MPI: what to build.
+#[cfg(not(feature = "mpi"))]
+pub fn fabric(_: &FabricConfig) -> Result<(FabricReport, Job)> {
+    anyhow::bail!(NOT_BUILT)
+}
+
+/// Without MPI: what to build.
+#[cfg(not(feature = "mpi"))]
+pub fn collectives(_: &CollectivesConfig) -> Result<(CollectivesReport, Job)> {
+    anyhow::bail!(NOT_BUILT)
+}
+
+/// Without MPI there is no library to describe.
+#[cfg(not(feature = "mpi"))]
+pub fn library_version() -> Option<String> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_nccl_tests() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("128K"), Ok(128 << 10));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
+
+    #[test]
+    fn a_figure_above_the_nic_speed_is_refused() {
+        let link = |from, to, gbps| Link { from, to, gbps, rtt_us: 10.0 };
+        let speeds = [Some(100_000), Some(25_000), None];
+        assert!(above_ceiling(&[link(0, 1, 24.0), link(0, 2, 300.0)], &speeds).is_none());
+        let why = above_ceiling(&[link(1, 0, 40.0)], &speeds).unwrap();
+        assert!(why.contains("rank 1 -> rank 0") && why.contains("25.00"), "{why}");
+    }
+
+    #[test]
+    fn namespaces_are_named_per_rank() {
+        assert_eq!(netns_path("/run/netns/n{rank}-{local_rank}", 3, 1), "/run/netns/n3-1");
+    }
+}

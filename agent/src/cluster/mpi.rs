@@ -1,0 +1,413 @@
+//! The MPI side of `kiln cluster` (cargo feature `mpi`): rendezvous, the tournament's turn-taking
+//! and the collectives, over the system's MPI through the `mpi` crate. No rank waits on another
+//! before every rank has said that it set up (a rank that cannot is named, and every rank stops).
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use kiln_bench::cluster::{bandwidths, judge_fabric, sizes, tournament, Collective, Launch, Link};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::{
+    above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
+    CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport,
+};
+use crate::render::Progress;
+
+/// The MPI library's own description (`MPI_Get_library_version`).
+pub fn library_version() -> Option<String> {
+    mpi::environment::library_version().ok().map(|s| s.trim_end_matches('\0').trim().to_string())
+}
+
+/// MPI's world, checked against what the launcher said.
+fn world_of(
+    universe: &mpi::environment::Universe,
+    launch: &Option<Launch>,
+) -> Result<(SimpleCommunicator, usize, usize)> {
+    let world = universe.world();
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    if let Some(l) = launch {
+        anyhow::ensure!(
+            l.world_size == size,
+            "{:?} started {} processes but MPI sees {size}: MPI cannot join processes it did not start — launch \
+             with `mpirun`, or `srun --mpi=pmix` (Slurm built with PMIx)",
+            l.launcher,
+            l.world_size
+        );
+    }
+    anyhow::ensure!(
+        size >= 2,
+        "one rank: `kiln cluster` runs as every rank of a job (`srun -N4 --ntasks-per-node=1 kiln cluster …`, \
+         `mpirun -np 4 kiln cluster …`)"
+    );
+    Ok((world, rank, size))
+}
+
+/// Every rank says whether its setup worked; all stop if one did not, naming it.
+fn agree<T>(world: &SimpleCommunicator, mine: Result<T>) -> Result<T> {
+    let failed = u8::from(mine.is_err());
+    let mut all = vec![0u8; world.size() as usize];
+    world.all_gather_into(&failed, &mut all[..]);
+    let bad: Vec<String> = all.iter().enumerate().filter(|(_, &f)| f == 1).map(|(r, _)| r.to_string()).collect();
+    match mine {
+        Err(e) => Err(e.context(format!("rank {} could not set up", world.rank()))),
+        Ok(_) if !bad.is_empty() => {
+            anyhow::bail!("rank(s) {} could not set up (their own error says why); every rank stopped", bad.join(", "))
+        }
+        Ok(v) => Ok(v),
+    }
+}
+
+/// Every rank's `text`, at most `width` bytes each.
+fn gather_strings(world: &SimpleCommunicator, text: &str, width: usize) -> Vec<String> {
+    let mut mine = vec![0u8; width];
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(width);
+    mine[..n].copy_from_slice(&bytes[..n]);
+    let mut all = vec![0u8; width * world.size() as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    all.chunks(width)
+        .map(|c| String::from_utf8_lossy(&c[..c.iter().position(|&b| b == 0).unwrap_or(width)]).into_owned())
+        .collect()
+}
+
+/// A cluster-run id made by rank 0 and shared.
+fn cluster_id(world: &SimpleCommunicator) -> String {
+    let mut id = *uuid::Uuid::new_v4().as_bytes();
+    world.process_at_rank(0).broadcast_into(&mut id[..]);
+    uuid::Uuid::from_bytes(id).to_string()
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "?".into())
+}
+
+/// Labels: host names, with the namespace where one is used, and the rank where they still repeat.
+fn labels(hosts: &[String], netns: &[Option<String>]) -> Vec<String> {
+    let base: Vec<String> = hosts
+        .iter()
+        .zip(netns)
+        .map(|(h, ns)| match ns {
+            Some(ns) => format!("{h}/{}", Path::new(ns).file_name().map_or(ns.clone(), |f| f.to_string_lossy().into())),
+            None => h.clone(),
+        })
+        .collect();
+    base.iter()
+        .enumerate()
+        .map(|(r, l)| if base.iter().filter(|o| *o == l).count() > 1 { format!("{l}#{r}") } else { l.clone() })
+        .collect()
+}
+
+/// The whole fabric test, as one rank.
+///
+/// # Errors
+/// MPI cannot start, the launcher and MPI disagree, or a rank cannot set up (all ranks stop).
+// Long: the test's steps in order — setup agreed, rendezvous, the tournament, the gather, the verdict.
+pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
+    let launch = launch_from_env()?;
+    let universe = mpi::initialize().context("MPI was already initialised in this process")?;
+    let (world, rank, size) = world_of(&universe, &launch)?;
+    let started = Instant::now();
+    let local_rank = launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0);
+    let netns = config.netns.as_ref().map(|p| netns_path(p, rank, local_rank));
+
+    let setup = (|| -> Result<(Vec<Rail>, Vec<TcpListener>)> {
+        if let Some(ns) = &netns {
+            enter_netns(Path::new(ns))?;
+        }
+        let rails = rails(&config.interfaces)?;
+        let listeners = rails
+            .iter()
+            .map(|r| {
+                TcpListener::bind((r.address, 0))
+                    .with_context(|| format!("listening on {} ({})", r.address, r.interface))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((rails, listeners))
+    })();
+    let (rails, listeners) = agree(&world, setup)?;
+
+    let hosts = gather_strings(&world, &hostname(), 128);
+    let all_netns: Vec<Option<String>> = gather_strings(&world, netns.as_deref().unwrap_or(""), 256)
+        .into_iter()
+        .map(|s| (!s.is_empty()).then_some(s))
+        .collect();
+    let labels = labels(&hosts, &all_netns);
+    let nodes: Vec<Node> =
+        (0..size).map(|r| Node { rank: r, host: hosts[r].clone(), label: labels[r].clone() }).collect();
+    let counts = gather_strings(&world, &rails.len().to_string(), 8);
+    anyhow::ensure!(
+        counts.iter().all(|c| *c == counts[0]),
+        "the ranks test different numbers of rails ({}): give every rank the same --iface list",
+        counts.join(", ")
+    );
+    // Per rail: every rank's "address:port speed".
+    let mut endpoints: Vec<Vec<(String, Option<u64>)>> = Vec::new();
+    for (rail, listener) in rails.iter().zip(&listeners) {
+        let me = format!("{} {}", listener.local_addr()?, rail.speed_mbps.unwrap_or(0));
+        endpoints.push(
+            gather_strings(&world, &me, 64)
+                .into_iter()
+                .map(|s| {
+                    let (addr, speed) = s.split_once(' ').unwrap_or((&s, "0"));
+                    (addr.to_string(), speed.parse().ok().filter(|&v: &u64| v > 0))
+                })
+                .collect(),
+        );
+    }
+    let id = cluster_id(&world);
+
+    // Every rail serves for as long as the test can take; the threads end with the process.
+    for (rail, listener) in rails.iter().zip(listeners) {
+        let cpus = rail.local_cpus.clone();
+        std::thread::spawn(move || {
+            pin_thread(cpus.as_deref());
+            kiln_bench::net::serve(listener, Duration::from_secs(24 * 3600))
+        });
+    }
+
+    let rounds = tournament(size);
+    let progress = Progress::new();
+    // This rank's links out: per rail, per peer, (Gb/s, µs); NaN where not measured.
+    let mut mine = vec![f64::NAN; rails.len() * size * 2];
+    let addr_of = |k: usize, peer: usize| -> std::io::Result<std::net::SocketAddr> {
+        endpoints[k][peer].0.parse().map_err(|e| std::io::Error::other(format!("{}: {e}", endpoints[k][peer].0)))
+    };
+    let warn = |peer: usize, rail: &Rail, what: &str, e: &std::io::Error| {
+        eprintln!(
+            "kiln: rank {rank} ({}) -> rank {peer} ({}) on rail {}: {what}: {e}",
+            labels[rank], labels[peer], rail.interface
+        );
+    };
+    for (i, round) in rounds.iter().enumerate() {
+        if rank == 0 {
+            progress.update(&format!("fabric round {}/{}", i + 1, rounds.len()));
+        }
+        let pair = round.iter().find(|(a, b)| *a == rank || *b == rank).copied();
+        for (k, rail) in rails.iter().enumerate() {
+            // Three phases, every pair of the round in step: the lower rank sends, the higher rank
+            // sends, then round trips — so that no round trip is timed beside another pair's bulk
+            // traffic (through a shared switch, or on one host's CPUs).
+            for phase in 0..3 {
+                if let Some((a, b)) = pair {
+                    let peer = if a == rank { b } else { a };
+                    let mine_now = match phase {
+                        0 => rank == a,
+                        1 => rank == b,
+                        _ => rank == a,
+                    };
+                    if mine_now {
+                        let pinned = pin_thread(rail.local_cpus.as_deref());
+                        let at = (k * size + peer) * 2;
+                        if phase < 2 {
+                            let mut gbps = Vec::new();
+                            for _ in 0..config.repetitions {
+                                match addr_of(k, peer).and_then(|addr| {
+                                    kiln_bench::net::throughput_once(&addr, config.streams, config.seconds)
+                                }) {
+                                    Ok(g) => gbps.push(g),
+                                    Err(e) => {
+                                        warn(peer, rail, "throughput, counted as 0 Gb/s", &e);
+                                        gbps.push(0.0);
+                                        break;
+                                    }
+                                }
+                            }
+                            mine[at] = kiln_bench::stats::median(&gbps);
+                        } else {
+                            let rtt = match addr_of(k, peer).and_then(|addr| kiln_bench::net::round_trips(&addr, 1000))
+                            {
+                                Ok(rtt) => kiln_bench::stats::median(&rtt),
+                                Err(e) => {
+                                    warn(peer, rail, "round trips", &e);
+                                    f64::NAN
+                                }
+                            };
+                            // A round trip is both directions': the higher rank's row gets it below.
+                            mine[at + 1] = rtt;
+                        }
+                        unpin_thread(pinned);
+                    }
+                }
+                world.barrier();
+            }
+        }
+    }
+    progress.finish();
+
+    let mut all = vec![0f64; mine.len() * size];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let per_rank = mine.len();
+    let rail_reports = rails
+        .iter()
+        .enumerate()
+        .map(|(k, rail)| {
+            let mut links = Vec::new();
+            for from in 0..size {
+                for to in (0..size).filter(|&t| t != from) {
+                    let at = from * per_rank + (k * size + to) * 2;
+                    if !all[at].is_nan() {
+                        // The lower rank timed the pair's round trips.
+                        let (lo, hi) = (from.min(to), from.max(to));
+                        let rtt_us = all[lo * per_rank + (k * size + hi) * 2 + 1];
+                        links.push(Link { from, to, gbps: all[at], rtt_us });
+                    }
+                }
+            }
+            let speeds: Vec<Option<u64>> = endpoints[k].iter().map(|e| e.1).collect();
+            RailReport {
+                interface: rail.interface.clone(),
+                invalid: above_ceiling(&links, &speeds),
+                verdict: judge_fabric(size, &links, config.floor_gbps),
+                links,
+            }
+        })
+        .collect();
+    let report = FabricReport {
+        cluster_id: id,
+        rank,
+        world_size: size,
+        launcher: launch,
+        nodes,
+        rails: rail_reports,
+        rounds: rounds.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        config: config.clone(),
+    };
+    drop(world);
+    Ok((report, Job { universe }))
+}
+
+/// A collective's buffers: what this rank sends, what it receives, and the check of the result.
+struct Buffers {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+}
+
+impl Buffers {
+    /// `count` elements in nccl-tests' sense (the whole buffer); values that make the result checkable.
+    fn new(c: Collective, count: usize, rank: usize, n: usize) -> Buffers {
+        let chunk = count / n;
+        let (send_len, recv_len) = match c {
+            Collective::AllReduce | Collective::AllToAll => (count, count),
+            Collective::AllGather => (chunk, count),
+            Collective::ReduceScatter => (count, chunk),
+        };
+        let send = match c {
+            Collective::AllToAll => (0..send_len).map(|i| (rank * n + i / chunk) as f32).collect(),
+            Collective::AllGather => vec![rank as f32; send_len],
+            _ => vec![(rank + 1) as f32; send_len],
+        };
+        Buffers { send, recv: vec![f32::NAN; recv_len] }
+    }
+
+    fn run(&mut self, c: Collective, world: &SimpleCommunicator) {
+        match c {
+            Collective::AllReduce => world.all_reduce_into(&self.send[..], &mut self.recv[..], SystemOperation::sum()),
+            Collective::AllGather => world.all_gather_into(&self.send[..], &mut self.recv[..]),
+            Collective::ReduceScatter => {
+                world.reduce_scatter_block_into(&self.send[..], &mut self.recv[..], SystemOperation::sum())
+            }
+            Collective::AllToAll => world.all_to_all_into(&self.send[..], &mut self.recv[..]),
+        }
+    }
+
+    /// Whether the received data is what the collective must produce.
+    fn correct(&self, c: Collective, rank: usize, n: usize) -> bool {
+        let sum = (n * (n + 1) / 2) as f32;
+        let chunk = match c {
+            Collective::AllGather => self.recv.len() / n,
+            Collective::AllToAll => self.send.len() / n,
+            _ => 1,
+        };
+        self.recv.iter().enumerate().all(|(i, &v)| match c {
+            Collective::AllReduce | Collective::ReduceScatter => v == sum,
+            Collective::AllGather => v == (i / chunk) as f32,
+            Collective::AllToAll => v == ((i / chunk) * n + rank) as f32,
+        })
+    }
+}
+
+/// The collectives at every size, as one rank.
+///
+/// # Errors
+/// MPI cannot start, or the launcher and MPI disagree.
+pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job)> {
+    let launch = launch_from_env()?;
+    let universe = mpi::initialize().context("MPI was already initialised in this process")?;
+    let (world, rank, n) = world_of(&universe, &launch)?;
+    let id = cluster_id(&world);
+    let progress = Progress::new();
+    let mut rows = Vec::new();
+    let mut correct = true;
+    for &c in &config.collectives {
+        for bytes in sizes(config.min_bytes, config.max_bytes) {
+            // Whole elements; divisible among the ranks where each rank has a share (nccl-tests
+            // rounds the same way).
+            let count = match c {
+                Collective::AllReduce => (bytes / 4) as usize,
+                _ => (bytes / 4) as usize / n * n,
+            };
+            if count == 0 {
+                continue;
+            }
+            if rank == 0 {
+                progress.update(&format!("{} {} B", c.name(), count * 4));
+            }
+            let mut buffers = Buffers::new(c, count, rank, n);
+            // One call to size the run: every rank then does the same number of iterations.
+            world.barrier();
+            let t0 = Instant::now();
+            buffers.run(c, &world);
+            let once = slowest(&world, t0.elapsed().as_secs_f64());
+            correct &= buffers.correct(c, rank, n);
+            let iterations = ((config.seconds_per_size / once.max(1e-9)) as usize).clamp(1, config.iterations.max(1));
+            for _ in 0..config.warmup.min(iterations) {
+                buffers.run(c, &world);
+            }
+            world.barrier();
+            let t0 = Instant::now();
+            for _ in 0..iterations {
+                buffers.run(c, &world);
+            }
+            let seconds = slowest(&world, t0.elapsed().as_secs_f64()) / iterations as f64;
+            correct &= buffers.correct(c, rank, n);
+            let (algbw_gbs, busbw_gbs) = bandwidths(c, n, count as u64 * 4, seconds);
+            rows.push(CollectiveRow {
+                collective: c,
+                bytes: count as u64 * 4,
+                count: count as u64,
+                iterations,
+                time_us: seconds * 1e6,
+                algbw_gbs,
+                busbw_gbs,
+            });
+        }
+    }
+    progress.finish();
+    let mut all_correct = 0u8;
+    world.all_reduce_into(&u8::from(correct), &mut all_correct, SystemOperation::min());
+    let report = CollectivesReport {
+        cluster_id: id,
+        rank,
+        world_size: n,
+        launcher: launch,
+        library: library_version().unwrap_or_default(),
+        rows,
+        checked: all_correct == 1,
+        config: config.clone(),
+    };
+    drop(world);
+    Ok((report, Job { universe }))
+}
+
+/// The largest of every rank's `seconds`.
+fn slowest(world: &SimpleCommunicator, seconds: f64) -> f64 {
+    let mut max = 0.0f64;
+    world.all_reduce_into(&seconds, &mut max, SystemOperation::max());
+    max
+}

@@ -1,0 +1,269 @@
+//! `kiln cluster`: as users run it, every rank a `kiln` process started by Open MPI's `mpirun` on
+//! this host. The MPI build (`--features mpi`) is made by the first test that needs it, in its own
+//! target directory, from the system's Open MPI. The fabric test's cluster is four network
+//! namespaces joined through a bridge in a fifth, one node's link slowed with `tc`: the only
+//! addresses any traffic goes to are those namespaces' own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::util::{kiln, needs, program, root, Run};
+
+/// What building kiln with MPI needs here, for [`needs`].
+fn mpi_missing() -> Vec<String> {
+    let mut missing: Vec<String> =
+        [program("mpirun", "openmpi-bin"), program("mpicc", "libopenmpi-dev")].into_iter().flatten().collect();
+    let libclang = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("llvm-"))
+        .any(|e| e.path().join("lib/libclang.so.1").exists());
+    if !libclang {
+        missing.push("libclang (Debian package libclang-dev), for the MPI bindings".into());
+    }
+    missing
+}
+
+/// The kiln binary built with `--features mpi` (once per test process), or `None` (skipped, said).
+fn mpi_kiln(test: &str) -> Option<PathBuf> {
+    if !needs(test, &mpi_missing()) {
+        return None;
+    }
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        // target/debug/kiln → target/
+        let target = Path::new(env!("CARGO_BIN_EXE_kiln")).parent().and_then(Path::parent).expect("target dir");
+        let dir = target.join("mpi");
+        let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--locked", "--features", "mpi", "--bin", "kiln", "--target-dir"])
+            .arg(&dir)
+            .output()
+            .map_err(|e| format!("cargo: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("cargo build --features mpi failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(dir.join("debug/kiln"))
+    });
+    Some(built.clone().unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// `mpirun -np N` of `kiln --db DIR/dbRANK.sqlite ARGS…`, the runtime kept on loopback and the
+/// ranks on shared memory.
+fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
+    let script = format!("exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite {args}", kiln.display(), dir.display());
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", &np.to_string(), "--oversubscribe", "--mca", "btl", "self,vader"])
+        .args(["--mca", "oob_tcp_if_include", "lo", "sh", "-c", &script])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KILN_MAX_CONTENTION", "100")
+        .env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml");
+    for var in ["KILN_DB", "KILN_LOG", "KILN_SERVER", "KILN_TOKEN", "KILN_CA_CERT"] {
+        cmd.env_remove(var);
+    }
+    let output = cmd.output().expect("mpirun runs");
+    Run { cmdline: format!("mpirun -np {np} sh -c {script:?}"), output }
+}
+
+/// The JSON document rank 0 printed (the launcher adds its own lines to stderr only).
+fn document(run: &Run) -> Value {
+    serde_json::from_str(run.stdout().trim()).unwrap_or_else(|e| panic!("{e}\n{}", run.describe()))
+}
+
+/// Every rank's stored runs of `benchmark`: (rank, run id, config).
+fn stored(dir: &Path, np: usize, benchmark: &str) -> Vec<(usize, Value)> {
+    (0..np)
+        .flat_map(|r| {
+            let db = dir.join(format!("db{r}.sqlite"));
+            let run = kiln(&["--db", db.to_str().unwrap(), "runs", "--json"], &[]);
+            assert!(run.output.status.success(), "{}", run.describe());
+            let doc: Value = serde_json::from_str(&run.stdout()).unwrap();
+            doc["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| x["benchmark"] == benchmark)
+                .map(|x| (r, x.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn without_mpi_cluster_says_what_to_build_and_reads_its_launcher() {
+    let run = kiln(&["cluster", "fabric", "--no-save"], &[]);
+    if run.stdout().is_empty() && run.code() == Some(2) {
+        let err = run.stderr();
+        assert!(err.contains("--features mpi") && err.contains("libopenmpi-dev"), "{}", run.describe());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["cluster", "env", "--json"])
+        .env("SLURM_PROCID", "3")
+        .env("SLURM_NTASKS", "8")
+        .env("SLURM_LOCALID", "1")
+        .env("SLURM_NODEID", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["launch"]["launcher"], "slurm");
+    assert_eq!((doc["launch"]["rank"].as_u64(), doc["launch"]["world_size"].as_u64()), (Some(3), Some(8)));
+    assert_eq!(doc["mpi_built"], false);
+    let bad = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["cluster", "env"])
+        .env("OMPI_COMM_WORLD_RANK", "two")
+        .env("OMPI_COMM_WORLD_SIZE", "4")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("OMPI_COMM_WORLD_RANK=\"two\""));
+}
+
+#[test]
+fn collectives_over_mpi_are_correct_and_stored_by_every_rank() {
+    let Some(kiln_mpi) = mpi_kiln("collectives_over_mpi_are_correct_and_stored_by_every_rank") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let run = mpirun(&kiln_mpi, 4, dir.path(), "cluster collectives --max-bytes 256K --iterations 5 --json");
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    let doc = document(&run);
+    let report = &doc["report"];
+    assert_eq!(report["world_size"], 4);
+    assert_eq!(report["checked"], true, "every result checked against what it must hold");
+    let rows = report["rows"].as_array().unwrap();
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"] {
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["collective"] == op).collect();
+        assert!(mine.len() >= 14, "{op}: 8 B (16 B where 4 ranks need a share each) to 256 KiB, doubling");
+        assert_eq!(mine.last().unwrap()["bytes"], 256 << 10);
+        for r in mine {
+            let (alg, bus) = (r["algbw_gbs"].as_f64().unwrap(), r["busbw_gbs"].as_f64().unwrap());
+            let factor = if op == "all_reduce" { 1.5 } else { 0.75 };
+            assert!((bus - alg * factor).abs() <= 1e-9 * alg.max(1.0), "{op}: nccl-tests' bus factor: {r}");
+            let bytes = r["bytes"].as_f64().unwrap();
+            let time = r["time_us"].as_f64().unwrap() * 1e-6;
+            assert!((alg - bytes / time / 1e9).abs() <= 1e-6 * alg.max(1e-9), "{r}");
+        }
+    }
+    let runs = stored(dir.path(), 4, "collectives");
+    assert_eq!(runs.len(), 4, "every rank stores its part");
+    let run_id = doc["run_id"].as_str().unwrap();
+    assert!(runs.iter().any(|(r, x)| *r == 0 && x["id"] == run_id), "{runs:?}");
+    let id = &report["cluster_id"];
+    assert!(runs.iter().all(|(_, x)| &x["config"]["cluster_id"] == id), "one cluster run: {runs:?}");
+}
+
+/// Four namespaces `kc<id>-0..3`, each with a veth into the bridge namespace `kc<id>-br`, removed
+/// on drop (the veths go with their namespaces).
+struct Fabric {
+    name: String,
+}
+
+impl Fabric {
+    fn ip(args: &[&str]) {
+        let out = Command::new("ip").args(args).output().expect("ip runs");
+        assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn new(nodes: usize) -> Fabric {
+        let f = Fabric { name: format!("kc{}", std::process::id()) };
+        let br = format!("{}-br", f.name);
+        Fabric::ip(&["netns", "add", &br]);
+        Fabric::ip(&["-n", &br, "link", "add", "kb0", "type", "bridge"]);
+        Fabric::ip(&["-n", &br, "link", "set", "kb0", "up"]);
+        for r in 0..nodes {
+            let ns = format!("{}-{r}", f.name);
+            let port = format!("p{r}");
+            Fabric::ip(&["netns", "add", &ns]);
+            Fabric::ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            Fabric::ip(&["-n", &ns, "link", "add", "veth0", "type", "veth", "peer", "name", &port, "netns", &br]);
+            Fabric::ip(&["-n", &ns, "addr", "add", &format!("10.211.0.{}/24", r + 1), "dev", "veth0"]);
+            Fabric::ip(&["-n", &ns, "link", "set", "veth0", "up"]);
+            Fabric::ip(&["-n", &br, "link", "set", &port, "master", "kb0"]);
+            Fabric::ip(&["-n", &br, "link", "set", &port, "up"]);
+        }
+        f
+    }
+
+    /// Caps what `node` sends at `rate` (a token bucket on its veth: `tbf`, as this kernel has no
+    /// netem), replacing the cap it had.
+    fn cap_sender(&self, node: usize, rate: &str) {
+        let ns = format!("{}-{node}", self.name);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, "tc", "qdisc", "replace", "dev", "veth0", "root", "tbf", "rate", rate])
+            .args(["burst", "512kb", "latency", "20ms"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tc: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let list = Command::new("ip").args(["netns", "list"]).output().map(|o| o.stdout).unwrap_or_default();
+        for line in String::from_utf8_lossy(&list).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with(&format!("{}-", self.name)) {
+                let _ = Command::new("ip").args(["netns", "del", name]).status();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster() {
+    let test = "the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster";
+    let mut missing = mpi_missing();
+    missing.extend(root("network namespaces"));
+    missing.extend(program("ip", "iproute2"));
+    missing.extend(program("tc", "iproute2"));
+    if !needs(test, &missing) {
+        return;
+    }
+    let kiln_mpi = mpi_kiln(test).expect("checked above");
+    let fabric = Fabric::new(4);
+    // Links, not this host's two CPUs, set the pace, as on a real fabric: every node sends at
+    // 2 Gb/s at most (the four ranks share the CPUs; uncapped, a pair's rate is the scheduler's).
+    for node in 0..4 {
+        fabric.cap_sender(node, "2gbit");
+    }
+    let args = format!(
+        "cluster fabric --netns /run/netns/{}-{{rank}} --seconds 0.25 --repetitions 2 --streams 2 --json",
+        fabric.name
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = mpirun(&kiln_mpi, 4, dir.path(), &args);
+    assert_eq!(run.code(), Some(0), "a symmetric cluster names nothing\n{}", run.describe());
+    let doc = document(&run);
+    let rail = &doc["report"]["rails"][0];
+    assert_eq!(rail["interface"], "veth0");
+    assert_eq!(rail["links"].as_array().unwrap().len(), 12, "both ways between every pair");
+    assert_eq!(doc["report"]["rounds"], 3, "N−1 rounds for N nodes");
+    assert!(rail["verdict"]["findings"].as_array().unwrap().is_empty(), "{rail}");
+
+    fabric.cap_sender(2, "300mbit");
+    let dir = tempfile::tempdir().unwrap();
+    let run = mpirun(&kiln_mpi, 4, dir.path(), &args);
+    assert_eq!(run.code(), Some(1), "a slow node fails the fabric\n{}", run.describe());
+    let doc = document(&run);
+    let findings = doc["report"]["rails"][0]["verdict"]["findings"].as_array().unwrap().clone();
+    assert_eq!(findings.len(), 1, "that node, and no other: {findings:?}\n{}", run.describe());
+    let f = &findings[0];
+    assert_eq!((&f["subject"]["kind"], &f["subject"]["node"]), (&Value::from("node"), &Value::from(2)), "{f}");
+    assert_eq!((&f["direction"], &f["quantity"]), (&Value::from("send"), &Value::from("bandwidth")), "{f}");
+    assert!(f["measured"].as_f64().unwrap() < 0.35, "300 Mb/s is what it can send: {f}");
+    assert!(run.stdout().contains(&format!("{}-2", fabric.name)), "named by its namespace");
+
+    // Every rank stored its part under the one cluster run.
+    let runs = stored(dir.path(), 4, "fabric");
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    let id = doc["report"]["cluster_id"].as_str().unwrap();
+    for (rank, r) in &runs {
+        assert_eq!(r["config"]["cluster_id"], id, "rank {rank}'s run names the cluster run");
+        assert_eq!(r["config"]["rank"].as_u64(), Some(*rank as u64));
+    }
+}
