@@ -95,12 +95,7 @@ fn stored(dir: &Path, np: usize, benchmark: &str) -> Vec<(usize, Value)> {
 }
 
 #[test]
-fn without_mpi_cluster_says_what_to_build_and_reads_its_launcher() {
-    let run = kiln(&["cluster", "fabric", "--no-save"], &[]);
-    if run.stdout().is_empty() && run.code() == Some(2) {
-        let err = run.stderr();
-        assert!(err.contains("--features mpi") && err.contains("libopenmpi-dev"), "{}", run.describe());
-    }
+fn without_a_launcher_cluster_says_what_it_needs_and_reads_its_launcher() {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["cluster", "env", "--json"])
         .env("SLURM_PROCID", "3")
@@ -113,7 +108,16 @@ fn without_mpi_cluster_says_what_to_build_and_reads_its_launcher() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["launch"]["launcher"], "slurm");
     assert_eq!((doc["launch"]["rank"].as_u64(), doc["launch"]["world_size"].as_u64()), (Some(3), Some(8)));
-    assert_eq!(doc["mpi_built"], false);
+    let run = kiln(&["cluster", "fabric", "--no-save"], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+    if doc["mpi_built"] == false {
+        // The README's build: what to install and build.
+        let err = run.stderr();
+        assert!(err.contains("--features mpi") && err.contains("libopenmpi-dev"), "{}", run.describe());
+    } else {
+        // Built with MPI, started alone: one rank is no cluster.
+        assert!(run.stderr().contains("one rank"), "{}", run.describe());
+    }
     let bad = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["cluster", "env"])
         .env("OMPI_COMM_WORLD_RANK", "two")
@@ -266,4 +270,29 @@ fn the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster() {
         assert_eq!(r["config"]["cluster_id"], id, "rank {rank}'s run names the cluster run");
         assert_eq!(r["config"]["rank"].as_u64(), Some(*rank as u64));
     }
+}
+
+#[test]
+fn data_parallel_training_scales_from_one_rank_to_the_world_and_learns() {
+    let Some(kiln_mpi) = mpi_kiln("data_parallel_training_scales_from_one_rank_to_the_world_and_learns") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = mpirun(&kiln_mpi, 2, dir.path(), "cluster train --steps 15 --json");
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    let doc = document(&run);
+    let rows = doc["report"]["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["ranks"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(rows[0]["efficiency"], 1.0);
+    assert_eq!(rows[0]["comm_share"], 0.0, "one rank all-reduces nothing");
+    let share = rows[1]["comm_share"].as_f64().unwrap();
+    assert!(share > 0.0 && share < 1.0, "{}", rows[1]);
+    assert!(rows.iter().all(|r| r["learned"] == true), "{rows:?}");
+    let per_rank = rows[1]["tokens_per_s_per_rank"].as_f64().unwrap();
+    assert!((rows[1]["tokens_per_s_total"].as_f64().unwrap() - 2.0 * per_rank).abs() < 1e-6 * per_rank);
+    let parallel = &doc["report"]["run"]["parallel"];
+    assert_eq!(parallel["ranks"], 2);
+    assert_eq!(parallel["gradient_values"], doc["report"]["run"]["parameters"]);
+    let runs = stored(dir.path(), 2, "scaling");
+    assert_eq!(runs.len(), 2, "every rank stores its part: {runs:?}");
 }

@@ -732,6 +732,22 @@ pub enum ClusterCmd {
         #[command(flatten)]
         store: Store,
     },
+    /// The reference training run, data-parallel (gradients all-reduced every step) on 1, 2, 4 … N
+    /// ranks with the same batch per rank (weak scaling): tokens/s per rank, scaling efficiency and
+    /// the all-reduce's share of a step
+    Train {
+        /// The model and batch preset
+        #[arg(long, value_enum, default_value = "tiny")]
+        size: Size,
+        /// Optimiser steps at each rank count [default: the preset's]
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Sequences per step per rank [default: the preset's]
+        #[arg(long)]
+        batch: Option<usize>,
+        #[command(flatten)]
+        store: Store,
+    },
     /// All-reduce, all-gather, reduce-scatter and all-to-all across every rank at each size, with
     /// algorithm and bus bandwidth as nccl-tests computes them (MPI on CPU ranks)
     Collectives {

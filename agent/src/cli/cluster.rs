@@ -1,7 +1,7 @@
 //! `kiln cluster …`: run as every rank of a job; each rank stores its part of the result under one
 //! cluster-run id, and rank 0 prints the whole job's.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use kiln_bench::cluster::{Collective, Launch};
 use kiln_db::RunStatus;
 use serde::Serialize;
@@ -10,7 +10,7 @@ use super::args::{self, ClusterCmd};
 use super::bench::{preflight, store_outcome, BenchRun};
 use super::inventory::{live_inventory, store_inventory};
 use super::{Ctx, Exit, Output, View};
-use crate::cluster::{self, CollectivesConfig, FabricConfig};
+use crate::cluster::{self, CollectivesConfig, FabricConfig, TrainConfig};
 use crate::runs::{Outcome, Report};
 use crate::timefmt::now_rfc3339;
 
@@ -97,6 +97,42 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             };
             keep(ctx, outcome, store, slow, &job)
         }
+        ClusterCmd::Train { size, steps, batch, store } => {
+            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+            preflight(ctx, store)?;
+            let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
+            train.steps = steps.unwrap_or(train.steps);
+            train.batch = batch.unwrap_or(train.batch);
+            train.warmup_steps = (train.steps / 10).max(2).min(train.steps);
+            train.validate()?;
+            let config = TrainConfig { train };
+            let started_at = now_rfc3339();
+            let (report, job) = cluster::train(&config)?;
+            let learned = report.rows.iter().all(|r| r.learned);
+            let outcome = Outcome {
+                status: if learned { RunStatus::Ok } else { RunStatus::Failed },
+                status_reason: (!learned).then(|| "the model did not learn at some rank count".to_string()),
+                started_at,
+                config: serde_json::json!({
+                    "cluster_id": report.cluster_id,
+                    "rank": report.rank,
+                    "world_size": report.world_size,
+                    "launcher": report.launcher,
+                    "train": config,
+                }),
+                headline: format!(
+                    "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
+                    report.world_size,
+                    100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
+                ),
+                text: report.render(),
+                metrics: report.metrics(),
+                samples: Vec::new(),
+                telemetry: Vec::new(),
+                report: Report::Scaling(Box::new(report)),
+            };
+            keep(ctx, outcome, store, false, &job)
+        }
         ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, store } => {
             anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
             anyhow::ensure!(
@@ -141,6 +177,7 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
     let rank = match &outcome.report {
         Report::Fabric(f) => f.rank,
         Report::Collectives(c) => c.rank,
+        Report::Scaling(t) => t.rank,
         _ => 0,
     };
     let run_id = if store.no_save {

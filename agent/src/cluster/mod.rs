@@ -447,6 +447,101 @@ impl CollectivesReport {
     }
 }
 
+/// How the data-parallel scaling runs: the reference training run's configuration, per rank.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainConfig {
+    pub train: kiln_bench::train::Config,
+}
+
+/// The rank counts a weak-scaling curve is measured at: 1, 2, 4 … below `world`, then `world`.
+pub fn scaling_steps(world: usize) -> Vec<usize> {
+    let mut out: Vec<usize> =
+        std::iter::successors(Some(1usize), |k| k.checked_mul(2)).take_while(|&k| k < world).collect();
+    out.push(world.max(1));
+    out
+}
+
+/// One point of the weak-scaling curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingRow {
+    pub ranks: usize,
+    /// Mean over the ranks.
+    pub tokens_per_s_per_rank: f64,
+    pub tokens_per_s_total: f64,
+    /// Tokens/s per rank over the single rank's: 1.0 is perfect weak scaling.
+    pub efficiency: f64,
+    /// The all-reduce's share of a step, the largest over the ranks (0 on one rank).
+    pub comm_share: f64,
+    /// The mean loss of the last steps (the same on every rank: the loss is averaged too).
+    pub loss_end: f64,
+    pub learned: bool,
+}
+
+/// `kiln cluster train`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainScalingReport {
+    pub cluster_id: String,
+    pub rank: usize,
+    pub world_size: usize,
+    pub launcher: Option<Launch>,
+    pub rows: Vec<ScalingRow>,
+    /// This rank's run at the full world size (its loss curve is the job's).
+    pub run: kiln_bench::train::Report,
+    pub config: TrainConfig,
+}
+
+impl TrainScalingReport {
+    pub fn render(&self) -> String {
+        let c = &self.config.train;
+        let mut out = format!(
+            "data-parallel training, weak scaling: {} ({} layers, d_model {}), batch {} x seq {} per rank, {} steps; \
+             cluster run {}\n{:>6} {:>14} {:>14} {:>10} {:>10} {:>10}\n",
+            c.size,
+            c.layers,
+            c.d_model,
+            c.batch,
+            c.seq,
+            c.steps,
+            self.cluster_id,
+            "ranks",
+            "tok/s per rank",
+            "tok/s total",
+            "efficiency",
+            "comm",
+            "loss end"
+        );
+        for r in &self.rows {
+            out.push_str(&format!(
+                "{:>6} {:>14.0} {:>14.0} {:>9.1}% {:>9.1}% {:>10.3}{}\n",
+                r.ranks,
+                r.tokens_per_s_per_rank,
+                r.tokens_per_s_total,
+                100.0 * r.efficiency,
+                100.0 * r.comm_share,
+                r.loss_end,
+                if r.learned { "" } else { "  DID NOT LEARN" }
+            ));
+        }
+        out
+    }
+
+    /// At the full world size: tokens/s per rank, efficiency, the all-reduce's share.
+    pub fn metrics(&self) -> Vec<Metric> {
+        let Some(last) = self.rows.last() else { return Vec::new() };
+        let m = |name: &str, value: f64, unit: &str, direction| Metric {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            direction,
+        };
+        vec![
+            m("cluster.train.tokens_per_s_per_rank", last.tokens_per_s_per_rank, "tokens/s", Better::Higher),
+            m("cluster.train.scaling_efficiency", last.efficiency, "ratio", Better::Higher),
+            m("cluster.train.comm_share", last.comm_share, "ratio", Better::Lower),
+        ]
+    }
+}
+
 /// Sizes like nccl-tests takes them: bytes, or with K, M, G (binary).
 ///
 /// # Errors
@@ -469,7 +564,7 @@ pub fn netns_path(pattern: &str, rank: usize, local_rank: usize) -> String {
 }
 
 #[cfg(feature = "mpi")]
-pub use mpi::{collectives, fabric, library_version};
+pub use mpi::{collectives, fabric, library_version, train};
 
 /// The job, kept open after a test so that every rank stores its part before any rank leaves: a
 /// launcher stops the whole job when one rank exits with an error, and rank 0 exits 1 on a finding.
@@ -501,6 +596,12 @@ pub fn collectives(_: &CollectivesConfig) -> Result<(CollectivesReport, Job)> {
     anyhow::bail!(NOT_BUILT)
 }
 
+/// Without MPI: what to build.
+#[cfg(not(feature = "mpi"))]
+pub fn train(_: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
+    anyhow::bail!(NOT_BUILT)
+}
+
 /// Without MPI there is no library to describe.
 #[cfg(not(feature = "mpi"))]
 pub fn library_version() -> Option<String> {
@@ -527,6 +628,13 @@ mod tests {
         assert!(above_ceiling(&[link(0, 1, 24.0), link(0, 2, 300.0)], &speeds).is_none());
         let why = above_ceiling(&[link(1, 0, 40.0)], &speeds).unwrap();
         assert!(why.contains("rank 1 -> rank 0") && why.contains("25.00"), "{why}");
+    }
+
+    #[test]
+    fn weak_scaling_doubles_to_the_world() {
+        assert_eq!(scaling_steps(1), [1]);
+        assert_eq!(scaling_steps(4), [1, 2, 4]);
+        assert_eq!(scaling_steps(6), [1, 2, 4, 6]);
     }
 
     #[test]

@@ -8,13 +8,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use kiln_bench::cluster::{bandwidths, judge_fabric, sizes, tournament, Collective, Launch, Link};
+use kiln_bench::train::DataParallel;
 use mpi::collective::SystemOperation;
+use mpi::topology::Color;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::{
     above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
-    CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport,
+    CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, ScalingRow,
+    TrainConfig, TrainScalingReport,
 };
 use crate::render::Progress;
 
@@ -410,4 +413,88 @@ fn slowest(world: &SimpleCommunicator, seconds: f64) -> f64 {
     let mut max = 0.0f64;
     world.all_reduce_into(&seconds, &mut max, SystemOperation::max());
     max
+}
+
+/// Gradients summed over a communicator's ranks.
+struct Gradients<'a> {
+    comm: &'a SimpleCommunicator,
+    send: Vec<f32>,
+}
+
+impl DataParallel for Gradients<'_> {
+    fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+    fn ranks(&self) -> usize {
+        self.comm.size() as usize
+    }
+    fn all_reduce_sum(&mut self, values: &mut [f32]) {
+        self.send.clear();
+        self.send.extend_from_slice(values);
+        self.comm.all_reduce_into(&self.send[..], values, SystemOperation::sum());
+    }
+}
+
+/// The reference training run, data-parallel, on 1, 2, 4 … N ranks (the first k of the world; the
+/// others wait), each with the same per-rank batch.
+///
+/// # Errors
+/// MPI cannot start, the launcher and MPI disagree, or training fails.
+pub fn train(config: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
+    let launch = launch_from_env()?;
+    let universe = mpi::initialize().context("MPI was already initialised in this process")?;
+    let (world, rank, size) = world_of(&universe, &launch)?;
+    config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let id = cluster_id(&world);
+    let progress = Progress::new();
+    let mut rows: Vec<ScalingRow> = Vec::new();
+    let mut last = None;
+    for k in super::scaling_steps(size) {
+        let member = rank < k;
+        let color = if member { Color::with_value(0) } else { Color::undefined() };
+        let mut mine = [f64::NAN; 4]; // tokens/s, comm share, loss end, learned
+        if let Some(comm) = world.split_by_color(color) {
+            let mut dp = Gradients { comm: &comm, send: Vec::new() };
+            let report = kiln_bench::train::run_parallel(
+                &config.train,
+                None,
+                |step, steps, loss| {
+                    if rank == 0 {
+                        progress.update(&format!("{k} ranks: step {step}/{steps}, loss {loss:.3}"));
+                    }
+                },
+                (k > 1).then_some(&mut dp as &mut dyn DataParallel),
+            )
+            .map_err(|e| anyhow::anyhow!("training on {k} ranks: {e}"))?;
+            let share = report.parallel.as_ref().map_or(0.0, |p| p.comm_share);
+            mine = [report.tokens_per_s, share, report.loss_end, f64::from(u8::from(report.learned))];
+            last = Some(report);
+        }
+        let mut all = vec![0f64; 4 * size];
+        world.all_gather_into(&mine[..], &mut all[..]);
+        let members: Vec<&[f64]> = all.chunks(4).take(k).collect();
+        let per_rank = members.iter().map(|m| m[0]).sum::<f64>() / k as f64;
+        let single = rows.first().map_or(per_rank, |r| r.tokens_per_s_per_rank);
+        rows.push(ScalingRow {
+            ranks: k,
+            tokens_per_s_per_rank: per_rank,
+            tokens_per_s_total: per_rank * k as f64,
+            efficiency: per_rank / single,
+            comm_share: members.iter().map(|m| m[1]).fold(0.0, f64::max),
+            loss_end: members[0][2],
+            learned: members.iter().all(|m| m[3] == 1.0),
+        });
+    }
+    progress.finish();
+    let report = TrainScalingReport {
+        cluster_id: id,
+        rank,
+        world_size: size,
+        launcher: launch,
+        rows,
+        run: last.context("every rank trains at the full world size")?,
+        config: config.clone(),
+    };
+    drop(world);
+    Ok((report, Job { universe }))
 }

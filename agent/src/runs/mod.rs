@@ -107,6 +107,7 @@ pub enum Report {
     Net(kiln_bench::net::Report),
     Fabric(Box<crate::cluster::FabricReport>),
     Collectives(Box<crate::cluster::CollectivesReport>),
+    Scaling(Box<crate::cluster::TrainScalingReport>),
 }
 
 impl Report {
@@ -133,6 +134,7 @@ impl Report {
             Report::Net(_) => "net",
             Report::Fabric(_) => "fabric",
             Report::Collectives(_) => "collectives",
+            Report::Scaling(_) => "scaling",
         }
     }
 }
