@@ -296,3 +296,69 @@ fn data_parallel_training_scales_from_one_rank_to_the_world_and_learns() {
     let runs = stored(dir.path(), 2, "scaling");
     assert_eq!(runs.len(), 2, "every rank stores its part: {runs:?}");
 }
+
+/// The pid of the process whose command line holds `needle`.
+fn pid_with(needle: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        (text.contains(needle) && !text.starts_with("sh ")).then_some(pid)
+    })
+}
+
+#[test]
+fn a_rank_killed_mid_run_stops_the_job_naming_it_and_what_finished_stays_stored() {
+    let Some(kiln_mpi) = mpi_kiln("a_rank_killed_mid_run_stops_the_job_naming_it_and_what_finished_stays_stored")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let first = mpirun(&kiln_mpi, 4, dir.path(), "cluster collectives --max-bytes 1K --json");
+    assert_eq!(first.code(), Some(0), "{}", first.describe());
+    // A fabric test of minutes (loopback), rank 2 killed once it is under way.
+    let script = format!(
+        "exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite cluster fabric --seconds 1 --repetitions 60",
+        kiln_mpi.display(),
+        dir.path().display()
+    );
+    let mut job = Command::new("mpirun")
+        .args(["-np", "4", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"])
+        .args(["sh", "-c", &script])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let victim = format!("{}/db2.sqlite", dir.path().display());
+    let started = std::time::Instant::now();
+    let pid = loop {
+        if let Some(pid) = pid_with(&victim) {
+            break pid;
+        }
+        assert!(started.elapsed().as_secs() < 30, "rank 2 never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let killed = std::time::Instant::now();
+    let out = loop {
+        if job.try_wait().unwrap().is_some() {
+            break job.wait_with_output().unwrap();
+        }
+        if killed.elapsed().as_secs() > 30 {
+            let _ = job.kill();
+            panic!("the job went on 30 s after rank 2 died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("rank 2") && err.contains("signal 9"), "the launcher names the dead rank:\n{err}");
+    assert!(pid_with(&dir.path().display().to_string()).is_none(), "no rank is left behind");
+    // What finished before is intact in every rank's database, and nothing half-done was stored.
+    assert_eq!(stored(dir.path(), 4, "collectives").len(), 4);
+    assert!(stored(dir.path(), 4, "fabric").is_empty());
+}
