@@ -270,6 +270,45 @@ fn the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster() {
         assert_eq!(r["config"]["cluster_id"], id, "rank {rank}'s run names the cluster run");
         assert_eq!(r["config"]["rank"].as_u64(), Some(*rank as u64));
     }
+
+    // The ranks' exports in one database (as the fleet service would hold them): the report draws
+    // the matrix from every rank's stored row and names the same node again.
+    let all = dir.path().join("all.sqlite");
+    for rank in 0..4 {
+        let export = dir.path().join(format!("rank{rank}.jsonl"));
+        let db = dir.path().join(format!("db{rank}.sqlite"));
+        let run = kiln(&["--db", db.to_str().unwrap(), "export", "-o", export.to_str().unwrap()], &[]);
+        assert!(run.output.status.success(), "{}", run.describe());
+        let run = kiln(&["--db", all.to_str().unwrap(), "import", export.to_str().unwrap()], &[]);
+        assert!(run.output.status.success(), "{}", run.describe());
+    }
+    let (html, md) = (dir.path().join("c.html"), dir.path().join("c.md"));
+    let run = kiln(
+        &[
+            "--db",
+            all.to_str().unwrap(),
+            "report",
+            "--cluster",
+            &id[..8],
+            "--html",
+            html.to_str().unwrap(),
+            "--markdown",
+            md.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(run.output.status.success(), "{}", run.describe());
+    let md = std::fs::read_to_string(md).unwrap();
+    let slow: Vec<&str> = md.lines().filter(|l| l.starts_with("SLOW")).collect();
+    assert_eq!(slow.len(), 1, "{md}");
+    assert!(
+        slow[0].contains(&format!("node vm/{}-2", fabric.name)) || slow[0].contains(&format!("{}-2", fabric.name)),
+        "{md}"
+    );
+    assert!(slow[0].contains("when it sends"), "{md}");
+    let html = std::fs::read_to_string(html).unwrap();
+    assert_eq!(html.matches("<rect ").count(), 16, "a 4 × 4 heat map");
+    assert_eq!(html.matches("not measured").count(), 4, "the diagonal");
 }
 
 #[test]

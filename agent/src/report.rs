@@ -21,6 +21,12 @@ pub enum Chart {
     History { title: String, unit: String, points: Vec<(i64, f64)>, change_at: Option<usize> },
     /// Telemetry channels of one run against seconds since its start.
     Lines { title: String, unit: String, series: Vec<(String, Vec<(f64, f64)>)> },
+    /// Curves against a quantity other than time (`x_unit` names it): a scaling curve, bandwidth
+    /// against message size.
+    Curve { title: String, unit: String, x_unit: String, series: Vec<(String, Vec<(f64, f64)>)> },
+    /// A square matrix (row → column), each cell coloured by its share of `reference`: red at 0,
+    /// green at or above it; `None` where nothing was measured.
+    Heatmap { title: String, unit: String, labels: Vec<String>, cells: Vec<Vec<Option<f64>>>, reference: f64 },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -530,8 +536,61 @@ pub fn svg(chart: &Chart) -> String {
             svg_distribution(title, unit, *direction, values, mark.as_ref())
         }
         Chart::History { title, unit, points, change_at } => svg_history(title, unit, points, *change_at),
-        Chart::Lines { title, unit, series } => svg_lines(title, unit, series),
+        Chart::Lines { title, unit, series } => svg_lines(title, unit, series, "s"),
+        Chart::Curve { title, unit, x_unit, series } => svg_lines(title, unit, series, x_unit),
+        Chart::Heatmap { title, unit, labels, cells, reference } => svg_heatmap(title, unit, labels, cells, *reference),
     }
+}
+
+/// A pair matrix: rows send, columns receive; a cell's hue runs from red (0) to green (the
+/// reference and above); each cell's exact figure in its tooltip.
+fn svg_heatmap(title: &str, unit: &str, labels: &[String], cells: &[Vec<Option<f64>>], reference: f64) -> String {
+    let n = labels.len().max(1);
+    let side = ((W - PAD_L - PAD_R) / n as f64).clamp(1.0, 28.0);
+    let top = 40.0;
+    let h = top + side * n as f64 + 24.0;
+    let mut o = String::new();
+    svg_open(&mut o, h, title);
+    let _ = write!(
+        o,
+        r#"<text x="{PAD_L}" y="14" class="t">{} ({}; row sends to column; red 0, green {} and above)</text>"#,
+        esc(title),
+        esc(unit),
+        num(reference)
+    );
+    let show_labels = side >= 10.0;
+    for (i, label) in labels.iter().enumerate() {
+        if show_labels {
+            let y = top + side * (i as f64 + 0.5) + 3.0;
+            let _ =
+                write!(o, r#"<text x="{}" y="{y:.1}" class="a" text-anchor="end">{}</text>"#, PAD_L - 4.0, esc(label));
+            let x = PAD_L + side * (i as f64 + 0.5);
+            let _ = write!(o, r#"<text x="{x:.1}" y="{}" class="a" text-anchor="middle">{i}</text>"#, top - 4.0);
+        }
+        for (j, cell) in cells.get(i).map(Vec::as_slice).unwrap_or(&[]).iter().enumerate() {
+            let (x, y) = (PAD_L + side * j as f64, top + side * i as f64);
+            let (fill, tip) = match cell {
+                Some(v) => {
+                    let share = if reference > 0.0 { (v / reference).clamp(0.0, 1.0) } else { 1.0 };
+                    (
+                        format!("hsl({:.0},70%,50%)", 120.0 * share),
+                        format!("{} -> {}: {} {}", labels[i], labels.get(j).map_or("?", String::as_str), num(*v), unit),
+                    )
+                }
+                None => (
+                    "#eee".to_string(),
+                    format!("{} -> {}: not measured", labels[i], labels.get(j).map_or("?", String::as_str)),
+                ),
+            };
+            let _ = write!(
+                o,
+                r##"<rect x="{x:.1}" y="{y:.1}" width="{side:.1}" height="{side:.1}" fill="{fill}" stroke="#fff" stroke-width="0.5"><title>{}</title></rect>"##,
+                esc(&tip)
+            );
+        }
+    }
+    o.push_str("</svg>");
+    o
 }
 
 /// The opening of a chart of height `h`, with its title for screen readers.
@@ -695,7 +754,7 @@ fn svg_history(title: &str, unit: &str, points: &[(i64, f64)], change_at: Option
 }
 
 /// Telemetry channels against seconds since the run's start.
-fn svg_lines(title: &str, unit: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+fn svg_lines(title: &str, unit: &str, series: &[(String, Vec<(f64, f64)>)], x_unit: &str) -> String {
     let mut o = String::new();
     let h = 170.0;
     svg_open(&mut o, h, title);
@@ -737,9 +796,12 @@ fn svg_lines(title: &str, unit: &str, series: &[(String, Vec<(f64, f64)>)]) -> S
     }
     let _ = write!(
         o,
-        r#"<text x="{PAD_L}" y="158" class="a">0 s</text><text x="{}" y="158" class="a" text-anchor="end">{:.0} s</text>"#,
+        r#"<text x="{PAD_L}" y="158" class="a">{} {}</text><text x="{}" y="158" class="a" text-anchor="end">{} {}</text>"#,
+        if x_unit == "s" { "0".to_string() } else { num(tlo) },
+        esc(x_unit),
         W - PAD_R,
-        thi
+        num(thi),
+        esc(x_unit)
     );
     o.push_str("</svg>");
     o

@@ -112,6 +112,8 @@ impl AnyStore {
         fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>>;
         /// One run by id or unique prefix, with its samples and telemetry.
         fn run(&mut self, id: &str) -> Result<RunDetail>;
+        /// Every rank's runs of one cluster run, with their samples (see [`Store::runs_of_cluster`]).
+        fn runs_of_cluster(&mut self, cluster_id: &str) -> Result<Vec<RunDetail>>;
         /// One inventory by id or unique prefix.
         fn inventory(&mut self, id: &str) -> Result<InventoryRow>;
         /// Each host's newest run start, by host id.

@@ -289,6 +289,10 @@ pub enum Command {
         /// Report on this run (id or unique prefix)
         #[arg(long, value_name = "RUN", group = "subject")]
         run: Option<String>,
+        /// Report on this cluster run (`kiln cluster …`; id or unique prefix): the pair matrix as a
+        /// heat map from every rank's stored row, the collectives, the scaling curve
+        #[arg(long, value_name = "ID", group = "subject")]
+        cluster: Option<String>,
         /// Write HTML (inline SVG, no external assets) to FILE
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,

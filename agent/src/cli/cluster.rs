@@ -79,6 +79,8 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
                     "world_size": report.world_size,
                     "launcher": report.launcher,
                     "fabric": config,
+                    "nodes": report.nodes.iter().map(|n| n.label.clone()).collect::<Vec<_>>(),
+                    "rails": report.rails.iter().map(|r| r.interface.clone()).collect::<Vec<_>>(),
                 }),
                 headline: format!(
                     "fabric of {} nodes: {}",
@@ -87,7 +89,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
                 ),
                 text: report.render(),
                 metrics: report.metrics(),
-                samples: Vec::new(),
+                samples: report.samples(),
                 telemetry: Vec::new(),
                 report: Report::Fabric(Box::new(report)),
             };
@@ -97,42 +99,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             };
             keep(ctx, outcome, store, slow, &job)
         }
-        ClusterCmd::Train { size, steps, batch, store } => {
-            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
-            preflight(ctx, store)?;
-            let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
-            train.steps = steps.unwrap_or(train.steps);
-            train.batch = batch.unwrap_or(train.batch);
-            train.warmup_steps = (train.steps / 10).max(2).min(train.steps);
-            train.validate()?;
-            let config = TrainConfig { train };
-            let started_at = now_rfc3339();
-            let (report, job) = cluster::train(&config)?;
-            let learned = report.rows.iter().all(|r| r.learned);
-            let outcome = Outcome {
-                status: if learned { RunStatus::Ok } else { RunStatus::Failed },
-                status_reason: (!learned).then(|| "the model did not learn at some rank count".to_string()),
-                started_at,
-                config: serde_json::json!({
-                    "cluster_id": report.cluster_id,
-                    "rank": report.rank,
-                    "world_size": report.world_size,
-                    "launcher": report.launcher,
-                    "train": config,
-                }),
-                headline: format!(
-                    "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
-                    report.world_size,
-                    100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
-                ),
-                text: report.render(),
-                metrics: report.metrics(),
-                samples: Vec::new(),
-                telemetry: Vec::new(),
-                report: Report::Scaling(Box::new(report)),
-            };
-            keep(ctx, outcome, store, false, &job)
-        }
+        ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, store, ctx),
         ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, store } => {
             anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
             anyhow::ensure!(
@@ -160,7 +127,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
                 headline: format!("collectives over {} ranks", report.world_size),
                 text: report.render(),
                 metrics: report.metrics(),
-                samples: Vec::new(),
+                samples: report.samples(),
                 telemetry: Vec::new(),
                 report: Report::Collectives(Box::new(report)),
             };
@@ -200,4 +167,48 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
         text: &outcome.text,
     };
     Ok(ctx.output(&view)?.with_exit(exit))
+}
+
+/// `kiln cluster train`: the weak-scaling curve, each rank storing its part.
+fn train(
+    size: args::Size,
+    steps: Option<usize>,
+    batch: Option<usize>,
+    store: args::Store,
+    ctx: &Ctx,
+) -> Result<Output> {
+    anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+    preflight(ctx, store)?;
+    let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
+    train.steps = steps.unwrap_or(train.steps);
+    train.batch = batch.unwrap_or(train.batch);
+    train.warmup_steps = (train.steps / 10).max(2).min(train.steps);
+    train.validate()?;
+    let config = TrainConfig { train };
+    let started_at = now_rfc3339();
+    let (report, job) = cluster::train(&config)?;
+    let learned = report.rows.iter().all(|r| r.learned);
+    let outcome = Outcome {
+        status: if learned { RunStatus::Ok } else { RunStatus::Failed },
+        status_reason: (!learned).then(|| "the model did not learn at some rank count".to_string()),
+        started_at,
+        config: serde_json::json!({
+            "cluster_id": report.cluster_id,
+            "rank": report.rank,
+            "world_size": report.world_size,
+            "launcher": report.launcher,
+            "train": config,
+        }),
+        headline: format!(
+            "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
+            report.world_size,
+            100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
+        ),
+        text: report.render(),
+        metrics: report.metrics(),
+        samples: report.samples(),
+        telemetry: Vec::new(),
+        report: Report::Scaling(Box::new(report)),
+    };
+    keep(ctx, outcome, store, false, &job)
 }

@@ -177,6 +177,7 @@ pub struct ReportArgs {
     pub host: Option<String>,
     pub config: Option<String>,
     pub run: Option<String>,
+    pub cluster: Option<String>,
     pub html: Option<PathBuf>,
     pub markdown: Option<PathBuf>,
     pub since: String,
@@ -201,10 +202,19 @@ pub fn report(args: ReportArgs, ctx: &Ctx) -> Result<Output> {
         anyhow::bail!("say where the report goes: --html FILE and/or --markdown FILE");
     }
     let start = window_start(&args.since)?;
-    let asked =
-        crate::report::subject(args.host, args.config, args.run).context("give one of --host, --config or --run")?;
-    let evidence = ctx.with_any_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
-    let report = crate::report::build(&evidence);
+    let report = match &args.cluster {
+        Some(id) => {
+            let runs = ctx.with_any_sync(|rt, store| Ok(rt.block_on(store.runs_of_cluster(id))?))?;
+            crate::cluster::report::build(id, &runs)
+        }
+        None => {
+            let asked = crate::report::subject(args.host, args.config, args.run)
+                .context("give one of --host, --config, --run or --cluster")?;
+            let evidence =
+                ctx.with_any_sync(|rt, store| Ok(rt.block_on(crate::report::gather(store, &asked, start))?))?;
+            crate::report::build(&evidence)
+        }
+    };
     let write = |path: &Path, text: String| {
         super::outfile::write_output(path, |w| w.write_all(text.as_bytes()).with_context(|| path.display().to_string()))
     };

@@ -364,8 +364,8 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             fleet::outliers(&filter, threshold, min_deviation, ctx)
         }
         Command::Regressions { since, metric, noise } => fleet::regressions(&since, metric, noise, ctx),
-        Command::Report { host, config, run, html, markdown, since } => {
-            fleet::report(fleet::ReportArgs { host, config, run, html, markdown, since }, ctx)
+        Command::Report { host, config, run, cluster, html, markdown, since } => {
+            fleet::report(fleet::ReportArgs { host, config, run, cluster, html, markdown, since }, ctx)
         }
         Command::Provision { what } => provision::run(what, ctx),
         Command::Db { what: args::Db::Check } => store::check(ctx),

@@ -206,10 +206,11 @@ pub fn remote_read(command: &Command, remote: &Remote, ctx: &Ctx) -> Option<Resu
             push("noise", Some(noise.to_string()));
             "/api/v1/regressions"
         }
-        Command::Report { host, config, run, html, markdown, since } => {
+        Command::Report { host, config, run, cluster, html, markdown, since } => {
             push("host", host.clone());
             push("config", config.clone());
             push("run", run.clone());
+            push("cluster", cluster.clone());
             push("since", Some(since.clone()));
             return Some(remote_report(remote, q, html.clone(), markdown.clone(), ctx));
         }

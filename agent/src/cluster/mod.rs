@@ -8,6 +8,7 @@
 
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod report;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -201,49 +202,10 @@ impl FabricReport {
         self.rails.iter().any(|r| !r.verdict.findings.is_empty())
     }
 
-    fn subject(&self, subject: &Subject) -> String {
-        let label = |i: usize| self.nodes.get(i).map_or_else(|| format!("rank {i}"), |n| n.label.clone());
-        match subject {
-            Subject::Node { node } => format!("node {}", label(*node)),
-            Subject::Link { a, b } => format!("link {} <-> {}", label(*a), label(*b)),
-        }
-    }
-
-    /// One finding in a sentence: what, which way, measured against the baseline.
+    /// One finding in a sentence (see [`describe`]).
     pub fn describe(&self, rail: &RailReport, f: &Finding) -> String {
-        use kiln_bench::cluster::Direction;
-        let label = |i: usize| self.nodes.get(i).map_or_else(|| format!("rank {i}"), |n| n.label.clone());
-        let way = match (&f.subject, f.direction) {
-            (Subject::Node { .. }, Direction::Send) => "when it sends".to_string(),
-            (Subject::Node { .. }, Direction::Receive) => "when it receives".to_string(),
-            (Subject::Node { .. }, Direction::Both) => "both ways".to_string(),
-            (Subject::Link { a, b }, Direction::Send) => format!("{} -> {}", label(*a), label(*b)),
-            (Subject::Link { a, b }, Direction::Receive) => format!("{} -> {}", label(*b), label(*a)),
-            (Subject::Link { .. }, Direction::Both) => "both ways".to_string(),
-        };
-        let what = match f.quantity {
-            Quantity::Bandwidth => format!(
-                "slow {way}: {:.2} Gb/s against a baseline of {:.2} Gb/s ({:.0} %)",
-                f.measured,
-                f.baseline,
-                100.0 * f.measured / f.baseline
-            ),
-            Quantity::Latency => format!(
-                "slow round trips {way}: {:.1} us against a baseline of {:.1} us ({:.1}x)",
-                f.measured,
-                f.baseline,
-                f.measured / f.baseline
-            ),
-        };
-        let evidence: Vec<String> = f
-            .evidence
-            .iter()
-            .map(|l| match f.quantity {
-                Quantity::Bandwidth => format!("{}->{} {:.2}", label(l.from), label(l.to), l.gbps),
-                Quantity::Latency => format!("{}->{} {:.1}", label(l.from), label(l.to), l.rtt_us),
-            })
-            .collect();
-        format!("{} on rail {}: {what} (evidence: {})", self.subject(&f.subject), rail.interface, evidence.join(", "))
+        let labels: Vec<String> = self.nodes.iter().map(|n| n.label.clone()).collect();
+        describe(&labels, &rail.interface, f)
     }
 
     /// The matrix and the verdict, for people.
@@ -296,6 +258,24 @@ impl FabricReport {
         out
     }
 
+    /// This rank's row of each rail's matrix as raw samples (index: the peer's rank): what it sent
+    /// to each peer (Gb/s) and the round trip to it (µs) — the stored evidence `kiln report
+    /// --cluster` assembles the matrix from, every rank contributing its own row.
+    pub fn samples(&self) -> Vec<(String, i64, f64)> {
+        let several = self.rails.len() > 1;
+        let mut out = Vec::new();
+        for rail in &self.rails {
+            let prefix = if several { format!("fabric.{}.", rail.interface) } else { "fabric.".to_string() };
+            for l in rail.links.iter().filter(|l| l.from == self.rank) {
+                out.push((format!("{prefix}tx_gbps"), l.to as i64, l.gbps));
+                if l.rtt_us.is_finite() {
+                    out.push((format!("{prefix}rtt_us"), l.to as i64, l.rtt_us));
+                }
+            }
+        }
+        out
+    }
+
     /// This rank's figures, named so that they compare across nodes and nights: its links out and
     /// in (worst and median) and its round trips, per rail (`fabric.` or `fabric.<rail>.` with
     /// several rails).
@@ -331,6 +311,48 @@ impl FabricReport {
         }
         metrics
     }
+}
+
+/// One finding in a sentence: what, which way, measured against the baseline, with its evidence;
+/// nodes named by `labels` (by rank).
+pub fn describe(labels: &[String], interface: &str, f: &Finding) -> String {
+    use kiln_bench::cluster::Direction;
+    let label = |i: usize| labels.get(i).cloned().unwrap_or_else(|| format!("rank {i}"));
+    let subject = match &f.subject {
+        Subject::Node { node } => format!("node {}", label(*node)),
+        Subject::Link { a, b } => format!("link {} <-> {}", label(*a), label(*b)),
+    };
+    let way = match (&f.subject, f.direction) {
+        (Subject::Node { .. }, Direction::Send) => "when it sends".to_string(),
+        (Subject::Node { .. }, Direction::Receive) => "when it receives".to_string(),
+        (Subject::Node { .. }, Direction::Both) => "both ways".to_string(),
+        (Subject::Link { a, b }, Direction::Send) => format!("{} -> {}", label(*a), label(*b)),
+        (Subject::Link { a, b }, Direction::Receive) => format!("{} -> {}", label(*b), label(*a)),
+        (Subject::Link { .. }, Direction::Both) => "both ways".to_string(),
+    };
+    let what = match f.quantity {
+        Quantity::Bandwidth => format!(
+            "slow {way}: {:.2} Gb/s against a baseline of {:.2} Gb/s ({:.0} %)",
+            f.measured,
+            f.baseline,
+            100.0 * f.measured / f.baseline
+        ),
+        Quantity::Latency => format!(
+            "slow round trips {way}: {:.1} us against a baseline of {:.1} us ({:.1}x)",
+            f.measured,
+            f.baseline,
+            f.measured / f.baseline
+        ),
+    };
+    let evidence: Vec<String> = f
+        .evidence
+        .iter()
+        .map(|l| match f.quantity {
+            Quantity::Bandwidth => format!("{}->{} {:.2}", label(l.from), label(l.to), l.gbps),
+            Quantity::Latency => format!("{}->{} {:.1}", label(l.from), label(l.to), l.rtt_us),
+        })
+        .collect();
+    format!("{subject} on rail {interface}: {what} (evidence: {})", evidence.join(", "))
 }
 
 /// Any link above the slower NIC's reported speed (with 2 % for rounding): the figure cannot be
@@ -421,6 +443,20 @@ impl CollectivesReport {
         }
         out.push_str(&format!("results {}\n", if self.checked { "checked: correct" } else { "NOT checked" }));
         out
+    }
+
+    /// Every size's bus bandwidth and time as raw samples (index: bytes).
+    pub fn samples(&self) -> Vec<(String, i64, f64)> {
+        self.rows
+            .iter()
+            .flat_map(|r| {
+                let name = r.collective.name();
+                [
+                    (format!("coll.{name}.busbw_gbs"), r.bytes as i64, r.busbw_gbs),
+                    (format!("coll.{name}.time_us"), r.bytes as i64, r.time_us),
+                ]
+            })
+            .collect()
     }
 
     /// Per collective: the best bus bandwidth over the sizes, and the smallest size's time.
@@ -522,6 +558,19 @@ impl TrainScalingReport {
                 if r.learned { "" } else { "  DID NOT LEARN" }
             ));
         }
+        out
+    }
+
+    /// The scaling curve (index: ranks) and the full world's loss curve (index: step) as raw samples.
+    pub fn samples(&self) -> Vec<(String, i64, f64)> {
+        let mut out = Vec::new();
+        for r in &self.rows {
+            let k = r.ranks as i64;
+            out.push(("scaling.tokens_per_s_per_rank".to_string(), k, r.tokens_per_s_per_rank));
+            out.push(("scaling.efficiency".to_string(), k, r.efficiency));
+            out.push(("scaling.comm_share".to_string(), k, r.comm_share));
+        }
+        out.extend(self.run.loss_curve.iter().enumerate().map(|(i, l)| ("scaling.loss".to_string(), i as i64, *l)));
         out
     }
 

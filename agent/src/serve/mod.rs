@@ -585,6 +585,8 @@ struct ReportQuery {
     host: Option<String>,
     config: Option<String>,
     run: Option<String>,
+    /// A cluster run's id (or a unique prefix).
+    cluster: Option<String>,
     since: Option<String>,
     /// `html` (the default) or `markdown`.
     format: Option<String>,
@@ -596,16 +598,25 @@ async fn report(
     Query(q): Query<ReportQuery>,
 ) -> Result<Response, ApiError> {
     authorize(&app, &headers, Need::Read).await?;
-    let Some(asked) = crate::report::subject(q.host, q.config, q.run) else {
-        return Err(ApiError::BadRequest { message: "give one of host=, config= or run=".into(), line: None });
+    let built = if let Some(id) = q.cluster.filter(|_| q.host.is_none() && q.config.is_none() && q.run.is_none()) {
+        let asked = id.clone();
+        let runs = app.pool.read(async move |s: &mut AnyStore| s.runs_of_cluster(&asked).await).await??;
+        crate::cluster::report::build(&id, &runs)
+    } else {
+        let Some(asked) = crate::report::subject(q.host, q.config, q.run) else {
+            return Err(ApiError::BadRequest {
+                message: "give one of host=, config=, run= or cluster=".into(),
+                line: None,
+            });
+        };
+        let start = cli::window_start(q.since.as_deref().unwrap_or("30d"))?;
+        let evidence = app
+            .pool
+            .read(async move |s: &mut AnyStore| crate::report::gather(s, &asked, start).await)
+            .await?
+            .map_err(|e| ApiError::BadRequest { message: e.to_string(), line: None })?;
+        crate::report::build(&evidence)
     };
-    let start = cli::window_start(q.since.as_deref().unwrap_or("30d"))?;
-    let evidence = app
-        .pool
-        .read(async move |s: &mut AnyStore| crate::report::gather(s, &asked, start).await)
-        .await?
-        .map_err(|e| ApiError::BadRequest { message: e.to_string(), line: None })?;
-    let built = crate::report::build(&evidence);
     Ok(match q.format.as_deref() {
         Some("markdown") => {
             ([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], crate::report::markdown(&built)).into_response()

@@ -1,7 +1,7 @@
 //! What the fleet service and the read commands ask of a store: hosts, runs, inventories, the
 //! fleet's series, verdicts — written once, compiled for each engine (see `shared/mod.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sqlx::Row;
 
@@ -357,6 +357,38 @@ impl Store {
         let sql = format!("SELECT {SUMMARY}, document FROM verdicts v WHERE v.host_id = $1 AND {NEWEST}");
         let found = sqlx::query(&sql).bind(host_id).fetch_optional(&mut self.conn).await.map_err(err)?;
         Ok(found.as_ref().map(row))
+    }
+
+    /// Every rank's runs of one cluster run (`kiln cluster …`, by the `cluster_id` in their
+    /// configuration, or a unique prefix of it), oldest first, each with its samples.
+    pub async fn runs_of_cluster(&mut self, cluster_id: &str) -> Result<Vec<RunDetail>> {
+        let err = self.sql_err();
+        let pattern = format!("%\"cluster_id\":\"{}", like_prefix(cluster_id));
+        let rows =
+            sqlx::query("SELECT id, config FROM runs WHERE config LIKE $1 ESCAPE '\\' ORDER BY started_at, rowid")
+                .bind(&pattern)
+                .fetch_all(&mut self.conn)
+                .await
+                .map_err(&err)?;
+        let ids: BTreeSet<String> = rows
+            .iter()
+            .filter_map(|r| {
+                let config: String = r.get(1);
+                let v: serde_json::Value = serde_json::from_str(&config).ok()?;
+                v["cluster_id"].as_str().map(str::to_string)
+            })
+            .collect();
+        match ids.len() {
+            0 => return Err(DbError::NotFound { what: "cluster run", id: cluster_id.to_string() }),
+            1 => {}
+            count => return Err(DbError::Ambiguous { what: "cluster run", id: cluster_id.to_string(), count }),
+        }
+        let mut runs = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id: String = r.get(0);
+            runs.push(self.run(&id).await?);
+        }
+        Ok(runs)
     }
 
     /// The runs taken with one inventory, oldest first, with their metrics.
