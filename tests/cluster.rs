@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use serde_json::Value;
 
@@ -52,6 +52,13 @@ fn mpi_kiln(test: &str) -> Option<PathBuf> {
     Some(built.clone().unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// One MPI job at a time: every job oversubscribes this host's CPUs, and two at once would make
+/// each other's timings (the fabric test's links, the scaling curve) the scheduler's.
+fn one_job() -> MutexGuard<'static, ()> {
+    static JOB: Mutex<()> = Mutex::new(());
+    JOB.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// `mpirun -np N` of `kiln --db DIR/dbRANK.sqlite ARGS…`, the runtime kept on loopback and the
 /// ranks on shared memory.
 fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
@@ -66,6 +73,7 @@ fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
     for var in ["KILN_DB", "KILN_LOG", "KILN_SERVER", "KILN_TOKEN", "KILN_CA_CERT"] {
         cmd.env_remove(var);
     }
+    let _job = one_job();
     let output = cmd.output().expect("mpirun runs");
     Run { cmdline: format!("mpirun -np {np} sh -c {script:?}"), output }
 }
@@ -355,6 +363,7 @@ fn a_rank_killed_mid_run_stops_the_job_naming_it_and_what_finished_stays_stored(
     let dir = tempfile::tempdir().unwrap();
     let first = mpirun(&kiln_mpi, 4, dir.path(), "cluster collectives --max-bytes 1K --json");
     assert_eq!(first.code(), Some(0), "{}", first.describe());
+    let _job = one_job();
     // A fabric test of minutes (loopback), rank 2 killed once it is under way.
     let script = format!(
         "exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite cluster fabric --seconds 1 --repetitions 60",

@@ -10,7 +10,7 @@ use super::args::{self, ClusterCmd};
 use super::bench::{preflight, store_outcome, BenchRun};
 use super::inventory::{live_inventory, store_inventory};
 use super::{Ctx, Exit, Output, View};
-use crate::cluster::{self, CollectivesConfig, FabricConfig, TrainConfig};
+use crate::cluster::{self, CollectivesConfig, FabricConfig, Part, TrainConfig};
 use crate::runs::{Outcome, Report};
 use crate::timefmt::now_rfc3339;
 
@@ -69,34 +69,21 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             let started_at = now_rfc3339();
             let (report, job) = cluster::fabric(&config)?;
             let slow = report.has_findings();
-            let outcome = Outcome {
-                status: RunStatus::Ok,
-                status_reason: None,
-                started_at,
-                config: serde_json::json!({
-                    "cluster_id": report.cluster_id,
-                    "rank": report.rank,
-                    "world_size": report.world_size,
-                    "launcher": report.launcher,
-                    "fabric": config,
-                    "nodes": report.nodes.iter().map(|n| n.label.clone()).collect::<Vec<_>>(),
-                    "rails": report.rails.iter().map(|r| r.interface.clone()).collect::<Vec<_>>(),
-                }),
-                headline: format!(
-                    "fabric of {} nodes: {}",
-                    report.world_size,
-                    if slow { "slow node, NIC or link named" } else { "nothing slow" }
-                ),
-                text: report.render(),
-                metrics: report.metrics(),
-                samples: report.samples(),
-                telemetry: Vec::new(),
-                report: Report::Fabric(Box::new(report)),
-            };
-            let outcome = match outcome.report.invalid_reason() {
-                Some(_) => Outcome { status: RunStatus::Invalid, ..outcome },
-                None => outcome,
-            };
+            let headline = format!(
+                "fabric of {} nodes: {}",
+                report.job.world_size,
+                if slow { "slow node, NIC or link named" } else { "nothing slow" }
+            );
+            let nodes: Vec<String> = report.nodes.iter().map(|n| n.label.clone()).collect();
+            let rails: Vec<String> = report.rails.iter().map(|r| r.interface.clone()).collect();
+            let mut outcome =
+                outcome(report, Report::Fabric, ("fabric", serde_json::json!(config)), started_at, headline);
+            outcome.config["nodes"] = serde_json::json!(nodes);
+            outcome.config["rails"] = serde_json::json!(rails);
+            if let Some(why) = outcome.report.invalid_reason() {
+                outcome.status = RunStatus::Invalid;
+                outcome.status_reason = Some(why);
+            }
             keep(ctx, outcome, store, slow, &job)
         }
         ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, store, ctx),
@@ -113,26 +100,41 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             let config = CollectivesConfig { min_bytes, max_bytes, collectives, iterations, warmup, seconds_per_size };
             let started_at = now_rfc3339();
             let (report, job) = cluster::collectives(&config)?;
-            let outcome = Outcome {
-                status: if report.checked { RunStatus::Ok } else { RunStatus::Failed },
-                status_reason: (!report.checked).then(|| "a collective's result was wrong on some rank".to_string()),
-                started_at,
-                config: serde_json::json!({
-                    "cluster_id": report.cluster_id,
-                    "rank": report.rank,
-                    "world_size": report.world_size,
-                    "launcher": report.launcher,
-                    "collectives": config,
-                }),
-                headline: format!("collectives over {} ranks", report.world_size),
-                text: report.render(),
-                metrics: report.metrics(),
-                samples: report.samples(),
-                telemetry: Vec::new(),
-                report: Report::Collectives(Box::new(report)),
-            };
+            let checked = report.checked;
+            let headline = format!("collectives over {} ranks", report.job.world_size);
+            let mut outcome =
+                outcome(report, Report::Collectives, ("collectives", serde_json::json!(config)), started_at, headline);
+            if !checked {
+                outcome.status = RunStatus::Failed;
+                outcome.status_reason = Some("a collective's result was wrong on some rank".to_string());
+            }
             keep(ctx, outcome, store, false, &job)
         }
+    }
+}
+
+/// A rank's part as a run: its job in the configuration (beside what was asked, under `key`),
+/// its text, metrics and raw samples.
+fn outcome<P: Part>(
+    part: P,
+    wrap: fn(Box<P>) -> Report,
+    (key, asked): (&str, serde_json::Value),
+    started_at: String,
+    headline: String,
+) -> Outcome {
+    let mut config = serde_json::to_value(part.job()).unwrap_or_default();
+    config[key] = asked;
+    Outcome {
+        status: RunStatus::Ok,
+        status_reason: None,
+        started_at,
+        config,
+        headline,
+        text: part.render(),
+        metrics: part.metrics(),
+        samples: part.samples(),
+        telemetry: Vec::new(),
+        report: wrap(Box::new(part)),
     }
 }
 
@@ -141,12 +143,6 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
 /// check failed (the job's exit status is its first non-zero one; the other ranks exit 0, so that
 /// the launcher stops nobody before it has stored).
 fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &cluster::Job) -> Result<Output> {
-    let rank = match &outcome.report {
-        Report::Fabric(f) => f.rank,
-        Report::Collectives(c) => c.rank,
-        Report::Scaling(t) => t.rank,
-        _ => 0,
-    };
     let run_id = if store.no_save {
         None
     } else {
@@ -155,7 +151,7 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
         Some(store_outcome(ctx, &inv, &saved, &outcome)?)
     };
     job.barrier();
-    if rank != 0 {
+    if outcome.config["rank"].as_u64() != Some(0) {
         return Ok(Output::empty(Exit::Ok));
     }
     let exit = Exit::check(slow || outcome.failed_check());
@@ -188,27 +184,15 @@ fn train(
     let started_at = now_rfc3339();
     let (report, job) = cluster::train(&config)?;
     let learned = report.rows.iter().all(|r| r.learned);
-    let outcome = Outcome {
-        status: if learned { RunStatus::Ok } else { RunStatus::Failed },
-        status_reason: (!learned).then(|| "the model did not learn at some rank count".to_string()),
-        started_at,
-        config: serde_json::json!({
-            "cluster_id": report.cluster_id,
-            "rank": report.rank,
-            "world_size": report.world_size,
-            "launcher": report.launcher,
-            "train": config,
-        }),
-        headline: format!(
-            "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
-            report.world_size,
-            100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
-        ),
-        text: report.render(),
-        metrics: report.metrics(),
-        samples: report.samples(),
-        telemetry: Vec::new(),
-        report: Report::Scaling(Box::new(report)),
-    };
+    let headline = format!(
+        "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
+        report.job.world_size,
+        100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
+    );
+    let mut outcome = outcome(report, Report::Scaling, ("train", serde_json::json!(config)), started_at, headline);
+    if !learned {
+        outcome.status = RunStatus::Failed;
+        outcome.status_reason = Some("the model did not learn at some rank count".to_string());
+    }
     keep(ctx, outcome, store, false, &job)
 }

@@ -160,6 +160,25 @@ pub struct FabricConfig {
     pub floor_gbps: Option<f64>,
 }
 
+/// Which job and which rank of it a result is: every `kiln cluster` document starts with it, and
+/// every rank's stored run carries it in its configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rank {
+    /// One id for every rank's part of one job (made by rank 0).
+    pub cluster_id: String,
+    pub rank: usize,
+    pub world_size: usize,
+    pub launcher: Option<Launch>,
+}
+
+/// What every `kiln cluster` document gives for storing: its job, text, metrics and raw samples.
+pub trait Part {
+    fn job(&self) -> &Rank;
+    fn render(&self) -> String;
+    fn metrics(&self) -> Vec<Metric>;
+    fn samples(&self) -> Vec<(String, i64, f64)>;
+}
+
 /// One node (rank) of the job, as the fabric test names it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Node {
@@ -184,16 +203,29 @@ pub struct RailReport {
 /// `kiln cluster fabric`: the whole job's matrix, as every rank holds it.
 #[derive(Debug, Clone, Serialize)]
 pub struct FabricReport {
-    pub cluster_id: String,
-    pub rank: usize,
-    pub world_size: usize,
-    pub launcher: Option<Launch>,
+    #[serde(flatten)]
+    pub job: Rank,
     pub nodes: Vec<Node>,
     pub rails: Vec<RailReport>,
     /// Tournament rounds run (N−1 for even N, N for odd).
     pub rounds: usize,
     pub seconds: f64,
     pub config: FabricConfig,
+}
+
+impl Part for FabricReport {
+    fn job(&self) -> &Rank {
+        &self.job
+    }
+    fn render(&self) -> String {
+        FabricReport::render(self)
+    }
+    fn metrics(&self) -> Vec<Metric> {
+        FabricReport::metrics(self)
+    }
+    fn samples(&self) -> Vec<(String, i64, f64)> {
+        FabricReport::samples(self)
+    }
 }
 
 impl FabricReport {
@@ -212,7 +244,7 @@ impl FabricReport {
     pub fn render(&self) -> String {
         let mut out = format!(
             "fabric of {} nodes ({} rounds, {:.1} s), cluster run {}\n",
-            self.world_size, self.rounds, self.seconds, self.cluster_id
+            self.job.world_size, self.rounds, self.seconds, self.job.cluster_id
         );
         out.push_str("nodes:");
         for n in &self.nodes {
@@ -266,7 +298,7 @@ impl FabricReport {
         let mut out = Vec::new();
         for rail in &self.rails {
             let prefix = if several { format!("fabric.{}.", rail.interface) } else { "fabric.".to_string() };
-            for l in rail.links.iter().filter(|l| l.from == self.rank) {
+            for l in rail.links.iter().filter(|l| l.from == self.job.rank) {
                 out.push((format!("{prefix}tx_gbps"), l.to as i64, l.gbps));
                 if l.rtt_us.is_finite() {
                     out.push((format!("{prefix}rtt_us"), l.to as i64, l.rtt_us));
@@ -290,10 +322,14 @@ impl FabricReport {
                 unit: unit.into(),
                 direction,
             };
-            let out: Vec<f64> = rail.links.iter().filter(|l| l.from == self.rank).map(|l| l.gbps).collect();
-            let inn: Vec<f64> = rail.links.iter().filter(|l| l.to == self.rank).map(|l| l.gbps).collect();
-            let rtt: Vec<f64> =
-                rail.links.iter().filter(|l| l.from == self.rank && l.rtt_us.is_finite()).map(|l| l.rtt_us).collect();
+            let out: Vec<f64> = rail.links.iter().filter(|l| l.from == self.job.rank).map(|l| l.gbps).collect();
+            let inn: Vec<f64> = rail.links.iter().filter(|l| l.to == self.job.rank).map(|l| l.gbps).collect();
+            let rtt: Vec<f64> = rail
+                .links
+                .iter()
+                .filter(|l| l.from == self.job.rank && l.rtt_us.is_finite())
+                .map(|l| l.rtt_us)
+                .collect();
             let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
             let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             if !out.is_empty() {
@@ -403,10 +439,8 @@ pub struct CollectiveRow {
 /// `kiln cluster collectives`.
 #[derive(Debug, Clone, Serialize)]
 pub struct CollectivesReport {
-    pub cluster_id: String,
-    pub rank: usize,
-    pub world_size: usize,
-    pub launcher: Option<Launch>,
+    #[serde(flatten)]
+    pub job: Rank,
     /// The MPI library's own description.
     pub library: String,
     pub rows: Vec<CollectiveRow>,
@@ -415,12 +449,27 @@ pub struct CollectivesReport {
     pub config: CollectivesConfig,
 }
 
+impl Part for CollectivesReport {
+    fn job(&self) -> &Rank {
+        &self.job
+    }
+    fn render(&self) -> String {
+        CollectivesReport::render(self)
+    }
+    fn metrics(&self) -> Vec<Metric> {
+        CollectivesReport::metrics(self)
+    }
+    fn samples(&self) -> Vec<(String, i64, f64)> {
+        CollectivesReport::samples(self)
+    }
+}
+
 impl CollectivesReport {
     pub fn render(&self) -> String {
         let mut out = format!(
             "collectives over MPI, {} ranks, cluster run {} ({})\n",
-            self.world_size,
-            self.cluster_id,
+            self.job.world_size,
+            self.job.cluster_id,
             self.library.lines().next().unwrap_or("")
         );
         for c in &self.config.collectives {
@@ -516,14 +565,27 @@ pub struct ScalingRow {
 /// `kiln cluster train`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainScalingReport {
-    pub cluster_id: String,
-    pub rank: usize,
-    pub world_size: usize,
-    pub launcher: Option<Launch>,
+    #[serde(flatten)]
+    pub job: Rank,
     pub rows: Vec<ScalingRow>,
     /// This rank's run at the full world size (its loss curve is the job's).
     pub run: kiln_bench::train::Report,
     pub config: TrainConfig,
+}
+
+impl Part for TrainScalingReport {
+    fn job(&self) -> &Rank {
+        &self.job
+    }
+    fn render(&self) -> String {
+        TrainScalingReport::render(self)
+    }
+    fn metrics(&self) -> Vec<Metric> {
+        TrainScalingReport::metrics(self)
+    }
+    fn samples(&self) -> Vec<(String, i64, f64)> {
+        TrainScalingReport::samples(self)
+    }
 }
 
 impl TrainScalingReport {
@@ -538,7 +600,7 @@ impl TrainScalingReport {
             c.batch,
             c.seq,
             c.steps,
-            self.cluster_id,
+            self.job.cluster_id,
             "ranks",
             "tok/s per rank",
             "tok/s total",

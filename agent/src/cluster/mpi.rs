@@ -16,7 +16,7 @@ use mpi::traits::*;
 
 use super::{
     above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
-    CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, ScalingRow,
+    CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, Rank, ScalingRow,
     TrainConfig, TrainScalingReport,
 };
 use crate::render::Progress;
@@ -271,10 +271,7 @@ pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
         })
         .collect();
     let report = FabricReport {
-        cluster_id: id,
-        rank,
-        world_size: size,
-        launcher: launch,
+        job: Rank { cluster_id: id, rank, world_size: size, launcher: launch },
         nodes,
         rails: rail_reports,
         rounds: rounds.len(),
@@ -395,10 +392,7 @@ pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job
     let mut all_correct = 0u8;
     world.all_reduce_into(&u8::from(correct), &mut all_correct, SystemOperation::min());
     let report = CollectivesReport {
-        cluster_id: id,
-        rank,
-        world_size: n,
-        launcher: launch,
+        job: Rank { cluster_id: id, rank, world_size: n, launcher: launch },
         library: library_version().unwrap_or_default(),
         rows,
         checked: all_correct == 1,
@@ -487,10 +481,7 @@ pub fn train(config: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
     }
     progress.finish();
     let report = TrainScalingReport {
-        cluster_id: id,
-        rank,
-        world_size: size,
-        launcher: launch,
+        job: Rank { cluster_id: id, rank, world_size: size, launcher: launch },
         rows,
         run: last.context("every rank trains at the full world size")?,
         config: config.clone(),
