@@ -45,6 +45,19 @@ pub struct BenchRun<'a> {
     pub text: &'a str,
 }
 
+impl<'a> BenchRun<'a> {
+    /// What a finished run shows: its outcome, and its id where it was stored.
+    pub fn of(outcome: &'a Outcome, run_id: Option<String>) -> BenchRun<'a> {
+        BenchRun {
+            benchmark: outcome.benchmark(),
+            run_id,
+            status: outcome.status,
+            report: &outcome.report,
+            text: &outcome.text,
+        }
+    }
+}
+
 impl View for BenchRun<'_> {
     fn render(&self) -> String {
         let mut text = self.text.to_string();
@@ -256,13 +269,7 @@ fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> R
         let saved = store_inventory(ctx, inv)?;
         Some(store_outcome(ctx, inv, &saved, &outcome)?)
     };
-    let view = BenchRun {
-        benchmark: outcome.benchmark(),
-        run_id,
-        status: outcome.status,
-        report: &outcome.report,
-        text: &outcome.text,
-    };
+    let view = BenchRun::of(&outcome, run_id);
     Ok(ctx.output(&view)?.with_exit(Exit::check(outcome.failed_check())))
 }
 

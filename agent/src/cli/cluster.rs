@@ -155,13 +155,7 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
         return Ok(Output::empty(Exit::Ok));
     }
     let exit = Exit::check(slow || outcome.failed_check());
-    let view = BenchRun {
-        benchmark: outcome.benchmark(),
-        run_id,
-        status: outcome.status,
-        report: &outcome.report,
-        text: &outcome.text,
-    };
+    let view = BenchRun::of(&outcome, run_id);
     Ok(ctx.output(&view)?.with_exit(exit))
 }
 
