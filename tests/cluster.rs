@@ -410,3 +410,64 @@ fn a_rank_killed_mid_run_stops_the_job_naming_it_and_what_finished_stays_stored(
     assert_eq!(stored(dir.path(), 4, "collectives").len(), 4);
     assert!(stored(dir.path(), 4, "fabric").is_empty());
 }
+
+#[test]
+fn a_rank_that_hangs_stops_the_job_within_the_stall_timeout_saying_where_it_waited() {
+    let Some(kiln_mpi) = mpi_kiln("a_rank_that_hangs_stops_the_job_within_the_stall_timeout_saying_where_it_waited")
+    else {
+        return;
+    };
+    let _job = one_job();
+    let dir = tempfile::tempdir().unwrap();
+    // A hung rank is alive to the launcher, so only the ranks' own watchdogs can end the job. Each
+    // phase is 4 × 0.25 s; with --stall-timeout 3 a rank gives up 4 s after it last moved.
+    let script = format!(
+        "exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite cluster fabric --seconds 0.25 --repetitions 4 \
+         --stall-timeout 3",
+        kiln_mpi.display(),
+        dir.path().display()
+    );
+    let mut job = Command::new("mpirun")
+        .args(["-np", "4", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"])
+        .args(["sh", "-c", &script])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let victim = format!("{}/db2.sqlite", dir.path().display());
+    let started = std::time::Instant::now();
+    let pid = loop {
+        if let Some(pid) = pid_with(&victim) {
+            break nix::unistd::Pid::from_raw(pid);
+        }
+        assert!(started.elapsed().as_secs() < 30, "rank 2 never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = std::time::Instant::now();
+    let out = loop {
+        if job.try_wait().unwrap().is_some() {
+            break job.wait_with_output().unwrap();
+        }
+        if stopped.elapsed().as_secs() > 60 {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = job.kill();
+            panic!("the job went on 60 s after rank 2 hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let waited = stopped.elapsed().as_secs_f64();
+    // The launcher ends the hung rank with the job; never leave it behind.
+    if pid_with(&victim).is_some() {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("nothing moved for") && err.contains("round "), "a rank says where it waited:\n{err}");
+    assert!(waited < 30.0, "the job ended {waited:.1} s after the hang, a 4 s limit:\n{err}");
+    assert!(stored(dir.path(), 4, "fabric").is_empty(), "nothing of the stopped command is stored");
+}

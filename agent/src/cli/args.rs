@@ -353,6 +353,10 @@ pub enum Command {
     /// Tests across servers, run as every rank of a job that `srun`, `mpirun` or `torchrun` started
     /// (one rank per node); needs a kiln built with `--features mpi`
     Cluster {
+        /// A rank that sees nothing move for this long (a rank died or hangs and the launcher did
+        /// not end the job) says where it waited and exits 2, which ends the job
+        #[arg(long, global = true, default_value_t = 120.0, value_name = "SECONDS")]
+        stall_timeout: f64,
         #[command(subcommand)]
         what: ClusterCmd,
     },

@@ -48,7 +48,9 @@ impl View for Placement {
 ///
 /// # Errors
 /// No MPI in this build, a launcher that disagrees with MPI, a rank that cannot set up.
-pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
+pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
+    anyhow::ensure!(stall_timeout > 0.0 && stall_timeout.is_finite(), "--stall-timeout must be positive");
+    let stall = std::time::Duration::from_secs_f64(stall_timeout);
     match what {
         ClusterCmd::Env => {
             let view = Placement {
@@ -67,7 +69,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             preflight(ctx, store)?;
             let config = FabricConfig { streams, seconds, repetitions, interfaces, netns, floor_gbps: min_gbps };
             let started_at = now_rfc3339();
-            let (report, job) = cluster::fabric(&config)?;
+            let (report, job) = cluster::fabric(&config, stall)?;
             let slow = report.has_findings();
             let headline = format!(
                 "fabric of {} nodes: {}",
@@ -86,7 +88,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
             }
             keep(ctx, outcome, store, slow, &job)
         }
-        ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, store, ctx),
+        ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, (store, stall), ctx),
         ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, store } => {
             anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
             anyhow::ensure!(
@@ -99,7 +101,7 @@ pub fn run(what: ClusterCmd, ctx: &Ctx) -> Result<Output> {
                 if ops.is_empty() { Collective::ALL.to_vec() } else { ops.into_iter().map(Into::into).collect() };
             let config = CollectivesConfig { min_bytes, max_bytes, collectives, iterations, warmup, seconds_per_size };
             let started_at = now_rfc3339();
-            let (report, job) = cluster::collectives(&config)?;
+            let (report, job) = cluster::collectives(&config, stall)?;
             let checked = report.checked;
             let headline = format!("collectives over {} ranks", report.job.world_size);
             let mut outcome =
@@ -164,7 +166,7 @@ fn train(
     size: args::Size,
     steps: Option<usize>,
     batch: Option<usize>,
-    store: args::Store,
+    (store, stall): (args::Store, std::time::Duration),
     ctx: &Ctx,
 ) -> Result<Output> {
     anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
@@ -176,7 +178,7 @@ fn train(
     train.validate()?;
     let config = TrainConfig { train };
     let started_at = now_rfc3339();
-    let (report, job) = cluster::train(&config)?;
+    let (report, job) = cluster::train(&config, stall)?;
     let learned = report.rows.iter().all(|r| r.learned);
     let headline = format!(
         "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",

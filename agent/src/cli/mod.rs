@@ -349,7 +349,7 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             verdict::capture(&source, inventory.as_deref(), config.as_deref(), fraction, name, output.as_deref(), ctx)
         }
         Command::Bench { what } => bench::run(what, ctx),
-        Command::Cluster { what } => cluster::run(what, ctx),
+        Command::Cluster { stall_timeout, what } => cluster::run(what, stall_timeout, ctx),
         Command::Runs { limit } => store::runs(limit, ctx),
         Command::Hosts => store::hosts(ctx),
         Command::Show { what } => store::show(what, ctx),

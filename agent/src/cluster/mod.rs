@@ -682,6 +682,8 @@ pub use mpi::{collectives, fabric, library_version, train};
 pub struct Job {
     #[cfg(feature = "mpi")]
     universe: ::mpi::environment::Universe,
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    watchdog: Watchdog,
 }
 
 impl Job {
@@ -690,26 +692,101 @@ impl Job {
         #[cfg(feature = "mpi")]
         {
             use ::mpi::traits::CommunicatorCollectives;
+            self.watchdog.at("waiting for every rank to store its part");
             self.universe.world().barrier();
         }
     }
 }
 
+/// A rank's guard against a job that stopped moving. A rank that dies or hangs leaves the others
+/// blocked in MPI or on a socket, and not every launcher stops them (Slurm's `srun` lets the other
+/// tasks run on unless `--kill-on-bad-exit`; nothing notices a rank that hangs). The test says
+/// where it is with [`Watchdog::at`]; when it has not moved on for the limit, this rank says what
+/// it was waiting for and exits 2, which makes any launcher end the job. Nothing of the command is
+/// stored then (earlier commands' results are).
+pub struct Watchdog {
+    state: std::sync::Arc<WatchState>,
+}
+
+struct WatchState {
+    /// Since when, doing what, and whether the limit applies.
+    at: std::sync::Mutex<(std::time::Instant, String, bool)>,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Watchdog {
+    /// A watchdog that ends this process (exit status 2) after `limit` without progress.
+    pub fn start(rank: usize, limit: std::time::Duration) -> Watchdog {
+        Watchdog::with_action(limit, move |what, waited| {
+            eprintln!(
+                "kiln: rank {rank}: nothing moved for {waited:.0} s while {what}: a rank of the job has died or \
+                 hangs (look for it in the launcher's output, or raise --stall-timeout if a step is that slow); \
+                 this rank stops, and nothing of this command is stored"
+            );
+            std::process::exit(2);
+        })
+    }
+
+    /// A watchdog that calls `stalled(what, seconds waited)` once when `limit` passes without progress.
+    pub fn with_action(limit: std::time::Duration, stalled: impl FnOnce(&str, f64) + Send + 'static) -> Watchdog {
+        use std::sync::atomic::Ordering;
+        let state = std::sync::Arc::new(WatchState {
+            at: std::sync::Mutex::new((std::time::Instant::now(), "starting".to_string(), true)),
+            done: std::sync::atomic::AtomicBool::new(false),
+        });
+        let watched = std::sync::Arc::clone(&state);
+        let tick = (limit / 4).clamp(std::time::Duration::from_millis(10), std::time::Duration::from_millis(500));
+        std::thread::spawn(move || {
+            while !watched.done.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let at = watched.at.lock().unwrap_or_else(|p| p.into_inner());
+                if at.2 && at.0.elapsed() > limit && !watched.done.load(Ordering::Relaxed) {
+                    let (what, waited) = (at.1.clone(), at.0.elapsed().as_secs_f64());
+                    drop(at);
+                    stalled(&what, waited);
+                    return;
+                }
+            }
+        });
+        Watchdog { state }
+    }
+
+    /// The rank has moved on: now `what` (shown if it stalls there).
+    pub fn at(&self, what: impl Into<String>) {
+        self.set(what.into(), true);
+    }
+
+    /// Waiting for as long as other ranks take (`what`): no limit until the next [`Watchdog::at`].
+    pub fn waiting(&self, what: impl Into<String>) {
+        self.set(what.into(), false);
+    }
+
+    fn set(&self, what: String, limited: bool) {
+        *self.state.at.lock().unwrap_or_else(|p| p.into_inner()) = (std::time::Instant::now(), what, limited);
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.state.done.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Without MPI: what to build.
 #[cfg(not(feature = "mpi"))]
-pub fn fabric(_: &FabricConfig) -> Result<(FabricReport, Job)> {
+pub fn fabric(_: &FabricConfig, _: std::time::Duration) -> Result<(FabricReport, Job)> {
     anyhow::bail!(NOT_BUILT)
 }
 
 /// Without MPI: what to build.
 #[cfg(not(feature = "mpi"))]
-pub fn collectives(_: &CollectivesConfig) -> Result<(CollectivesReport, Job)> {
+pub fn collectives(_: &CollectivesConfig, _: std::time::Duration) -> Result<(CollectivesReport, Job)> {
     anyhow::bail!(NOT_BUILT)
 }
 
 /// Without MPI: what to build.
 #[cfg(not(feature = "mpi"))]
-pub fn train(_: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
+pub fn train(_: &TrainConfig, _: std::time::Duration) -> Result<(TrainScalingReport, Job)> {
     anyhow::bail!(NOT_BUILT)
 }
 
@@ -722,6 +799,33 @@ pub fn library_version() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchdog_fires_once_where_the_rank_stopped_moving_and_not_while_it_moves_or_waits() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let limit = Duration::from_millis(150);
+        let (tx, rx) = mpsc::channel();
+        let dog = Watchdog::with_action(limit, move |what, waited| tx.send((what.to_string(), waited)).unwrap());
+        // Moving on more often than the limit, then waiting on others without a limit: quiet.
+        for step in 0..8 {
+            dog.at(format!("step {step}"));
+            std::thread::sleep(limit / 3);
+        }
+        dog.waiting("other ranks train");
+        std::thread::sleep(limit * 3);
+        assert!(rx.try_recv().is_err(), "no stall while moving or waiting");
+        dog.at("sending to rank 2");
+        let (what, waited) = rx.recv_timeout(Duration::from_secs(5)).expect("a stall is reported");
+        assert_eq!(what, "sending to rank 2");
+        assert!(waited >= limit.as_secs_f64(), "{waited}");
+        assert!(rx.recv_timeout(limit * 3).is_err(), "reported once");
+
+        // A finished command's watchdog says nothing.
+        let (tx, rx) = mpsc::channel();
+        drop(Watchdog::with_action(limit, move |what, _| tx.send(what.to_string()).unwrap()));
+        assert!(rx.recv_timeout(limit * 3).is_err());
+    }
 
     #[test]
     fn sizes_parse_like_nccl_tests() {

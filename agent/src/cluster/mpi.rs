@@ -17,7 +17,7 @@ use mpi::traits::*;
 use super::{
     above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
     CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, Rank, ScalingRow,
-    TrainConfig, TrainScalingReport,
+    TrainConfig, TrainScalingReport, Watchdog,
 };
 use crate::render::Progress;
 
@@ -110,10 +110,13 @@ fn labels(hosts: &[String], netns: &[Option<String>]) -> Vec<String> {
 /// # Errors
 /// MPI cannot start, the launcher and MPI disagree, or a rank cannot set up (all ranks stop).
 // Long: the test's steps in order — setup agreed, rendezvous, the tournament, the gather, the verdict.
-pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
+pub fn fabric(config: &FabricConfig, stall: Duration) -> Result<(FabricReport, Job)> {
     let launch = launch_from_env()?;
     let universe = mpi::initialize().context("MPI was already initialised in this process")?;
     let (world, rank, size) = world_of(&universe, &launch)?;
+    // Waiting at a phase's barrier lasts as long as another pair's measurement.
+    let watchdog = Watchdog::start(rank, stall + Duration::from_secs_f64(config.seconds * config.repetitions as f64));
+    watchdog.at("setting up and hearing from every rank");
     let started = Instant::now();
     let local_rank = launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0);
     let netns = config.netns.as_ref().map(|p| netns_path(p, rank, local_rank));
@@ -204,6 +207,14 @@ pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
                         _ => rank == a,
                     };
                     if mine_now {
+                        let what = ["sending to", "sending to", "timing round trips with"][phase];
+                        watchdog.at(format!(
+                            "round {}/{}: {what} rank {peer} ({}) on {}",
+                            i + 1,
+                            rounds.len(),
+                            labels[peer],
+                            rail.interface
+                        ));
                         let pinned = pin_thread(rail.local_cpus.as_deref());
                         let at = (k * size + peer) * 2;
                         if phase < 2 {
@@ -236,12 +247,14 @@ pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
                         unpin_thread(pinned);
                     }
                 }
+                watchdog.at(format!("round {}/{}: waiting for every pair to finish", i + 1, rounds.len()));
                 world.barrier();
             }
         }
     }
     progress.finish();
 
+    watchdog.at("gathering every rank's links");
     let mut all = vec![0f64; mine.len() * size];
     world.all_gather_into(&mine[..], &mut all[..]);
     let per_rank = mine.len();
@@ -279,7 +292,7 @@ pub fn fabric(config: &FabricConfig) -> Result<(FabricReport, Job)> {
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe }))
+    Ok((report, Job { universe, watchdog }))
 }
 
 /// A collective's buffers: what this rank sends, what it receives, and the check of the result.
@@ -336,10 +349,11 @@ impl Buffers {
 ///
 /// # Errors
 /// MPI cannot start, or the launcher and MPI disagree.
-pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job)> {
+pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(CollectivesReport, Job)> {
     let launch = launch_from_env()?;
     let universe = mpi::initialize().context("MPI was already initialised in this process")?;
     let (world, rank, n) = world_of(&universe, &launch)?;
+    let watchdog = Watchdog::start(rank, stall);
     let id = cluster_id(&world);
     let progress = Progress::new();
     let mut rows = Vec::new();
@@ -358,6 +372,7 @@ pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job
             if rank == 0 {
                 progress.update(&format!("{} {} B", c.name(), count * 4));
             }
+            watchdog.at(format!("{} of {} B with every rank", c.name(), count * 4));
             let mut buffers = Buffers::new(c, count, rank, n);
             // One call to size the run: every rank then does the same number of iterations.
             world.barrier();
@@ -389,6 +404,7 @@ pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job
         }
     }
     progress.finish();
+    watchdog.at("agreeing whether every result was right");
     let mut all_correct = 0u8;
     world.all_reduce_into(&u8::from(correct), &mut all_correct, SystemOperation::min());
     let report = CollectivesReport {
@@ -399,7 +415,7 @@ pub fn collectives(config: &CollectivesConfig) -> Result<(CollectivesReport, Job
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe }))
+    Ok((report, Job { universe, watchdog }))
 }
 
 /// The largest of every rank's `seconds`.
@@ -430,14 +446,17 @@ impl DataParallel for Gradients<'_> {
 }
 
 /// The reference training run, data-parallel, on 1, 2, 4 … N ranks (the first k of the world; the
-/// others wait), each with the same per-rank batch.
+/// others wait), each with the same per-rank batch. The training ranks' watchdog counts from each
+/// step; a waiting rank's has no limit while the others train, so it relies on the launcher (or
+/// the training ranks' own stop) where a training rank hangs.
 ///
 /// # Errors
 /// MPI cannot start, the launcher and MPI disagree, or training fails.
-pub fn train(config: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
+pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingReport, Job)> {
     let launch = launch_from_env()?;
     let universe = mpi::initialize().context("MPI was already initialised in this process")?;
     let (world, rank, size) = world_of(&universe, &launch)?;
+    let watchdog = Watchdog::start(rank, stall);
     config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let id = cluster_id(&world);
     let progress = Progress::new();
@@ -447,12 +466,19 @@ pub fn train(config: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
         let member = rank < k;
         let color = if member { Color::with_value(0) } else { Color::undefined() };
         let mut mine = [f64::NAN; 4]; // tokens/s, comm share, loss end, learned
-        if let Some(comm) = world.split_by_color(color) {
+        watchdog.at(format!("forming the {k}-rank group"));
+        let group = world.split_by_color(color);
+        if group.is_none() {
+            // How long the group trains is not this rank's to know: no limit until it is back.
+            watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1));
+        }
+        if let Some(comm) = group {
             let mut dp = Gradients { comm: &comm, send: Vec::new() };
             let report = kiln_bench::train::run_parallel(
                 &config.train,
                 None,
                 |step, steps, loss| {
+                    watchdog.at(format!("training on {k} ranks, step {step}/{steps}"));
                     if rank == 0 {
                         progress.update(&format!("{k} ranks: step {step}/{steps}, loss {loss:.3}"));
                     }
@@ -487,5 +513,5 @@ pub fn train(config: &TrainConfig) -> Result<(TrainScalingReport, Job)> {
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe }))
+    Ok((report, Job { universe, watchdog }))
 }
