@@ -690,11 +690,7 @@ impl Job {
     /// Waits until every rank has come here.
     pub fn barrier(&self) {
         #[cfg(feature = "mpi")]
-        {
-            use ::mpi::traits::CommunicatorCollectives;
-            self.watchdog.at("waiting for every rank to store its part");
-            self.universe.world().barrier();
-        }
+        mpi::roll_call(&self.universe.world(), &self.watchdog, "storing every rank's part", None);
     }
 }
 
@@ -709,8 +705,8 @@ pub struct Watchdog {
 }
 
 struct WatchState {
-    /// Since when, doing what, and whether the limit applies.
-    at: std::sync::Mutex<(std::time::Instant, String, bool)>,
+    /// Since when, doing what, and how many limits it may take (0: no limit).
+    at: std::sync::Mutex<(std::time::Instant, String, u32)>,
     done: std::sync::atomic::AtomicBool,
 }
 
@@ -731,7 +727,7 @@ impl Watchdog {
     pub fn with_action(limit: std::time::Duration, stalled: impl FnOnce(&str, f64) + Send + 'static) -> Watchdog {
         use std::sync::atomic::Ordering;
         let state = std::sync::Arc::new(WatchState {
-            at: std::sync::Mutex::new((std::time::Instant::now(), "starting".to_string(), true)),
+            at: std::sync::Mutex::new((std::time::Instant::now(), "starting".to_string(), 1)),
             done: std::sync::atomic::AtomicBool::new(false),
         });
         let watched = std::sync::Arc::clone(&state);
@@ -740,7 +736,7 @@ impl Watchdog {
             while !watched.done.load(Ordering::Relaxed) {
                 std::thread::sleep(tick);
                 let at = watched.at.lock().unwrap_or_else(|p| p.into_inner());
-                if at.2 && at.0.elapsed() > limit && !watched.done.load(Ordering::Relaxed) {
+                if at.2 > 0 && at.0.elapsed() > limit * at.2 && !watched.done.load(Ordering::Relaxed) {
                     let (what, waited) = (at.1.clone(), at.0.elapsed().as_secs_f64());
                     drop(at);
                     stalled(&what, waited);
@@ -753,16 +749,22 @@ impl Watchdog {
 
     /// The rank has moved on: now `what` (shown if it stalls there).
     pub fn at(&self, what: impl Into<String>) {
-        self.set(what.into(), true);
+        self.set(what.into(), 1);
+    }
+
+    /// Waiting on a rank that watches the same thing and knows more (rank 0 at a roll call knows
+    /// who is missing): twice the limit, so that it speaks first.
+    pub fn behind(&self, what: impl Into<String>) {
+        self.set(what.into(), 2);
     }
 
     /// Waiting for as long as other ranks take (`what`): no limit until the next [`Watchdog::at`].
     pub fn waiting(&self, what: impl Into<String>) {
-        self.set(what.into(), false);
+        self.set(what.into(), 0);
     }
 
-    fn set(&self, what: String, limited: bool) {
-        *self.state.at.lock().unwrap_or_else(|p| p.into_inner()) = (std::time::Instant::now(), what, limited);
+    fn set(&self, what: String, limits: u32) {
+        *self.state.at.lock().unwrap_or_else(|p| p.into_inner()) = (std::time::Instant::now(), what, limits);
     }
 }
 
@@ -814,7 +816,9 @@ mod tests {
         }
         dog.waiting("other ranks train");
         std::thread::sleep(limit * 3);
-        assert!(rx.try_recv().is_err(), "no stall while moving or waiting");
+        dog.behind("waiting for rank 0");
+        std::thread::sleep(limit * 3 / 2);
+        assert!(rx.try_recv().is_err(), "no stall while moving or waiting, nor behind another within 2 limits");
         dog.at("sending to rank 2");
         let (what, waited) = rx.recv_timeout(Duration::from_secs(5)).expect("a stall is reported");
         assert_eq!(what, "sending to rank 2");

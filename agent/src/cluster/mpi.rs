@@ -2,6 +2,7 @@
 //! and the collectives, over the system's MPI through the `mpi` crate. No rank waits on another
 //! before every rank has said that it set up (a rank that cannot is named, and every rank stops).
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -20,6 +21,37 @@ use super::{
     TrainConfig, TrainScalingReport, Watchdog,
 };
 use crate::render::Progress;
+
+/// The message tag of [`roll_call`]'s arrivals.
+const ARRIVED: mpi::Tag = 7731;
+
+/// A barrier that knows who is missing: every rank reports to rank 0, which names in its watchdog
+/// the ranks it has not heard from ("round 2/3: waiting for rank 2 (node7) to finish"), then
+/// releases all. `names` labels the ranks (a host, a namespace) where known.
+pub(super) fn roll_call(world: &SimpleCommunicator, watchdog: &Watchdog, what: &str, names: Option<&[String]>) {
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let root = world.process_at_rank(0);
+    if rank == 0 {
+        let mut missing: BTreeSet<usize> = (1..size).collect();
+        while !missing.is_empty() {
+            let who: Vec<String> = missing
+                .iter()
+                .take(8)
+                .map(|&r| names.map_or(format!("rank {r}"), |n| format!("rank {r} ({})", n[r])))
+                .collect();
+            let more = if missing.len() > 8 { format!(" and {} more", missing.len() - 8) } else { String::new() };
+            watchdog.at(format!("{what}: waiting for {}{more}", who.join(", ")));
+            let (_, status) = world.any_process().receive_with_tag::<u8>(ARRIVED);
+            missing.remove(&(status.source_rank() as usize));
+        }
+        watchdog.at(format!("{what}: releasing every rank"));
+    } else {
+        root.send_with_tag(&1u8, ARRIVED);
+        watchdog.behind(format!("{what}: waiting for rank 0 to hear from every rank"));
+    }
+    let mut go = 0u8;
+    root.broadcast_into(&mut go);
+}
 
 /// The MPI library's own description (`MPI_Get_library_version`).
 pub fn library_version() -> Option<String> {
@@ -247,8 +279,7 @@ pub fn fabric(config: &FabricConfig, stall: Duration) -> Result<(FabricReport, J
                         unpin_thread(pinned);
                     }
                 }
-                watchdog.at(format!("round {}/{}: waiting for every pair to finish", i + 1, rounds.len()));
-                world.barrier();
+                roll_call(&world, &watchdog, &format!("round {}/{}", i + 1, rounds.len()), Some(&labels));
             }
         }
     }
