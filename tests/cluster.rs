@@ -5,8 +5,12 @@
 //! addresses any traffic goes to are those namespaces' own.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 use serde_json::Value;
 
@@ -60,8 +64,8 @@ fn one_job() -> MutexGuard<'static, ()> {
 }
 
 /// `mpirun -np N` of `kiln --db DIR/dbRANK.sqlite ARGS…`, the runtime kept on loopback and the
-/// ranks on shared memory.
-fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
+/// ranks on shared memory; and its shell line.
+fn mpirun_command(kiln: &Path, np: usize, dir: &Path, args: &str) -> (Command, String) {
     let script = format!("exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite {args}", kiln.display(), dir.display());
     let mut cmd = Command::new("mpirun");
     cmd.args(["-np", &np.to_string(), "--oversubscribe", "--mca", "btl", "self,vader"])
@@ -73,9 +77,60 @@ fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
     for var in ["KILN_DB", "KILN_LOG", "KILN_SERVER", "KILN_TOKEN", "KILN_CA_CERT"] {
         cmd.env_remove(var);
     }
+    (cmd, script)
+}
+
+/// [`mpirun_command`] run to its end.
+fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
+    let (mut cmd, script) = mpirun_command(kiln, np, dir, args);
     let _job = one_job();
     let output = cmd.output().expect("mpirun runs");
     Run { cmdline: format!("mpirun -np {np} sh -c {script:?}"), output }
+}
+
+/// A four-rank job of `kiln ARGS…` whose rank 2 gets `signal` once it has run for `after`: the
+/// job's output, and how long after the signal it ended (it fails past `limit`). Rank 2 is killed
+/// at the end whatever happened, so that no rank is left behind.
+fn signal_rank_2(
+    kiln: &Path,
+    dir: &Path,
+    args: &str,
+    after: Duration,
+    signal: Signal,
+    limit: Duration,
+) -> (Output, f64) {
+    use std::process::Stdio;
+    let (mut cmd, _) = mpirun_command(kiln, 4, dir, args);
+    let _job = one_job();
+    let mut job = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let victim = format!("{}/db2.sqlite", dir.display());
+    let started = Instant::now();
+    let pid = loop {
+        if let Some(pid) = pid_with(&victim) {
+            break Pid::from_raw(pid);
+        }
+        assert!(started.elapsed().as_secs() < 30, "rank 2 never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(after);
+    nix::sys::signal::kill(pid, signal).unwrap();
+    let signalled = Instant::now();
+    let out = loop {
+        if job.try_wait().unwrap().is_some() {
+            break job.wait_with_output().unwrap();
+        }
+        if signalled.elapsed() > limit {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            let _ = job.kill();
+            panic!("the job went on {limit:?} after rank 2 got {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let waited = signalled.elapsed().as_secs_f64();
+    if pid_with(&victim).is_some() {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+    (out, waited)
 }
 
 /// The JSON document rank 0 printed (the launcher adds its own lines to stderr only).
@@ -363,45 +418,10 @@ fn a_rank_killed_mid_run_stops_the_job_naming_it_and_what_finished_stays_stored(
     let dir = tempfile::tempdir().unwrap();
     let first = mpirun(&kiln_mpi, 4, dir.path(), "cluster collectives --max-bytes 1K --json");
     assert_eq!(first.code(), Some(0), "{}", first.describe());
-    let _job = one_job();
     // A fabric test of minutes (loopback), rank 2 killed once it is under way.
-    let script = format!(
-        "exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite cluster fabric --seconds 1 --repetitions 60",
-        kiln_mpi.display(),
-        dir.path().display()
-    );
-    let mut job = Command::new("mpirun")
-        .args(["-np", "4", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"])
-        .args(["sh", "-c", &script])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let victim = format!("{}/db2.sqlite", dir.path().display());
-    let started = std::time::Instant::now();
-    let pid = loop {
-        if let Some(pid) = pid_with(&victim) {
-            break pid;
-        }
-        assert!(started.elapsed().as_secs() < 30, "rank 2 never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let killed = std::time::Instant::now();
-    let out = loop {
-        if job.try_wait().unwrap().is_some() {
-            break job.wait_with_output().unwrap();
-        }
-        if killed.elapsed().as_secs() > 30 {
-            let _ = job.kill();
-            panic!("the job went on 30 s after rank 2 died");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let args = "cluster fabric --seconds 1 --repetitions 60";
+    let (out, _) =
+        signal_rank_2(&kiln_mpi, dir.path(), args, Duration::from_secs(2), Signal::SIGKILL, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("rank 2") && err.contains("signal 9"), "the launcher names the dead rank:\n{err}");
@@ -417,54 +437,18 @@ fn a_rank_that_hangs_stops_the_job_within_the_stall_timeout_saying_where_it_wait
     else {
         return;
     };
-    let _job = one_job();
     let dir = tempfile::tempdir().unwrap();
     // A hung rank is alive to the launcher, so only the ranks' own watchdogs can end the job. Each
     // phase is 4 × 0.25 s; with --stall-timeout 3 a rank gives up 4 s after it last moved.
-    let script = format!(
-        "exec '{}' --db '{}'/db$OMPI_COMM_WORLD_RANK.sqlite cluster fabric --seconds 0.25 --repetitions 4 \
-         --stall-timeout 3",
-        kiln_mpi.display(),
-        dir.path().display()
+    let args = "cluster fabric --seconds 0.25 --repetitions 4 --stall-timeout 3";
+    let (out, waited) = signal_rank_2(
+        &kiln_mpi,
+        dir.path(),
+        args,
+        Duration::from_millis(1500),
+        Signal::SIGSTOP,
+        Duration::from_secs(60),
     );
-    let mut job = Command::new("mpirun")
-        .args(["-np", "4", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"])
-        .args(["sh", "-c", &script])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let victim = format!("{}/db2.sqlite", dir.path().display());
-    let started = std::time::Instant::now();
-    let pid = loop {
-        if let Some(pid) = pid_with(&victim) {
-            break nix::unistd::Pid::from_raw(pid);
-        }
-        assert!(started.elapsed().as_secs() < 30, "rank 2 never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let stopped = std::time::Instant::now();
-    let out = loop {
-        if job.try_wait().unwrap().is_some() {
-            break job.wait_with_output().unwrap();
-        }
-        if stopped.elapsed().as_secs() > 60 {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = job.kill();
-            panic!("the job went on 60 s after rank 2 hung");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let waited = stopped.elapsed().as_secs_f64();
-    // The launcher ends the hung rank with the job; never leave it behind.
-    if pid_with(&victim).is_some() {
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-    }
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     // Rank 0 hears who reached each round's end; the hung rank's partner waits on it: either way
