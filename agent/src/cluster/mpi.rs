@@ -26,7 +26,7 @@ use crate::render::Progress;
 const ARRIVED: mpi::Tag = 7731;
 
 /// A barrier that knows who is missing: every rank reports to rank 0, which names in its watchdog
-/// the ranks it has not heard from ("round 2/3: waiting for rank 2 (node7) to finish"), then
+/// the ranks it has not heard from ("round 2/3: waiting for rank 2 (node7)"), then
 /// releases all. `names` labels the ranks (a host, a namespace) where known.
 pub(super) fn roll_call(world: &SimpleCommunicator, watchdog: &Watchdog, what: &str, names: Option<&[String]>) {
     let (rank, size) = (world.rank() as usize, world.size() as usize);
