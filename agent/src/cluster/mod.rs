@@ -705,7 +705,7 @@ pub struct Watchdog {
 }
 
 struct WatchState {
-    /// Since when, doing what, and how many limits it may take (0: no limit).
+    /// Since when, doing what, and how many limits it may take.
     at: std::sync::Mutex<(std::time::Instant, String, u32)>,
     done: std::sync::atomic::AtomicBool,
 }
@@ -758,9 +758,11 @@ impl Watchdog {
         self.set(what.into(), 2);
     }
 
-    /// Waiting for as long as other ranks take (`what`): no limit until the next [`Watchdog::at`].
-    pub fn waiting(&self, what: impl Into<String>) {
-        self.set(what.into(), 0);
+    /// Waiting for as long as other ranks take (`what`), where their own watchdogs bound that to
+    /// `limits` times the limit: this rank stops after that many limits (where the others hung
+    /// and the launcher let this rank run on), until the next [`Watchdog::at`].
+    pub fn waiting(&self, what: impl Into<String>, limits: u32) {
+        self.set(what.into(), limits.max(1));
     }
 
     fn set(&self, what: String, limits: u32) {
@@ -803,18 +805,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_watchdog_fires_once_where_the_rank_stopped_moving_and_not_while_it_moves_or_waits() {
+    fn the_watchdog_fires_once_where_the_rank_stopped_moving_and_not_while_it_moves_or_waits_within_bound() {
         use std::sync::mpsc;
         use std::time::Duration;
         let limit = Duration::from_millis(150);
         let (tx, rx) = mpsc::channel();
         let dog = Watchdog::with_action(limit, move |what, waited| tx.send((what.to_string(), waited)).unwrap());
-        // Moving on more often than the limit, then waiting on others without a limit: quiet.
+        // Moving on more often than the limit, then waiting on others within their bound: quiet.
         for step in 0..8 {
             dog.at(format!("step {step}"));
             std::thread::sleep(limit / 3);
         }
-        dog.waiting("other ranks train");
+        dog.waiting("other ranks train", 5);
         std::thread::sleep(limit * 3);
         dog.behind("waiting for rank 0");
         std::thread::sleep(limit * 3 / 2);
@@ -824,6 +826,15 @@ mod tests {
         assert_eq!(what, "sending to rank 2");
         assert!(waited >= limit.as_secs_f64(), "{waited}");
         assert!(rx.recv_timeout(limit * 3).is_err(), "reported once");
+
+        // Waiting past the others' bound: reported, after that many limits and not before.
+        let (tx, rx) = mpsc::channel();
+        let dog = Watchdog::with_action(limit, move |what, waited| tx.send((what.to_string(), waited)).unwrap());
+        dog.waiting("ranks 0-1 train without this rank", 4);
+        let (what, waited) = rx.recv_timeout(Duration::from_secs(5)).expect("a stall is reported");
+        assert_eq!(what, "ranks 0-1 train without this rank");
+        assert!(waited >= 4.0 * limit.as_secs_f64(), "{waited}");
+        drop(dog);
 
         // A finished command's watchdog says nothing.
         let (tx, rx) = mpsc::channel();

@@ -478,8 +478,9 @@ impl DataParallel for Gradients<'_> {
 
 /// The reference training run, data-parallel, on 1, 2, 4 … N ranks (the first k of the world; the
 /// others wait), each with the same per-rank batch. The training ranks' watchdog counts from each
-/// step; a waiting rank's has no limit while the others train, so it relies on the launcher (or
-/// the training ranks' own stop) where a training rank hangs.
+/// step; a waiting rank's allows what the training ranks' own watchdogs allow them (setting up,
+/// every step and summing up, a limit each), so it stops too where a training rank hangs and the
+/// launcher lets the others run on.
 ///
 /// # Errors
 /// MPI cannot start, the launcher and MPI disagree, or training fails.
@@ -500,8 +501,10 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
         watchdog.at(format!("forming the {k}-rank group"));
         let group = world.split_by_color(color);
         if group.is_none() {
-            // How long the group trains is not this rank's to know: no limit until it is back.
-            watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1));
+            // The group's ranks stop by themselves after a limit without a step, so the whole
+            // phase takes at most a limit per step plus setting up, summing up and the gather.
+            let bound = u32::try_from(config.train.steps).unwrap_or(u32::MAX).saturating_add(3);
+            watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1), bound);
         }
         if let Some(comm) = group {
             let mut dp = Gradients { comm: &comm, send: Vec::new() };
