@@ -438,6 +438,106 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
     assert_eq!(pending.json()["pending"]["inventories"].as_u64(), Some(1), "{}", pending.describe());
 }
 
+/// An image whose command fails until `ROOT/ok` exists: an apply that fails, then a resumed one
+/// that succeeds.
+const LAB_IMAGE: &str = r#"
+[image]
+name = "fleet-lab"
+version = "3"
+
+[[file]]
+path = "/etc/kiln-fleet-lab/app.conf"
+content = "threads = 8\n"
+
+[[command]]
+name = "needs ok"
+run = ["sh", "-c", "echo looking for ok; test -e ${root}/ok && touch ${root}/done"]
+creates = "/done"
+"#;
+
+#[test]
+fn provision_applies_reach_the_service_with_their_journal() {
+    let test = "provision applies reach the service";
+    if crate::util::needs(test, &crate::util::root("provision apply").into_iter().collect::<Vec<_>>()) {
+        applies_reach_the_service(Site::new());
+    }
+}
+
+#[test]
+fn provision_applies_reach_the_service_on_postgresql_with_their_journal() {
+    let test = "provision applies reach the service on PostgreSQL";
+    if !crate::util::needs(test, &crate::util::root("provision apply").into_iter().collect::<Vec<_>>()) {
+        return;
+    }
+    if let Some(site) = Site::postgres(test) {
+        applies_reach_the_service(site);
+    }
+}
+
+// Long: one apply's story (failed, uploaded; resumed, uploaded again; the server down) in order.
+fn applies_reach_the_service(site: Site) {
+    let token = site.token("box", "agent");
+    let reader = site.token("ops", "reader");
+    let (agent_db, root, spec) = (site.path("agent.db"), site.path("root"), site.path("fleet-lab.toml"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(&spec, LAB_IMAGE).unwrap();
+    let apply = |url: &str, extra: &[&str]| {
+        let mut args = vec!["--server", url, "--token", &token, "provision", "apply", spec.to_str().unwrap()];
+        args.extend_from_slice(&["--root", root.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        kiln(&args, &[("KILN_DB", &agent_db)])
+    };
+    let local = |args: &[&str]| kiln(args, &[("KILN_DB", &agent_db)]).success().json();
+    let fleet = |url: &str, args: &[&str]| {
+        let mut all = vec!["--server", url, "--token", &reader];
+        all.extend_from_slice(args);
+        kiln(&all, &[]).success()
+    };
+
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    // A failed apply is stored here, then uploaded with its journal.
+    let failed = apply(&url, &[]);
+    assert_eq!(failed.code(), Some(2), "{}", failed.describe());
+    assert!(!failed.stderr().contains("warning"), "{}", failed.describe());
+    let listed = fleet(&url, &["provision", "log", "--json"]).json();
+    let applies = listed["applies"].as_array().unwrap();
+    assert_eq!(applies.len(), 1, "{listed}");
+    assert_eq!(applies[0]["status"], "failed");
+    let id = applies[0]["id"].as_str().unwrap().to_string();
+    let there = fleet(&url, &["provision", "log", "--apply", &id[..8], "--json"]).json();
+    assert_eq!(there["steps"][1]["status"], "failed", "{there}");
+    assert!(there["steps"][1]["output_tail"].as_str().unwrap().contains("looking for ok"), "{there}");
+    assert_eq!(there, local(&["provision", "log", "--apply", &id, "--json"]), "the fleet's journal is the box's");
+    let text = fleet(&url, &["provision", "log"]).stdout();
+    assert!(text.contains("HOST") && text.contains("failed") && text.contains("fleet-lab 3"), "{text}");
+
+    // Resumed and finished: the same apply comes again with the rest of its story, once.
+    std::fs::write(root.join("ok"), "").unwrap();
+    apply(&url, &["--resume"]).success();
+    let there = fleet(&url, &["provision", "log", "--apply", &id, "--json"]).json();
+    assert_eq!((there["apply"]["status"].as_str(), there["apply"]["resumes"].as_i64()), (Some("succeeded"), Some(1)));
+    assert_eq!(there, local(&["provision", "log", "--apply", &id, "--json"]));
+    let (status, _) = server.stop();
+    assert!(status.success());
+
+    // The server down: the apply (a new one: the image changed) waits in the outbox, then goes.
+    let next = LAB_IMAGE.replace("version = \"3\"", "version = \"4\"").replace("threads = 8", "threads = 16");
+    std::fs::write(&spec, next).unwrap();
+    let down = apply(&url, &[]).success();
+    assert!(down.stderr().contains("warning: 1 results not sent"), "{}", down.describe());
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    let sent =
+        kiln(&["--server", &url, "--token", &token, "sync", "--json"], &[("KILN_DB", &agent_db)]).success().json();
+    assert_eq!(sent["entries"].as_u64(), Some(1), "{sent}");
+    let listed = fleet(&url, &["provision", "log", "--json"]).json();
+    let versions: Vec<&str> =
+        listed["applies"].as_array().unwrap().iter().map(|a| a["image_version"].as_str().unwrap()).collect();
+    assert_eq!(versions, ["4", "3"], "{listed}");
+    site.check_db();
+}
+
 #[test]
 fn an_upload_cut_off_by_a_killed_server_is_stored_whole_or_not_at_all() {
     upload_cut_off_by_a_killed_server(Site::new());

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// The agent's configuration file, unless `KILN_AGENT_CONFIG` names another.
 pub const AGENT_CONFIG: &str = "/etc/kiln/agent.toml";
 
-/// At most this many outbox entries (inventories, runs, verdicts) per upload.
+/// At most this many outbox entries (inventories, runs, verdicts, provisioning applies) per upload.
 pub const BATCH: i64 = 100;
 
 /// A fleet service and the token to use with it.
@@ -186,7 +186,7 @@ pub struct Synced {
     pub server: String,
     /// Uploads the server stored.
     pub uploads: u64,
-    /// Outbox entries (inventories, runs, verdicts) they held.
+    /// Outbox entries (inventories, runs, verdicts, provisioning applies) they held.
     pub entries: u64,
     /// Export records sent in them.
     pub records: u64,

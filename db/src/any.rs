@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::{
-    Access, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunDetail, RunRow, Store,
-    TokenRow, VerdictRow,
+    Access, ApplyRow, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunDetail, RunRow,
+    StepRow, Store, TokenRow, VerdictRow,
 };
 
 /// Where results are stored: an SQLite file (a path, or `sqlite://PATH`) or a PostgreSQL database
@@ -130,6 +130,10 @@ impl AnyStore {
         fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>>;
         /// The newest verdict of one host, with its document.
         fn latest_verdict(&mut self, host_id: &str) -> Result<Option<VerdictRow>>;
+        /// Provisioning applies, newest first, optionally of one image.
+        fn applies(&mut self, image: Option<&str>, limit: i64) -> Result<Vec<ApplyRow>>;
+        /// One apply by id or unique prefix, with its steps in order.
+        fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)>;
         /// Stores a new token's hash.
         fn create_token(&mut self, id: &str, name: &str, role: Role, secret_sha256: &[u8], created_at: &str) -> Result<()>;
         /// Every token, newest first.

@@ -110,6 +110,43 @@ pub(crate) struct VerdictRec<'a> {
     pub(crate) document: &'a RawValue,
 }
 
+/// A provisioning apply with its journal: what `kiln provision apply` did to a machine (or to the
+/// root it was pointed at), step by step. A resumed apply is the same record again with more steps.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ApplyRec {
+    #[serde(rename = "type")]
+    _kind: serde::de::IgnoredAny,
+    pub(crate) id: String,
+    pub(crate) image: String,
+    pub(crate) image_version: String,
+    pub(crate) image_hash: String,
+    pub(crate) root: String,
+    pub(crate) hostname: Option<String>,
+    pub(crate) started_at: String,
+    pub(crate) finished_at: Option<String>,
+    pub(crate) resumes: i64,
+    pub(crate) status: crate::ApplyStatus,
+    pub(crate) steps: Vec<StepRec>,
+}
+
+/// One step of an apply's journal.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StepRec {
+    pub(crate) seq: i64,
+    pub(crate) step_key: String,
+    pub(crate) summary: String,
+    pub(crate) command: String,
+    pub(crate) image_hash: String,
+    pub(crate) started_at: String,
+    pub(crate) finished_at: Option<String>,
+    pub(crate) status: crate::StepStatus,
+    pub(crate) exit_code: Option<i64>,
+    pub(crate) duration_ms: Option<i64>,
+    pub(crate) output_tail: Option<String>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EndRec {
@@ -126,6 +163,7 @@ pub(crate) enum Record<'a> {
     Software(SoftwareRec<'a>),
     Run(RunRec),
     Verdict(VerdictRec<'a>),
+    Apply(ApplyRec),
     End(EndRec),
 }
 
@@ -180,6 +218,10 @@ fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
     };
     let count = |what: &str, v: Option<i64>| match v {
         Some(n) if n < 0 => Err(format!("{what} is negative ({n})")),
+        _ => Ok(()),
+    };
+    let text = |what: &str, v: &str| match v.len() {
+        n if n > MAX_DOCUMENT => Err(format!("{what} is {n} bytes (at most {MAX_DOCUMENT})")),
         _ => Ok(()),
     };
     let document = |what: &str, text: &str| {
@@ -274,6 +316,34 @@ fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
             count("failed", Some(v.failed))?;
             document("the verdict document", v.document.get())
         }
+        Record::Apply(a) => {
+            id("apply id", &a.id)?;
+            name("image", &a.image)?;
+            name("image version", &a.image_version)?;
+            id("image hash", &a.image_hash)?;
+            name("root", &a.root)?;
+            name("hostname", a.hostname.as_deref().unwrap_or(""))?;
+            time("started_at", &a.started_at)?;
+            if let Some(f) = &a.finished_at {
+                time("finished_at", f)?;
+            }
+            count("resumes", Some(a.resumes))?;
+            for st in &a.steps {
+                let at = |e: String| format!("step {}: {e}", st.seq);
+                count("seq", Some(st.seq)).map_err(at)?;
+                name("step key", &st.step_key).map_err(at)?;
+                name("summary", &st.summary).map_err(at)?;
+                text("the command", &st.command).map_err(at)?;
+                id("image hash", &st.image_hash).map_err(at)?;
+                time("started_at", &st.started_at).map_err(at)?;
+                if let Some(f) = &st.finished_at {
+                    time("finished_at", f).map_err(at)?;
+                }
+                count("duration_ms", st.duration_ms).map_err(at)?;
+                text("the output", st.output_tail.as_deref().unwrap_or("")).map_err(at)?;
+            }
+            Ok(())
+        }
         Record::End(_) => Ok(()),
     }
 }
@@ -296,10 +366,11 @@ fn parse_record(line: &str) -> std::result::Result<Record<'_>, serde_json::Error
         "software" => Record::Software(serde_json::from_str(line)?),
         "run" => Record::Run(serde_json::from_str(line)?),
         "verdict" => Record::Verdict(serde_json::from_str(line)?),
+        "apply" => Record::Apply(serde_json::from_str(line)?),
         "end" => Record::End(serde_json::from_str(line)?),
         other => {
             return Err(serde::de::Error::custom(format!(
-                "unknown record type {other:?} (host, inventory, software, run, verdict or end)"
+                "unknown record type {other:?} (host, inventory, software, run, verdict, apply or end)"
             )))
         }
     })
@@ -315,6 +386,8 @@ pub struct ExportStats {
     pub samples: u64,
     pub telemetry: u64,
     pub verdicts: u64,
+    /// Provisioning applies, with their steps.
+    pub applies: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -326,6 +399,12 @@ pub struct ImportStats {
     pub runs_new: u64,
     pub runs_known: u64,
     pub verdicts_new: u64,
+    /// Provisioning applies new here, and those that came again with more of their story
+    /// (resumed, or finished since the last upload).
+    #[serde(default)]
+    pub applies_new: u64,
+    #[serde(default)]
+    pub applies_updated: u64,
     pub metrics: u64,
     pub samples: u64,
     pub telemetry: u64,
@@ -385,7 +464,7 @@ macro_rules! batch {
 }
 
 /// In the order an import needs them: hosts, then what names them.
-const EXPORTS: [ExportKind; 5] = [
+const EXPORTS: [ExportKind; 6] = [
     // Hosts with a run in the window (or an inventory, when there is no window).
     ExportKind {
         select: "SELECT json_object('type', 'host', 'id', id, 'identity', identity, 'hostname', hostname, \
@@ -467,6 +546,21 @@ const EXPORTS: [ExportKind; 5] = [
         order: "v.judged_at, v.id",
         count: |s, _| s.verdicts += 1,
     },
+    // Provisioning applies started in the window, each with its journal folded in.
+    ExportKind {
+        select: "SELECT json_object('type', 'apply', 'id', a.id, 'image', a.image, 'image_version', a.image_version, \
+              'image_hash', a.image_hash, 'root', a.root, 'hostname', a.hostname, 'started_at', a.started_at, \
+              'finished_at', a.finished_at, 'resumes', a.resumes, 'status', a.status, \
+              'steps', (SELECT json_group_array(json_object('seq', seq, 'step_key', step_key, 'summary', summary, \
+              'command', command, 'image_hash', image_hash, 'started_at', started_at, 'finished_at', finished_at, \
+              'status', status, 'exit_code', exit_code, 'duration_ms', duration_ms, 'output_tail', output_tail)) \
+              FROM (SELECT * FROM provision_steps WHERE apply_id = a.id ORDER BY seq, id))) \
+              FROM provision_applies a",
+        window: "a.started_at >= ?1",
+        batch: concat!("a.id IN ", batch!("apply")),
+        order: "a.started_at, a.id",
+        count: |s, _| s.applies += 1,
+    },
 ];
 
 impl Store {
@@ -513,7 +607,7 @@ impl Store {
                 (kind.count)(&mut stats, &row);
             }
         }
-        let records = stats.hosts + stats.inventories + stats.software + stats.runs + stats.verdicts;
+        let records = stats.hosts + stats.inventories + stats.software + stats.runs + stats.verdicts + stats.applies;
         json_line(out, &serde_json::json!({ "type": "end", "records": records })).map_err(io)?;
         out.flush().map_err(io)?;
         Ok(stats)

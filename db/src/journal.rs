@@ -1,10 +1,14 @@
 //! The provisioning journal (`provision_applies`, `provision_steps`): one row per apply, one per
 //! step, each step written before it starts and updated when it ends, each write its own
-//! transaction so that a killed kiln leaves the story up to the step it was in.
+//! transaction so that a killed kiln leaves the story up to the step it was in. Where uploads are
+//! on, an apply is queued for the fleet service when it begins, resumes and ends (the upload
+//! carries the journal as it is then). Reading it (`applies`, `apply_journal`) is shared with the
+//! fleet service (`shared/reads.rs`).
 
 use sqlx::Row;
 
-use crate::{like_prefix, ApplyStatus, DbError, Result, StepStatus, Store};
+use crate::shared::reads::{apply_row, step_row, APPLY_COLUMNS, STEP_COLUMNS};
+use crate::{ApplyStatus, Result, StepStatus, Store};
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -46,27 +50,11 @@ pub struct StepRow {
     pub output_tail: Option<String>,
 }
 
-const APPLY_COLUMNS: &str =
-    "id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status";
-
-fn apply_row(r: &sqlx::sqlite::SqliteRow) -> ApplyRow {
-    ApplyRow {
-        id: r.get(0),
-        image: r.get(1),
-        image_version: r.get(2),
-        image_hash: r.get(3),
-        root: r.get(4),
-        hostname: r.get(5),
-        started_at: r.get(6),
-        finished_at: r.get(7),
-        resumes: r.get(8),
-        status: r.get(9),
-    }
-}
-
 impl Store {
     pub async fn begin_apply(&mut self, new: &NewApply) -> Result<String> {
+        let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
+        let mut tx = sqlx::Connection::begin_with(&mut self.conn, crate::WRITE).await.map_err(&err)?;
         sqlx::query(&format!(
             "INSERT INTO provision_applies (id, image, image_version, image_hash, root, hostname, started_at, status) \
              VALUES (?, ?, ?, ?, ?, ?, {NOW}, 'running')"
@@ -77,9 +65,13 @@ impl Store {
         .bind(&new.image_hash)
         .bind(&new.root)
         .bind(&new.hostname)
-        .execute(&mut self.conn)
+        .execute(&mut *tx)
         .await
-        .map_err(self.sql_err())?;
+        .map_err(&err)?;
+        if self.queue_uploads {
+            crate::outbox::queue(&mut tx, "apply", &id).await.map_err(&err)?;
+        }
+        tx.commit().await.map_err(&err)?;
         Ok(id)
     }
 
@@ -103,7 +95,7 @@ impl Store {
         let mut tx = sqlx::Connection::begin_with(&mut self.conn, crate::WRITE).await.map_err(&err)?;
         let dangling = sqlx::query(&format!(
             "UPDATE provision_steps SET status = 'interrupted', finished_at = {NOW} WHERE apply_id = ? AND status = 'started' \
-             RETURNING seq, step_key, summary, command, image_hash, started_at, finished_at, status, exit_code, duration_ms, output_tail"
+             RETURNING {STEP_COLUMNS}"
         ))
         .bind(id)
         .fetch_all(&mut *tx)
@@ -120,6 +112,9 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(&err)?;
+        if self.queue_uploads {
+            crate::outbox::queue(&mut tx, "apply", id).await.map_err(&err)?;
+        }
         tx.commit().await.map_err(&err)?;
         Ok((dangling.iter().map(step_row).collect(), next))
     }
@@ -173,66 +168,91 @@ impl Store {
     }
 
     pub async fn finish_apply(&mut self, id: &str, status: ApplyStatus) -> Result<()> {
+        let err = self.sql_err();
+        let mut tx = sqlx::Connection::begin_with(&mut self.conn, crate::WRITE).await.map_err(&err)?;
         sqlx::query(&format!("UPDATE provision_applies SET status = ?, finished_at = {NOW} WHERE id = ?"))
             .bind(status.as_str())
             .bind(id)
-            .execute(&mut self.conn)
+            .execute(&mut *tx)
             .await
-            .map_err(self.sql_err())?;
+            .map_err(&err)?;
+        // Queued again: an upload since the apply began took the entry with the story so far.
+        if self.queue_uploads {
+            crate::outbox::queue(&mut tx, "apply", id).await.map_err(&err)?;
+        }
+        tx.commit().await.map_err(&err)?;
         Ok(())
-    }
-
-    /// Applies, newest first, optionally of one image.
-    pub async fn applies(&mut self, image: Option<&str>, limit: i64) -> Result<Vec<ApplyRow>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {APPLY_COLUMNS} FROM provision_applies WHERE (?1 IS NULL OR image = ?1) ORDER BY started_at DESC, rowid DESC LIMIT ?2"
-        ))
-        .bind(image)
-        .bind(limit)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(self.sql_err())?;
-        Ok(rows.iter().map(apply_row).collect())
-    }
-
-    /// One apply by id or unique prefix, with its steps in order.
-    pub async fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)> {
-        let err = self.sql_err();
-        let rows =
-            sqlx::query(&format!("SELECT {APPLY_COLUMNS} FROM provision_applies WHERE id LIKE ? ESCAPE '\\' LIMIT 2"))
-                .bind(like_prefix(id))
-                .fetch_all(&mut self.conn)
-                .await
-                .map_err(&err)?;
-        let apply = match rows.as_slice() {
-            [one] => apply_row(one),
-            [] => return Err(DbError::NotFound { what: "apply", id: id.to_string() }),
-            _ => return Err(DbError::Ambiguous { what: "apply", id: id.to_string(), count: rows.len() }),
-        };
-        let steps = sqlx::query(
-            "SELECT seq, step_key, summary, command, image_hash, started_at, finished_at, status, exit_code, duration_ms, output_tail \
-             FROM provision_steps WHERE apply_id = ? ORDER BY seq, id",
-        )
-        .bind(&apply.id)
-        .fetch_all(&mut self.conn)
-        .await
-        .map_err(&err)?;
-        Ok((apply, steps.iter().map(step_row).collect()))
     }
 }
 
-fn step_row(r: &sqlx::sqlite::SqliteRow) -> StepRow {
-    StepRow {
-        seq: r.get(0),
-        step_key: r.get(1),
-        summary: r.get(2),
-        command: r.get(3),
-        image_hash: r.get(4),
-        started_at: r.get(5),
-        finished_at: r.get(6),
-        status: r.get(7),
-        exit_code: r.get(8),
-        duration_ms: r.get(9),
-        output_tail: r.get(10),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The outbox's due entries as one upload, taken out of the outbox.
+    async fn upload(agent: &mut Store, now: &str) -> String {
+        let mut out = Vec::new();
+        let batch = agent.upload_batch(None, 100, now, &mut out).await.unwrap().expect("an apply is due");
+        assert_eq!(batch.stats.applies, 1);
+        agent.upload_done().await.unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The apply lines of a store's export.
+    async fn apply_lines(store: &mut Store, now: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        store.export(None, now, &mut out).await.unwrap();
+        String::from_utf8(out).unwrap().lines().filter(|l| l.contains("\"type\":\"apply\"")).map(String::from).collect()
+    }
+
+    /// An apply travels in an upload with its journal, goes into another store once, comes again
+    /// (resumed, finished) as an update, and an older story never overwrites a newer one; the
+    /// receiving store exports it exactly as the agent does.
+    #[tokio::test]
+    async fn an_apply_travels_with_its_journal_and_is_updated_only_by_more_of_its_story() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = "2026-12-05T08:00:00Z";
+        let mut agent = Store::open(&dir.path().join("agent.db")).await.unwrap();
+        agent.queue_uploads(true);
+        let new = NewApply {
+            image: "base".into(),
+            image_version: "1".into(),
+            image_hash: "h1".into(),
+            root: "/".into(),
+            hostname: Some("node-1".into()),
+        };
+        let id = agent.begin_apply(&new).await.unwrap();
+        let step = agent.step_started(&id, 1, "file:/etc/a", "write /etc/a", "printf 'a\tb\\n'", "h1").await.unwrap();
+        agent.step_finished(step, true, Some(0), 12, "").await.unwrap();
+        let step = agent.step_started(&id, 2, "command:x", "run x", "x --go", "h1").await.unwrap();
+        agent.step_finished(step, false, Some(3), 1500, "line 1\nE: no network\n").await.unwrap();
+        agent.finish_apply(&id, ApplyStatus::Failed).await.unwrap();
+        assert_eq!(agent.pending_uploads(now).await.unwrap().applies, 1);
+        let first = upload(&mut agent, now).await;
+
+        let mut fleet = Store::open(&dir.path().join("fleet.db")).await.unwrap();
+        let s = fleet.import("first", &first).await.unwrap();
+        assert_eq!((s.applies_new, s.applies_updated), (1, 0));
+        let s = fleet.import("first", &first).await.unwrap();
+        assert_eq!((s.applies_new, s.applies_updated), (0, 0), "the same upload twice adds nothing");
+
+        agent.resume_apply(&id, "h2").await.unwrap();
+        let step = agent.step_started(&id, 3, "command:x", "run x", "x --go", "h2").await.unwrap();
+        agent.step_finished(step, true, Some(0), 900, "done").await.unwrap();
+        agent.finish_apply(&id, ApplyStatus::Succeeded).await.unwrap();
+        let second = upload(&mut agent, now).await;
+        let s = fleet.import("second", &second).await.unwrap();
+        assert_eq!((s.applies_new, s.applies_updated), (0, 1));
+        let s = fleet.import("first", &first).await.unwrap();
+        assert_eq!((s.applies_new, s.applies_updated), (0, 0), "an older story does not overwrite a newer one");
+
+        let (apply, steps) = fleet.apply_journal(&id[..8]).await.unwrap();
+        assert_eq!((apply.status, apply.resumes, apply.image_hash.as_str()), (ApplyStatus::Succeeded, 1, "h2"));
+        assert_eq!(steps.len(), 3);
+        assert_eq!(steps[0].command, "printf 'a\tb\\n'");
+        assert_eq!(steps[1].output_tail.as_deref(), Some("line 1\nE: no network\n"));
+        let here = apply_lines(&mut agent, now).await;
+        assert_eq!(here.len(), 1);
+        assert_eq!(here, apply_lines(&mut fleet, now).await);
     }
 }

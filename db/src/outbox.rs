@@ -34,6 +34,8 @@ pub struct Pending {
     pub inventories: u64,
     pub runs: u64,
     pub verdicts: u64,
+    /// Provisioning applies (each with its journal as it is when sent).
+    pub applies: u64,
     /// Entries whose next attempt is not due yet (back-off after a failure).
     pub waiting: u64,
     /// The newest failure's message, if any entry has failed.
@@ -44,7 +46,7 @@ pub struct Pending {
 
 impl Pending {
     pub fn total(&self) -> u64 {
-        self.inventories + self.runs + self.verdicts
+        self.inventories + self.runs + self.verdicts + self.applies
     }
 }
 
@@ -57,19 +59,22 @@ pub struct UploadBatch {
 }
 
 impl Store {
-    /// Queues every inventory, run and verdict this store saves from now on for the fleet service.
+    /// Queues every inventory, run, verdict and provisioning apply this store saves from now on for
+    /// the fleet service.
     pub fn queue_uploads(&mut self, on: bool) {
         self.queue_uploads = on;
     }
 
-    /// Queues every inventory, run and verdict this store holds (`kiln sync --all`: results stored
+    /// Queues every inventory, run, verdict and apply this store holds (`kiln sync --all`: results stored
     /// before a fleet service was configured, or for a new server); the server keeps each once.
     /// Returns how many entries were added.
     pub async fn queue_everything(&mut self) -> Result<u64> {
         let err = self.sql_err();
         let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
         let mut added = 0;
-        for (kind, table) in [("inventory", "inventories"), ("run", "runs"), ("verdict", "verdicts")] {
+        for (kind, table) in
+            [("inventory", "inventories"), ("run", "runs"), ("verdict", "verdicts"), ("apply", "provision_applies")]
+        {
             added += sqlx::query(&format!(
                 "INSERT OR IGNORE INTO outbox (kind, id, queued_at) \
                  SELECT '{kind}', id, strftime('%Y-%m-%dT%H:%M:%SZ', 'now') FROM {table}"
@@ -99,6 +104,7 @@ impl Store {
             match kind.as_str() {
                 "inventory" => p.inventories = n as u64,
                 "run" => p.runs = n as u64,
+                "apply" => p.applies = n as u64,
                 _ => p.verdicts = n as u64,
             }
             p.waiting += waiting as u64;

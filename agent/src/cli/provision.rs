@@ -94,11 +94,12 @@ impl View for Journal {
     fn render(&self) -> String {
         let a = &self.apply;
         let mut text = format!(
-            "apply {} of {} {} to {} — {} (started {}, finished {}, resumed {} time{})\n",
+            "apply {} of {} {} to {}{} — {} (started {}, finished {}, resumed {} time{})\n",
             a.id,
             a.image,
             a.image_version,
             a.root,
+            a.hostname.as_deref().map(|h| format!(" on {h}")).unwrap_or_default(),
             a.status,
             a.started_at,
             a.finished_at.as_deref().unwrap_or("-"),
@@ -130,19 +131,38 @@ impl View for Journal {
 #[derive(Serialize)]
 pub struct Applies {
     pub applies: Vec<ApplyRow>,
+    /// Where they were read: a database file, or "the fleet" (which adds each apply's host).
     #[serde(skip)]
-    pub database: PathBuf,
+    pub source: String,
+    #[serde(skip)]
+    pub fleet: bool,
 }
 
 impl View for Applies {
     fn render(&self) -> String {
         if self.applies.is_empty() {
-            return format!("no applies journaled in {}", self.database.display());
+            return format!("no applies journaled in {}", self.source);
         }
-        let mut text = format!("{:<8}  {:<24}  {:<11}  {:<24}  ROOT\n", "APPLY", "STARTED", "STATUS", "IMAGE");
+        let host = |a: &ApplyRow| {
+            if self.fleet {
+                format!("{:<20}  ", a.hostname.as_deref().unwrap_or("?"))
+            } else {
+                String::new()
+            }
+        };
+        let head = if self.fleet { format!("{:<20}  ", "HOST") } else { String::new() };
+        let mut text = format!("{:<8}  {head}{:<24}  {:<11}  {:<24}  ROOT\n", "APPLY", "STARTED", "STATUS", "IMAGE");
         for a in &self.applies {
             let image = format!("{} {}", a.image, a.image_version);
-            text += &format!("{:<8}  {:<24}  {:<11}  {:<24}  {}\n", &a.id[..8], a.started_at, a.status, image, a.root);
+            text += &format!(
+                "{:<8}  {}{:<24}  {:<11}  {:<24}  {}\n",
+                &a.id[..8.min(a.id.len())],
+                host(a),
+                a.started_at,
+                a.status,
+                image,
+                a.root
+            );
         }
         text
     }
@@ -173,7 +193,7 @@ pub fn run(what: Provision, ctx: &Ctx) -> Result<Output> {
             }
             None => {
                 let applies = ctx.with_store(async |store| store.applies(image.as_deref(), limit).await)?;
-                ctx.output(&Applies { applies, database: ctx.db_path()? })
+                ctx.output(&Applies { applies, source: ctx.db_path()?.display().to_string(), fleet: false })
             }
         },
     }

@@ -214,15 +214,39 @@ pub fn remote_read(command: &Command, remote: &Remote, ctx: &Ctx) -> Option<Resu
             push("since", Some(since.clone()));
             return Some(remote_report(remote, q, html.clone(), markdown.clone(), ctx));
         }
+        Command::Provision { what: super::args::Provision::Log { image, apply, limit, .. } } => match apply {
+            Some(id) => return Some(remote_get(remote, &format!("/api/v1/applies/{}", encode_path(id)), q, ctx)),
+            None => {
+                push("image", image.clone());
+                push("limit", Some(limit.to_string()));
+                "/api/v1/applies"
+            }
+        },
         _ => return None,
     };
+    Some(remote_get(remote, path, q, ctx))
+}
+
+/// One path segment, percent-encoded (an apply id or prefix as the user typed it).
+fn encode_path(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A read question's answer from the fleet service: text for people, or its JSON.
+fn remote_get(remote: &Remote, path: &str, mut q: Vec<(&str, String)>, ctx: &Ctx) -> Result<Output> {
     if !ctx.json {
         q.push(("format", "text".into()));
     }
-    Some(remote.get(path, &q).map(|(exit, body)| {
+    remote.get(path, &q).map(|(exit, body)| {
         let exit = if exit.as_deref() == Some("1") { Exit::CheckFailed } else { Exit::Ok };
         Output::new(body).with_exit(exit)
-    }))
+    })
 }
 
 fn remote_report(

@@ -261,8 +261,12 @@ impl View for Exported {
 }
 
 fn export_summary(stats: &ExportStats) -> String {
+    let applies = match stats.applies {
+        0 => String::new(),
+        n => format!(", {n} provisioning applies"),
+    };
     format!(
-        "exported {} hosts, {} inventories, {} runs, {} metrics, {} samples, {} telemetry points",
+        "exported {} hosts, {} inventories, {} runs, {} metrics, {} samples, {} telemetry points{applies}",
         stats.hosts, stats.inventories, stats.runs, stats.metrics, stats.samples, stats.telemetry
     )
 }
@@ -302,7 +306,7 @@ impl View for Imports {
             let s = &i.stats;
             text.push_str(&format!(
                 "{}: {} records; new: {} hosts, {} inventories, {} runs ({} metrics, {} samples, {} telemetry points); \
-                 {} runs already here; {:.2} s\n",
+                 {} runs already here{}; {:.2} s\n",
                 i.file,
                 s.records,
                 s.hosts_new,
@@ -312,6 +316,10 @@ impl View for Imports {
                 s.samples,
                 s.telemetry,
                 s.runs_known,
+                match (s.applies_new, s.applies_updated) {
+                    (0, 0) => String::new(),
+                    (new, more) => format!("; provisioning applies: {new} new, {more} with more of their story"),
+                },
                 i.seconds
             ));
         }

@@ -223,6 +223,8 @@ pub fn router(app: Shared) -> Router {
         .route("/api/v1/outliers", get(outliers))
         .route("/api/v1/regressions", get(regressions))
         .route("/api/v1/report", get(report))
+        .route("/api/v1/applies", get(applies))
+        .route("/api/v1/applies/{id}", get(apply_journal))
         .route("/metrics", get(metrics_page))
         .route("/", get(dashboard))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), metrics::track))
@@ -497,6 +499,41 @@ async fn runs(State(app): State<Shared>, headers: HeaderMap, Query(q): Query<Run
     let limit = q.limit.unwrap_or(20);
     ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
         cli::store::runs_view(s, limit, "the fleet".into()).await
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct AppliesQuery {
+    image: Option<String>,
+    limit: Option<i64>,
+    format: Option<String>,
+}
+
+/// The provisioning applies agents uploaded, newest first (`kiln provision log --server`).
+async fn applies(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<AppliesQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(20);
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
+        let applies = s.applies(q.image.as_deref(), limit).await?;
+        Ok::<_, kiln_db::DbError>(cli::provision::Applies { applies, source: "the fleet".into(), fleet: true })
+    })
+    .await
+}
+
+/// One uploaded apply with its steps (`kiln provision log --apply ID --server`).
+async fn apply_journal(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<Format>,
+) -> Result<Response, ApiError> {
+    ask(&app, &headers, q.format.as_deref(), async move |s: &mut AnyStore| {
+        let (apply, steps) = s.apply_journal(&id).await?;
+        Ok::<_, kiln_db::DbError>(cli::provision::Journal { apply, steps })
     })
     .await
 }

@@ -129,7 +129,88 @@ async fn import_into(
     insert_runs(tx, &fresh, &mut stats).await?;
     index_fresh(tx, &fresh, &parents).await?;
     import_verdicts(tx, &records, &parents, malformed, &mut stats).await?;
+    import_applies(tx, &records, &mut stats).await?;
     Ok(stats)
+}
+
+/// Provisioning applies with their journals. One that is new here goes in whole; one already here
+/// is replaced, steps and all, when the record tells more of its story (resumed again, more steps,
+/// or finished since it was sent), and otherwise left as it is (the same upload twice).
+async fn import_applies(
+    tx: &mut Conn,
+    records: &[(usize, Record<'_>)],
+    stats: &mut ImportStats,
+) -> std::result::Result<(), Failed> {
+    for (_, rec) in records {
+        let Record::Apply(a) = rec else { continue };
+        let here: Option<(i64, i64, Option<String>)> = sqlx::query_as(
+            "SELECT resumes, (SELECT COUNT(*) FROM provision_steps s WHERE s.apply_id = a.id), finished_at \
+             FROM provision_applies a WHERE id = $1",
+        )
+        .bind(&a.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let story =
+            |resumes: i64, steps: i64, finished: Option<&str>| (resumes, steps, finished.unwrap_or("").to_string());
+        let told = story(a.resumes, a.steps.len() as i64, a.finished_at.as_deref());
+        match here {
+            Some((r, n, f)) if story(r, n, f.as_deref()) >= told => continue,
+            Some(_) => {
+                sqlx::query("DELETE FROM provision_steps WHERE apply_id = $1").bind(&a.id).execute(&mut *tx).await?;
+                sqlx::query(
+                    "UPDATE provision_applies SET image_hash = $2, finished_at = $3, resumes = $4, status = $5 WHERE id = $1",
+                )
+                .bind(&a.id)
+                .bind(&a.image_hash)
+                .bind(&a.finished_at)
+                .bind(a.resumes)
+                .bind(a.status.as_str())
+                .execute(&mut *tx)
+                .await?;
+                stats.applies_updated += 1;
+            }
+            None => {
+                sqlx::query(
+                    "INSERT INTO provision_applies \
+                     (id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                )
+                .bind(&a.id)
+                .bind(&a.image)
+                .bind(&a.image_version)
+                .bind(&a.image_hash)
+                .bind(&a.root)
+                .bind(&a.hostname)
+                .bind(&a.started_at)
+                .bind(&a.finished_at)
+                .bind(a.resumes)
+                .bind(a.status.as_str())
+                .execute(&mut *tx)
+                .await?;
+                stats.applies_new += 1;
+            }
+        }
+        for chunk in a.steps.chunks(MAX_BINDS / 12) {
+            let mut q: QueryBuilder<'_, super::Db> =
+                QueryBuilder::new(format!("INSERT INTO provision_steps (apply_id, {}) ", super::reads::STEP_COLUMNS));
+            q.push_values(chunk, |mut b, st| {
+                b.push_bind(&a.id)
+                    .push_bind(st.seq)
+                    .push_bind(&st.step_key)
+                    .push_bind(&st.summary)
+                    .push_bind(&st.command)
+                    .push_bind(&st.image_hash)
+                    .push_bind(&st.started_at)
+                    .push_bind(&st.finished_at)
+                    .push_bind(st.status.as_str())
+                    .push_bind(st.exit_code)
+                    .push_bind(st.duration_ms)
+                    .push_bind(&st.output_tail);
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Verdicts, under the host and inventory earlier records gave (or that this database holds).
@@ -248,7 +329,7 @@ async fn import_parents(
                 stats.software_new += 1;
             }
             Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, stats).await?,
-            Record::Run(_) | Record::Verdict(_) | Record::End(_) => {}
+            Record::Run(_) | Record::Verdict(_) | Record::Apply(_) | Record::End(_) => {}
         }
     }
     Ok(p)

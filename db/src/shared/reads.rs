@@ -1,5 +1,5 @@
 //! What the fleet service and the read commands ask of a store: hosts, runs, inventories, the
-//! fleet's series, verdicts — written once, compiled for each engine (see `shared/mod.rs`).
+//! fleet's series, verdicts, the provisioning journal — written once, compiled for each engine (see `shared/mod.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,8 +9,48 @@ use super::{Conn, DbRow, Store};
 use crate::fleet::{direction_of, Fleet, FleetHost};
 use crate::series::{period_of, HostSeries, Series, SeriesKey};
 use crate::{
-    like_prefix, DbError, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, VerdictRow, RUN_COLUMNS,
+    like_prefix, ApplyRow, DbError, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, StepRow,
+    VerdictRow, RUN_COLUMNS,
 };
+
+/// The columns [`apply_row`] reads, in its order.
+pub(crate) const APPLY_COLUMNS: &str =
+    "id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status";
+
+/// The columns [`step_row`] reads, in its order.
+pub(crate) const STEP_COLUMNS: &str =
+    "seq, step_key, summary, command, image_hash, started_at, finished_at, status, exit_code, duration_ms, output_tail";
+
+pub(crate) fn apply_row(r: &DbRow) -> ApplyRow {
+    ApplyRow {
+        id: r.get(0),
+        image: r.get(1),
+        image_version: r.get(2),
+        image_hash: r.get(3),
+        root: r.get(4),
+        hostname: r.get(5),
+        started_at: r.get(6),
+        finished_at: r.get(7),
+        resumes: r.get(8),
+        status: r.get(9),
+    }
+}
+
+pub(crate) fn step_row(r: &DbRow) -> StepRow {
+    StepRow {
+        seq: r.get(0),
+        step_key: r.get(1),
+        summary: r.get(2),
+        command: r.get(3),
+        image_hash: r.get(4),
+        started_at: r.get(5),
+        finished_at: r.get(6),
+        status: r.get(7),
+        exit_code: r.get(8),
+        duration_ms: r.get(9),
+        output_tail: r.get(10),
+    }
+}
 
 /// Inserts a verdict row under `id` (kept as it is when that id is there already: an import of
 /// what this database holds). Returns the rows written, 0 or 1.
@@ -400,5 +440,43 @@ impl Store {
         );
         let rows = sqlx::query(&sql).bind(inventory_id).fetch_all(&mut self.conn).await.map_err(err)?;
         self.with_metrics(rows).await
+    }
+
+    /// Provisioning applies, newest first, optionally of one image (an agent's own, or every
+    /// box's on the fleet service).
+    pub async fn applies(&mut self, image: Option<&str>, limit: i64) -> Result<Vec<ApplyRow>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {APPLY_COLUMNS} FROM provision_applies WHERE (CAST($1 AS TEXT) IS NULL OR image = $1) \
+             ORDER BY started_at DESC, rowid DESC LIMIT $2"
+        ))
+        .bind(image)
+        .bind(limit)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(self.sql_err())?;
+        Ok(rows.iter().map(apply_row).collect())
+    }
+
+    /// One apply by id or unique prefix, with its steps in order.
+    pub async fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)> {
+        let err = self.sql_err();
+        let rows =
+            sqlx::query(&format!("SELECT {APPLY_COLUMNS} FROM provision_applies WHERE id LIKE $1 ESCAPE '\\' LIMIT 2"))
+                .bind(like_prefix(id))
+                .fetch_all(&mut self.conn)
+                .await
+                .map_err(&err)?;
+        let apply = match rows.as_slice() {
+            [one] => apply_row(one),
+            [] => return Err(DbError::NotFound { what: "apply", id: id.to_string() }),
+            _ => return Err(DbError::Ambiguous { what: "apply", id: id.to_string(), count: rows.len() }),
+        };
+        let steps =
+            sqlx::query(&format!("SELECT {STEP_COLUMNS} FROM provision_steps WHERE apply_id = $1 ORDER BY seq, id"))
+                .bind(&apply.id)
+                .fetch_all(&mut self.conn)
+                .await
+                .map_err(&err)?;
+        Ok((apply, steps.iter().map(step_row).collect()))
     }
 }
