@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -56,13 +56,6 @@ fn mpi_kiln(test: &str) -> Option<PathBuf> {
     Some(built.clone().unwrap_or_else(|e| panic!("{e}")))
 }
 
-/// One MPI job at a time: every job oversubscribes this host's CPUs, and two at once would make
-/// each other's timings (the fabric test's links, the scaling curve) the scheduler's.
-fn one_job() -> MutexGuard<'static, ()> {
-    static JOB: Mutex<()> = Mutex::new(());
-    JOB.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// `mpirun -np N` of `kiln --db DIR/dbRANK.sqlite ARGS…`, the runtime kept on loopback and the
 /// ranks on shared memory; and its shell line.
 fn mpirun_command(kiln: &Path, np: usize, dir: &Path, args: &str) -> (Command, String) {
@@ -83,7 +76,7 @@ fn mpirun_command(kiln: &Path, np: usize, dir: &Path, args: &str) -> (Command, S
 /// [`mpirun_command`] run to its end.
 fn mpirun(kiln: &Path, np: usize, dir: &Path, args: &str) -> Run {
     let (mut cmd, script) = mpirun_command(kiln, np, dir, args);
-    let _job = one_job();
+    let _job = crate::util::machine_to_itself();
     let output = cmd.output().expect("mpirun runs");
     Run { cmdline: format!("mpirun -np {np} sh -c {script:?}"), output }
 }
@@ -101,7 +94,7 @@ fn signal_rank_2(
 ) -> (Output, f64) {
     use std::process::Stdio;
     let (mut cmd, _) = mpirun_command(kiln, 4, dir, args);
-    let _job = one_job();
+    let _job = crate::util::machine_to_itself();
     let mut job = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let victim = format!("{}/db2.sqlite", dir.display());
     let started = Instant::now();

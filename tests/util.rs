@@ -281,3 +281,11 @@ pub fn program(program: &str, package: &str) -> Option<String> {
 pub fn root(why: &str) -> Option<String> {
     (!nix::unistd::geteuid().is_root()).then(|| format!("root ({why})"))
 }
+
+/// The machine to one test at a time, for the tests that load every core (the MPI jobs, which
+/// oversubscribe this host's CPUs) and those that measure it and judge the figures (`commission`,
+/// whose benchmarks must settle): beside each other, each makes the other's timings the scheduler's.
+pub fn machine_to_itself() -> std::sync::MutexGuard<'static, ()> {
+    static MACHINE: Mutex<()> = Mutex::new(());
+    MACHINE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

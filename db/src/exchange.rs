@@ -203,6 +203,7 @@ fn json_depth(text: &str) -> usize {
 
 /// Checks a parsed record against what kiln can store and export again: lengths, times, counts,
 /// and the size and depth of its documents.
+// Long: one arm per record type, each a list of its fields' limits through the checks above them.
 fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
     let id = |what: &str, v: &str| match v.len() {
         0 => Err(format!("{what} is empty")),
