@@ -25,7 +25,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn workspace_files() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("build.rs")];
-    for dir in ["agent", "bench", "db", "provision", "tests", "benches"] {
+    for dir in ["agent", "bench", "db", "gpu", "provision", "tests", "benches"] {
         rust_files(&root.join(dir), &mut files);
     }
     files.sort();

@@ -1,0 +1,247 @@
+//! GEMM on one device: C = A·B, square n×n operands in the chosen type, the same inputs on every
+//! device (generated on the host from a fixed seed), every repetition timed to the device's
+//! completion, and the result **checked**: a grid of sampled rows × sampled columns of C against
+//! an f64 product of the same (already rounded) inputs, so that a device that computes wrong fails
+//! even when it is fast. Device-agnostic: the tests run it on the CPU.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// What `kiln-gpu gemm` measures.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub device: usize,
+    pub dtype: DType,
+    pub n: usize,
+    pub reps: usize,
+    /// Rows and columns sampled for the check (their grid: samples² values of C).
+    pub samples: usize,
+}
+
+impl Options {
+    /// `--device N --dtype bf16|f16|f32 --n N --reps N --samples N`, each optional.
+    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut o = Options { device: 0, dtype: DType::BF16, n: 8192, reps: 20, samples: 32 };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
+            match flag.as_str() {
+                "--device" => o.device = number()?,
+                "--n" => o.n = number()?,
+                "--reps" => o.reps = number()?,
+                "--samples" => o.samples = number()?,
+                "--dtype" => {
+                    o.dtype = match value.as_str() {
+                        "bf16" => DType::BF16,
+                        "f16" => DType::F16,
+                        "f32" => DType::F32,
+                        other => anyhow::bail!("--dtype {other:?}: bf16, f16 or f32"),
+                    }
+                }
+                other => anyhow::bail!("unknown option {other:?}"),
+            }
+        }
+        anyhow::ensure!((16..=65_536).contains(&o.n), "--n {}: between 16 and 65536", o.n);
+        anyhow::ensure!((1..=100_000).contains(&o.reps), "--reps {}: between 1 and 100000", o.reps);
+        anyhow::ensure!((1..=o.n).contains(&o.samples), "--samples {}: between 1 and n", o.samples);
+        Ok(o)
+    }
+}
+
+/// One device's GEMM: every repetition's time and the check.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub device: usize,
+    pub name: Option<String>,
+    pub dtype: String,
+    pub n: usize,
+    /// 2·n³ per repetition.
+    pub flops_per_rep: f64,
+    /// Each timed repetition, launch to the device's completion (after three untimed ones).
+    pub seconds: Vec<f64>,
+    pub tflops_median: f64,
+    pub tflops_best: f64,
+    pub check: Check,
+}
+
+/// The sampled check of C.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Check {
+    /// Values of C compared (sampled rows × sampled columns).
+    pub values: usize,
+    /// The worst |C − reference| over its allowed error (≤ 1 passes).
+    pub worst_ratio: f64,
+    /// Where the worst value was (row, column).
+    pub worst_at: (usize, usize),
+    pub ok: bool,
+    /// The sum of the sampled values of C: equal inputs on every device, so devices of one box
+    /// should agree to within the check's tolerance (kiln compares them).
+    pub sampled_sum: f64,
+}
+
+/// Measures C = A·B on `device`.
+///
+/// # Errors
+/// The device fails an operation (out of memory, a lost device).
+pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Result<Report> {
+    let a = input(o.n, 1, o.dtype)?.to_device(device)?;
+    let b = input(o.n, 2, o.dtype)?.to_device(device)?;
+    // Untimed: the library's first call chooses its kernels and the allocator warms up.
+    let mut c = a.matmul(&b)?;
+    for _ in 0..2 {
+        c = a.matmul(&b)?;
+    }
+    device.synchronize()?;
+    let mut seconds = Vec::with_capacity(o.reps);
+    for _ in 0..o.reps {
+        let t = Instant::now();
+        c = a.matmul(&b)?;
+        device.synchronize()?;
+        seconds.push(t.elapsed().as_secs_f64());
+    }
+    let check = check(&a, &b, &c, o.samples)?;
+    let flops = 2.0 * (o.n as f64).powi(3);
+    let mut sorted = seconds.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    Ok(Report {
+        device: o.device,
+        name,
+        dtype: format!("{:?}", o.dtype).to_lowercase(),
+        n: o.n,
+        flops_per_rep: flops,
+        tflops_median: flops / median / 1e12,
+        tflops_best: flops / sorted[0] / 1e12,
+        seconds,
+        check,
+    })
+}
+
+/// An n×n operand, the same on every device: a xorshift sequence from `seed` in [-1, 1), rounded
+/// to `dtype` on the host.
+pub fn input(n: usize, seed: u64, dtype: DType) -> candle_core::Result<Tensor> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let values: Vec<f32> = (0..n * n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    Tensor::from_vec(values, (n, n), &Device::Cpu)?.to_dtype(dtype)
+}
+
+/// The rows (or columns) the check samples: spread over the whole range, ends included.
+fn sampled(n: usize, samples: usize) -> Vec<u32> {
+    let samples = samples.min(n);
+    if samples == 1 {
+        return vec![0];
+    }
+    (0..samples).map(|s| ((s * (n - 1)) / (samples - 1)) as u32).collect()
+}
+
+/// The unit roundoff of a stored element of `dtype`.
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2f64.powi(-8),
+        DType::F16 => 2f64.powi(-11),
+        _ => 2f64.powi(-24),
+    }
+}
+
+/// Compares the sampled grid of C with an f64 product of the same inputs. A value may be off by
+/// rounding its result to the output type (u·|ref|) plus the error of a float32 accumulation of k
+/// products (a generous 16·2⁻²⁴·√k·‖products‖₂); anything beyond is a wrong result.
+pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Result<Check> {
+    let (n, k) = a.dims2()?;
+    let m = b.dims2()?.1;
+    let rows = sampled(n, samples);
+    let cols = sampled(m, samples);
+    let on = |t: &[u32]| Tensor::new(t, a.device());
+    let a_rows: Vec<Vec<f32>> = a.index_select(&on(&rows)?, 0)?.to_dtype(DType::F32)?.to_vec2()?;
+    let b_cols: Vec<Vec<f32>> = b.index_select(&on(&cols)?, 1)?.to_dtype(DType::F32)?.t()?.to_vec2()?;
+    let c_grid: Vec<Vec<f32>> =
+        c.index_select(&on(&rows)?, 0)?.index_select(&on(&cols)?, 1)?.to_dtype(DType::F32)?.to_vec2()?;
+    let u_out = unit_roundoff(c.dtype());
+    let accumulation = 16.0 * 2f64.powi(-24) * (k as f64).sqrt();
+    let mut worst = (0.0f64, (0usize, 0usize));
+    let mut sum = 0.0;
+    for (ri, row) in a_rows.iter().enumerate() {
+        for (ci, col) in b_cols.iter().enumerate() {
+            let (mut reference, mut squares) = (0.0f64, 0.0f64);
+            for (x, y) in row.iter().zip(col) {
+                let p = f64::from(*x) * f64::from(*y);
+                reference += p;
+                squares += p * p;
+            }
+            let got = f64::from(c_grid[ri][ci]);
+            sum += got;
+            let allowed = u_out * reference.abs() + accumulation * squares.sqrt() + f64::MIN_POSITIVE;
+            let ratio = if got.is_finite() { (got - reference).abs() / allowed } else { f64::INFINITY };
+            if ratio > worst.0 || ratio.is_nan() {
+                worst = (ratio, (rows[ri] as usize, cols[ci] as usize));
+            }
+        }
+    }
+    Ok(Check {
+        values: rows.len() * cols.len(),
+        worst_ratio: worst.0,
+        worst_at: worst.1,
+        ok: worst.0 <= 1.0,
+        sampled_sum: sum,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dtype: DType, n: usize) -> Options {
+        Options { device: 0, dtype, n, reps: 3, samples: 8 }
+    }
+
+    /// On the CPU: every type's product passes its check, every repetition is timed.
+    #[test]
+    fn a_right_product_passes_its_check_in_every_type() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let r = measure(&Device::Cpu, &options(dtype, 96), None).unwrap();
+            assert!(r.check.ok, "{dtype:?}: {:?}", r.check);
+            assert_eq!((r.seconds.len(), r.check.values), (3, 64));
+            assert!(r.tflops_best >= r.tflops_median && r.tflops_median > 0.0);
+        }
+    }
+
+    /// A product off by 1 % (a miscomputing device), or by one wrong value at a sampled place, fails.
+    #[test]
+    fn a_wrong_product_fails_its_check() {
+        for dtype in [DType::BF16, DType::F32] {
+            let a = input(64, 1, dtype).unwrap();
+            let b = input(64, 2, dtype).unwrap();
+            let c = a.matmul(&b).unwrap();
+            assert!(check(&a, &b, &c, 8).unwrap().ok);
+            let scaled = (c.to_dtype(DType::F32).unwrap() * 1.01).unwrap().to_dtype(dtype).unwrap();
+            assert!(!check(&a, &b, &scaled, 8).unwrap().ok, "{dtype:?}: 1 % off passed");
+            // One value (row 9, column 18: both sampled) replaced.
+            let mut values = c.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+            values[9][18] += 0.5;
+            let flipped = Tensor::new(values, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let found = check(&a, &b, &flipped, 8).unwrap();
+            assert!(!found.ok && found.worst_at == (9, 18), "{dtype:?}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = Options::parse(&args("--dtype f16 --n 4096 --reps 5 --device 3")).unwrap();
+        assert_eq!((o.dtype, o.n, o.reps, o.device), (DType::F16, 4096, 5, 3));
+        assert!(Options::parse(&args("--dtype fp8")).is_err());
+        assert!(Options::parse(&args("--n 8")).is_err());
+        assert!(Options::parse(&args("--reps")).is_err());
+    }
+}

@@ -1,0 +1,53 @@
+//! `kiln-gpu devices`, `kiln-gpu gemm …`: one JSON document on stdout per command, and
+//! `{"error": …}` with exit status 2 when it cannot measure. The library says what it measures.
+
+use std::process::ExitCode;
+
+use kiln_gpu::{backend, gemm, SCHEMA_VERSION};
+use serde::Serialize;
+
+const USAGE: &str = "usage: kiln-gpu devices
+       kiln-gpu gemm [--device N] [--dtype bf16|f16|f32] [--n N] [--reps N] [--samples N]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(doc) => {
+            println!("{doc}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            // Each cause's first line: candle appends a backtrace to its errors where RUST_BACKTRACE
+            // is set, which is no message for a technician.
+            let message: Vec<String> =
+                e.chain().map(|cause| cause.to_string().lines().next().unwrap_or_default().to_string()).collect();
+            let doc = serde_json::json!({ "schema_version": SCHEMA_VERSION, "error": message.join(": ") });
+            println!("{doc}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: &[String]) -> anyhow::Result<String> {
+    let Some((command, rest)) = args.split_first() else { anyhow::bail!("{USAGE}") };
+    let doc = match command.as_str() {
+        "devices" => document(&backend::devices()?),
+        "gemm" => {
+            let options = gemm::Options::parse(rest)?;
+            document(&backend::gemm(&options)?)
+        }
+        "--help" | "-h" | "help" => return Ok(serde_json::json!({ "usage": USAGE }).to_string()),
+        "--version" => return Ok(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string()),
+        other => anyhow::bail!("unknown command {other:?}\n{USAGE}"),
+    };
+    Ok(doc)
+}
+
+/// `{"schema_version": 1, …the value's fields}`.
+fn document<T: Serialize>(value: &T) -> String {
+    let mut doc = serde_json::to_value(value).expect("a document serialises");
+    if let Some(map) = doc.as_object_mut() {
+        map.insert("schema_version".into(), SCHEMA_VERSION.into());
+    }
+    doc.to_string()
+}
