@@ -56,6 +56,12 @@ fn mpi_kiln(test: &str) -> Option<PathBuf> {
     Some(built.clone().unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// A rail's findings about bandwidth (what the test's link caps decide).
+fn bandwidth_findings(rail: &Value) -> Vec<Value> {
+    let all = rail["verdict"]["findings"].as_array().expect("a verdict with findings");
+    all.iter().filter(|f| f["quantity"] != "latency").cloned().collect()
+}
+
 /// `mpirun -np N` of `kiln --db DIR/dbRANK.sqlite ARGS…`, the runtime kept on loopback and the
 /// ranks on shared memory; and its shell line.
 fn mpirun_command(kiln: &Path, np: usize, dir: &Path, args: &str) -> (Command, String) {
@@ -297,20 +303,25 @@ fn the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster() {
 
     let dir = tempfile::tempdir().unwrap();
     let run = mpirun(&kiln_mpi, 4, dir.path(), &args);
-    assert_eq!(run.code(), Some(0), "a symmetric cluster names nothing\n{}", run.describe());
     let doc = document(&run);
     let rail = &doc["report"]["rails"][0];
     assert_eq!(rail["interface"], "veth0");
     assert_eq!(rail["links"].as_array().unwrap().len(), 12, "both ways between every pair");
     assert_eq!(doc["report"]["rounds"], 3, "N−1 rounds for N nodes");
-    assert!(rail["verdict"]["findings"].as_array().unwrap().is_empty(), "{rail}");
+    // The links set the bandwidth; the small-message latency of four ranks on two CPUs, beside
+    // the other tests, is the scheduler's (a 64 µs round trip against a median of 8 was seen in
+    // CI). So here a latency finding may come and fail the run; a bandwidth one may not.
+    let findings = bandwidth_findings(rail);
+    assert!(findings.is_empty(), "a symmetric cluster names nothing: {findings:?}\n{}", run.describe());
+    let latency_only = rail["verdict"]["findings"].as_array().unwrap().iter().all(|f| f["quantity"] == "latency");
+    assert!(run.code() == Some(0) || (run.code() == Some(1) && latency_only), "{}", run.describe());
 
     fabric.cap_sender(2, "300mbit");
     let dir = tempfile::tempdir().unwrap();
     let run = mpirun(&kiln_mpi, 4, dir.path(), &args);
     assert_eq!(run.code(), Some(1), "a slow node fails the fabric\n{}", run.describe());
     let doc = document(&run);
-    let findings = doc["report"]["rails"][0]["verdict"]["findings"].as_array().unwrap().clone();
+    let findings = bandwidth_findings(&doc["report"]["rails"][0]);
     assert_eq!(findings.len(), 1, "that node, and no other: {findings:?}\n{}", run.describe());
     let f = &findings[0];
     assert_eq!((&f["subject"]["kind"], &f["subject"]["node"]), (&Value::from("node"), &Value::from(2)), "{f}");
