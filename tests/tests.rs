@@ -13,6 +13,7 @@ mod fleet;
 mod fleet_gen;
 mod ghw;
 mod gpu;
+mod gpu_bench;
 mod hwloc;
 mod kill;
 mod lab;

@@ -81,6 +81,10 @@ pub struct Check {
     /// The sum of the sampled values of C: equal inputs on every device, so devices of one box
     /// should agree to within the check's tolerance (kiln compares them).
     pub sampled_sum: f64,
+    /// The sum of every sampled value's allowed error: two devices that both pass may differ in
+    /// `sampled_sum` by at most twice this.
+    #[serde(default)]
+    pub allowed_sum: f64,
 }
 
 /// Measures C = A·B on `device`.
@@ -170,7 +174,7 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
     let u_out = unit_roundoff(c.dtype());
     let accumulation = 16.0 * 2f64.powi(-24) * (k as f64).sqrt();
     let mut worst = (0.0f64, (0usize, 0usize));
-    let mut sum = 0.0;
+    let (mut sum, mut allowed_sum) = (0.0, 0.0);
     for (ri, row) in a_rows.iter().enumerate() {
         for (ci, col) in b_cols.iter().enumerate() {
             let (mut reference, mut squares) = (0.0f64, 0.0f64);
@@ -182,6 +186,7 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
             let got = f64::from(c_grid[ri][ci]);
             sum += got;
             let allowed = u_out * reference.abs() + accumulation * squares.sqrt() + f64::MIN_POSITIVE;
+            allowed_sum += allowed;
             let ratio = if got.is_finite() { (got - reference).abs() / allowed } else { f64::INFINITY };
             if ratio > worst.0 || ratio.is_nan() {
                 worst = (ratio, (rows[ri] as usize, cols[ci] as usize));
@@ -194,6 +199,7 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
         worst_at: worst.1,
         ok: worst.0 <= 1.0,
         sampled_sum: sum,
+        allowed_sum,
     })
 }
 

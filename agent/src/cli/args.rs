@@ -59,6 +59,35 @@ pub struct Source {
     pub all: bool,
 }
 
+/// `kiln bench gpu …`.
+#[derive(Subcommand)]
+pub enum GpuBench {
+    /// Dense matrix multiply on each GPU alone and on all at once, every product checked against an
+    /// f64 reference on a sampled grid and across GPUs, against the datasheet's peak
+    Gemm {
+        /// Data types, comma-separated: bf16, f16, f32
+        #[arg(long, value_delimiter = ',', default_value = "bf16")]
+        dtypes: Vec<String>,
+        /// Square size n (n×n times n×n)
+        #[arg(long, default_value_t = 8192)]
+        n: usize,
+        /// Timed multiplies per GPU (after three untimed ones)
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        /// Rows and columns of C the check samples (their grid is compared)
+        #[arg(long, default_value_t = 32)]
+        samples: usize,
+        /// The GPUs to measure (NVML indices, comma-separated), or all
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        gpus: Vec<String>,
+        /// A GPU's run is stopped and failed after this many seconds
+        #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+        timeout: u64,
+        #[command(flatten)]
+        store: Store,
+    },
+}
+
 // What every benchmark command shares.
 #[derive(Args, Clone, Copy)]
 pub struct Store {
@@ -617,6 +646,12 @@ pub enum Bench {
         libraries: Vec<String>,
         #[command(flatten)]
         store: Store,
+    },
+    /// The GPU benchmarks, measured by kiln-gpu (found beside kiln, on PATH, or named by KILN_GPU);
+    /// skipped, with the reason and exit status 3, where there is no NVIDIA GPU, driver or kiln-gpu
+    Gpu {
+        #[command(subcommand)]
+        what: GpuBench,
     },
     /// Network: TCP throughput and latency to another kiln (`--serve` there, `--connect` here)
     Net {

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use kiln_db::{RunStatus, SavedInventory};
 use serde::Serialize;
 
-use super::args::{self, Bench, Dtype, Judge, Source};
+use super::args::{self, Bench, Dtype, GpuBench, Judge, Source};
 use super::inventory::{is_live, live_inventory, store_inventory, take_inventory};
 use super::{Ctx, Exit, Output, View};
 use crate::inventory::Inventory;
@@ -205,7 +205,71 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             finish(ctx, &inv, outcome, store)
         }
         Bench::Suite { quick, budget, disk_path, store } => suite(ctx, quick, budget, disk_path, store),
+        Bench::Gpu { what } => gpu(what, ctx),
     }
+}
+
+/// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
+fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
+    let GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, store } = what;
+    for d in &dtypes {
+        anyhow::ensure!(["bf16", "f16", "f32"].contains(&d.as_str()), "--dtypes {d}: bf16, f16 or f32");
+    }
+    anyhow::ensure!((16..=65_536).contains(&n), "--n {n}: between 16 and 65536");
+    anyhow::ensure!(reps >= 1 && timeout >= 1, "--reps and --timeout must be positive");
+    anyhow::ensure!((1..=n).contains(&samples), "--samples {samples}: between 1 and --n");
+    preflight(ctx, store)?;
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(&gpus, &inv)? };
+    let prepared = match runs::gpu::prepare(&inv, &INTERRUPTED) {
+        Ok(p) => p,
+        Err(skip) => return skipped(ctx, "gpu-gemm", skip),
+    };
+    let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout };
+    let outcome = runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED);
+    anyhow::ensure!(
+        !INTERRUPTED.load(Ordering::Relaxed),
+        "interrupted before the GPU benchmark finished; nothing stored"
+    );
+    finish(ctx, &inv, outcome, store)
+}
+
+/// `--gpus`: `all` (every GPU NVML sees), or NVML indices it sees.
+fn gpu_indices(values: &[String], inv: &Inventory) -> Result<Vec<usize>> {
+    let known: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
+    if let [one] = values {
+        if one == "all" {
+            return Ok(known);
+        }
+    }
+    let mut chosen = Vec::new();
+    for v in values {
+        let i: usize = v.trim().parse().with_context(|| format!("--gpus {v}: give all, or GPU indices"))?;
+        anyhow::ensure!(known.contains(&i), "--gpus {i}: NVML sees GPUs {known:?}");
+        if !chosen.contains(&i) {
+            chosen.push(i);
+        }
+    }
+    Ok(chosen)
+}
+
+/// A benchmark that cannot run on this box, and why.
+#[derive(Serialize)]
+pub struct Skipped {
+    pub benchmark: &'static str,
+    pub skipped: String,
+}
+
+impl View for Skipped {
+    fn render(&self) -> String {
+        format!("{}: skipped: {}\n", self.benchmark, self.skipped)
+    }
+}
+
+/// Says why a benchmark was skipped; exit 3, so that a script tells "not measured" from "measured".
+fn skipped(ctx: &Ctx, benchmark: &'static str, why: runs::gpu::Skip) -> Result<Output> {
+    Ok(ctx.output(&Skipped { benchmark, skipped: why.0 })?.with_exit(Exit::Inconclusive))
 }
 
 /// `--libraries`: `all`, `none`, or library keys.
@@ -314,6 +378,23 @@ fn run_suite(
         let mut config = kiln_bench::train::Config::preset(if quick { "tiny" } else { "anchor" }).context("preset")?;
         config.gemm = kiln_bench::train::Gemm::Auto;
         until_settled(SUITE_ATTEMPTS, &spent, || runs::train(inv, &config), keep)?;
+    }
+    if !inv.gpus.devices.is_empty() && !over("gpu gemm") && !INTERRUPTED.load(Ordering::Relaxed) {
+        match runs::gpu::prepare(inv, &INTERRUPTED) {
+            Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),
+            Ok(prepared) => {
+                let config = runs::gpu::GemmConfig {
+                    dtypes: if quick { vec!["bf16".into()] } else { vec!["bf16".into(), "f16".into(), "f32".into()] },
+                    n: 8192,
+                    reps: if quick { 10 } else { 20 },
+                    samples: 32,
+                    gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                    timeout_s: 300,
+                };
+                let measure = || Ok(runs::gpu::gemm(inv, &prepared, config.clone(), &INTERRUPTED));
+                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            }
+        }
     }
     if !over("disk") && !INTERRUPTED.load(Ordering::Relaxed) {
         let dir = disk_path.unwrap_or_else(std::env::temp_dir);

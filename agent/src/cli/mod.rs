@@ -41,7 +41,8 @@ pub enum Exit {
     CheckFailed,
     /// Exit 2 after the command has said what went wrong itself (a failed apply's story).
     Error,
-    /// Exit 3: a verdict is inconclusive (a check the spec requires could not run).
+    /// Exit 3: a verdict is inconclusive (a check the spec requires could not run), or a benchmark
+    /// could not run on this box (skipped, with the reason: no GPU, no driver, no kiln-gpu).
     Inconclusive,
 }
 

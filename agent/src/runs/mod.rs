@@ -1,10 +1,11 @@
 //! Running benchmarks on this host and turning their results into a stored run: one adapter per
-//! benchmark (`membw`, `gemm`, `train`, `disk`, `net`), each returning a typed [`Outcome`] — the
+//! benchmark (`membw`, `gemm`, `train`, `disk`, `net`, and `gpu`, which runs `kiln-gpu`), each returning a typed [`Outcome`] — the
 //! report document, its text, the headline, metrics, raw samples and telemetry — that the command
 //! line serialises at the edge and the store keeps.
 
 mod disk;
 mod gemm;
+pub mod gpu;
 mod membw;
 mod net;
 mod train;
@@ -108,6 +109,7 @@ pub enum Report {
     Fabric(Box<crate::cluster::FabricReport>),
     Collectives(Box<crate::cluster::CollectivesReport>),
     Scaling(Box<crate::cluster::TrainScalingReport>),
+    GpuGemm(Box<gpu::GpuGemmReport>),
 }
 
 impl Report {
@@ -117,6 +119,7 @@ impl Report {
         match self {
             Report::Membw(m) => m.invalid.clone(),
             Report::Gemm(g) => g.invalid.clone(),
+            Report::GpuGemm(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -135,6 +138,7 @@ impl Report {
             Report::Fabric(_) => "fabric",
             Report::Collectives(_) => "collectives",
             Report::Scaling(_) => "scaling",
+            Report::GpuGemm(_) => "gpu-gemm",
         }
     }
 }

@@ -265,6 +265,8 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "us"
     } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") {
         "GB/s"
+    } else if ends("tflops") {
+        "TFLOP/s"
     } else if ends("gops") {
         "GOP/s"
     } else if ends("gflops") || m.starts_with("gemm.") {
@@ -324,6 +326,8 @@ mod tests {
             ("membw.all.triad_gbps", "GB/s"),
             ("membw.node1.copy_gbps", "GB/s"),
             ("cpu.fma_peak_gflops", "GFLOP/s"),
+            ("gpu3.gemm.bf16.8192.tflops", "TFLOP/s"),
+            ("gpus.gemm.f16.8192.tflops", "TFLOP/s"),
             ("cpu.bf16_peak_gflops", "GFLOP/s"),
             ("cpu.int8_peak_gops", "GOP/s"),
             ("gemm.onednn.int8.1024.gops", "GOP/s"),

@@ -1,0 +1,714 @@
+//! The GPU benchmarks, measured by `kiln-gpu` (the `gpu/` crate; kiln itself never links CUDA, so
+//! that it starts on a box where the NVIDIA driver is not installed yet): finding that program,
+//! asking it which devices CUDA sees, running it on each GPU alone and on every GPU at once under a
+//! deadline, reading its documents back as `kiln_gpu`'s types, and judging them. A GPU whose product
+//! is wrong, whose sampled sum disagrees with the other GPUs', or whose run fails or hangs fails
+//! the run; a figure above the datasheet's peak makes it `invalid`. NVML telemetry (clocks, power,
+//! temperature, throttle reasons) is sampled at 10 Hz meanwhile, so that a slow GPU says why.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kiln_db::{Direction, Metric, RunStatus};
+use kiln_gpu::gemm::Report as GemmRun;
+use kiln_gpu::DeviceInfo;
+use serde::{Deserialize, Serialize};
+
+use super::{samples_of, status_of, Outcome, Report, MAX_CV};
+use crate::inventory::Inventory;
+use crate::render::Progress;
+use crate::telemetry;
+use crate::timefmt::now_rfc3339;
+
+/// How often GPU telemetry is read while a GPU benchmark runs (the issue asks for ≥ 10 Hz).
+pub const TELEMETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A figure may exceed its datasheet peak by this share (boost clocks, rounding of the datasheet)
+/// before the run is `invalid`.
+const PEAK_MARGIN: f64 = 0.05;
+
+/// Why a GPU benchmark cannot run on this box; the benchmark is skipped with this reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Skip(pub String);
+
+/// What went wrong with one run of `kiln-gpu`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ChildError {
+    #[error("did not finish within {0} s (a hung kernel or a lost GPU: look for Xid events in the kernel log)")]
+    TimedOut(u64),
+    #[error("stopped: kiln was interrupted")]
+    Interrupted,
+    #[error(
+        "cannot start: the NVIDIA driver's CUDA library (libcuda.so.1) is not installed or not on the loader's \
+         path; provision the driver first ({0})"
+    )]
+    NoDriver(String),
+    #[error("killed by signal {signal}{}", tail(.stderr))]
+    Signal { signal: i32, stderr: String },
+    /// The program's own `{"error": …}`.
+    #[error("{0}")]
+    Refused(String),
+    #[error("exited with status {status:?} without a document{}", tail(.stderr))]
+    Garbled { status: Option<i32>, stderr: String },
+}
+
+fn tail(stderr: &str) -> String {
+    match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+        Some(line) => format!(": {}", line.trim()),
+        None => String::new(),
+    }
+}
+
+/// How one run of the program ended, as it ended.
+#[derive(Debug, Clone, Default)]
+pub struct Ended {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+    pub interrupted: bool,
+}
+
+/// The document a run printed, or why there is none (pure: what the process left behind).
+pub fn interpret(ended: &Ended, timeout: Duration) -> Result<serde_json::Value, ChildError> {
+    if ended.interrupted {
+        return Err(ChildError::Interrupted);
+    }
+    if ended.timed_out {
+        return Err(ChildError::TimedOut(timeout.as_secs()));
+    }
+    let doc: Option<serde_json::Value> = serde_json::from_str(ended.stdout.trim()).ok();
+    if let Some(doc) = doc.filter(serde_json::Value::is_object) {
+        if let Some(error) = doc.get("error") {
+            return Err(ChildError::Refused(error.as_str().map_or_else(|| error.to_string(), str::to_string)));
+        }
+        if ended.code == Some(0) {
+            return Ok(doc);
+        }
+    }
+    if ended.code == Some(127) && ended.stderr.contains("libcuda.so") {
+        return Err(ChildError::NoDriver(ended.stderr.lines().next().unwrap_or_default().trim().to_string()));
+    }
+    if let Some(signal) = ended.signal {
+        return Err(ChildError::Signal { signal, stderr: ended.stderr.clone() });
+    }
+    Err(ChildError::Garbled { status: ended.code, stderr: ended.stderr.clone() })
+}
+
+/// `kiln-gpu`: `KILN_GPU` when set, else the one beside this kiln, else the first on `PATH`.
+pub fn locate() -> Result<PathBuf, Skip> {
+    if let Some(path) = std::env::var_os("KILN_GPU").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Skip(format!("KILN_GPU names {}, which is not a file", path.display())))
+        };
+    }
+    let mut looked = Vec::new();
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        looked.push(dir.join("kiln-gpu"));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        looked.extend(std::env::split_paths(&path).map(|d| d.join("kiln-gpu")));
+    }
+    looked.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        Skip(format!(
+            "kiln-gpu, the program that runs kiln's GPU benchmarks, is not installed (looked beside kiln and on \
+             PATH: {}); build it with deploy/cuda/cuda-root.sh and `cargo build --release -p kiln-gpu --features \
+             cuda,nccl` and put it beside kiln, or name it with KILN_GPU",
+            looked.first().map_or_else(|| "-".to_string(), |p| p.display().to_string())
+        ))
+    })
+}
+
+/// A running `kiln-gpu`, its output read on threads of its own so that a full pipe never stalls it.
+struct Running {
+    child: Child,
+    stdout: JoinHandle<String>,
+    stderr: JoinHandle<String>,
+}
+
+fn spawn(program: &Path, args: &[String]) -> std::io::Result<Running> {
+    let mut child = Command::new(program)
+        .args(args)
+        // CUDA numbers devices fastest first unless told otherwise; NVML (and so kiln's GPU
+        // indices and telemetry) numbers them by PCI address.
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        // A group of its own: a hung run is killed with whatever it started, so that no leftover
+        // process holds its output open.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let reader = |mut from: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = from.read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let stdout = reader(Box::new(child.stdout.take().expect("piped")));
+    let stderr = reader(Box::new(child.stderr.take().expect("piped")));
+    Ok(Running { child, stdout, stderr })
+}
+
+/// Runs `kiln-gpu` once per argument list, all at once, and waits for every one: a run past
+/// `timeout`, or every run once `interrupted` is set, is killed.
+fn run_all(program: &Path, runs: &[Vec<String>], timeout: Duration, interrupted: &AtomicBool) -> Vec<Ended> {
+    let started = Instant::now();
+    let mut running: Vec<Result<Running, Ended>> = runs
+        .iter()
+        .map(|args| {
+            spawn(program, args).map_err(|e| Ended {
+                code: None,
+                stderr: format!("cannot run {}: {e}", program.display()),
+                ..Ended::default()
+            })
+        })
+        .collect();
+    let mut ended: Vec<Option<Ended>> = running.iter().map(|_| None).collect();
+    loop {
+        let stop = interrupted.load(Ordering::Relaxed);
+        let late = started.elapsed() > timeout;
+        for (slot, run) in ended.iter_mut().zip(running.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            let r = match run {
+                Err(e) => {
+                    *slot = Some(e.clone());
+                    continue;
+                }
+                Ok(r) => r,
+            };
+            use std::os::unix::process::ExitStatusExt;
+            let (status, killed) = match r.child.try_wait() {
+                Ok(Some(status)) => (Some(status), false),
+                Ok(None) if stop || late => {
+                    let group = nix::unistd::Pid::from_raw(r.child.id() as i32);
+                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                    let _ = r.child.kill();
+                    (r.child.wait().ok(), true)
+                }
+                Ok(None) => continue,
+                Err(_) => (None, false),
+            };
+            *slot = Some(Ended {
+                code: status.and_then(|s| s.code()),
+                signal: status.and_then(|s| s.signal()),
+                stdout: String::new(),
+                stderr: String::new(),
+                timed_out: killed && late,
+                interrupted: killed && !late,
+            });
+        }
+        if ended.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ended
+        .into_iter()
+        .zip(running)
+        .map(|(e, r)| {
+            let mut e = e.expect("every run ended");
+            if let Ok(r) = r {
+                e.stdout = r.stdout.join().unwrap_or_default();
+                e.stderr = r.stderr.join().unwrap_or_default();
+            }
+            e
+        })
+        .collect()
+}
+
+/// kiln-gpu found, and the devices CUDA sees through it.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub program: PathBuf,
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Finds `kiln-gpu` and asks it for CUDA's devices: skipped (with the reason) where NVML sees no
+/// GPU, the program is missing, or CUDA cannot be used (no driver, a build without CUDA).
+pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Skip> {
+    let g = &inv.gpus;
+    if g.devices.is_empty() {
+        let why = match (&g.nvml_error, g.pci_gpus.len()) {
+            (Some(e), n) if n > 0 => format!("NVML cannot be used ({e}) though {n} NVIDIA GPU(s) are on PCI"),
+            (Some(e), _) => format!("no NVIDIA GPU: NVML {e}"),
+            (None, _) => "no NVIDIA GPU: NVML sees none".to_string(),
+        };
+        return Err(Skip(why));
+    }
+    let program = locate()?;
+    let timeout = Duration::from_secs(120);
+    let ended = run_all(&program, &[vec!["devices".to_string()]], timeout, interrupted).remove(0);
+    let doc = interpret(&ended, timeout).map_err(|e| Skip(format!("{}: {e}", program.display())))?;
+    let devices: kiln_gpu::Devices = serde_json::from_value(doc)
+        .map_err(|e| Skip(format!("{}: `devices` printed a document kiln does not read: {e}", program.display())))?;
+    if devices.devices.is_empty() {
+        return Err(Skip(format!("{}: CUDA sees no device where NVML sees {}", program.display(), g.devices.len())));
+    }
+    Ok(Prepared { program, devices: devices.devices })
+}
+
+/// What `kiln bench gpu gemm` measures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GemmConfig {
+    pub dtypes: Vec<String>,
+    pub n: usize,
+    pub reps: usize,
+    pub samples: usize,
+    /// The GPUs measured (NVML indices, which are CUDA's with `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
+    pub gpus: Vec<usize>,
+    pub timeout_s: u64,
+}
+
+/// One GPU's product in one type, alone or beside every other GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct GemmResult {
+    pub gpu: usize,
+    pub dtype: String,
+    /// Measured while every GPU of the run multiplied at once.
+    pub together: bool,
+    pub run: Option<GemmRun>,
+    pub error: Option<String>,
+    /// Of the repetitions' times.
+    pub cv: Option<f64>,
+    /// The datasheet's dense peak for this GPU and type, TFLOP/s.
+    pub peak_tflops: Option<f64>,
+    /// Median over the peak.
+    pub fraction_of_peak: Option<f64>,
+}
+
+/// Whether the GPUs computed the same product: each sampled sum against their median.
+#[derive(Debug, Clone, Serialize)]
+pub struct Agreement {
+    pub dtype: String,
+    pub median_sum: f64,
+    /// (GPU, together, sampled sum, deviation over what two passing GPUs may differ by).
+    pub sums: Vec<(usize, bool, f64, f64)>,
+    pub ok: bool,
+}
+
+/// `kiln bench gpu gemm`'s document.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuGemmReport {
+    pub program: String,
+    /// The devices as CUDA names them.
+    pub devices: Vec<DeviceInfo>,
+    pub config: GemmConfig,
+    pub results: Vec<GemmResult>,
+    pub agreement: Vec<Agreement>,
+    /// Every GPU that failed, computed wrong or disagreed, in words.
+    pub failures: Vec<String>,
+    /// Why the run is `invalid` (a figure above its datasheet peak), when it is.
+    pub invalid: Option<String>,
+    pub status: RunStatus,
+    pub telemetry: Vec<String>,
+}
+
+/// The argument list of one `kiln-gpu gemm`.
+fn gemm_args(c: &GemmConfig, gpu: usize, dtype: &str) -> Vec<String> {
+    let mut args = vec!["gemm".to_string()];
+    for (flag, value) in [
+        ("--device", gpu.to_string()),
+        ("--dtype", dtype.to_string()),
+        ("--n", c.n.to_string()),
+        ("--reps", c.reps.to_string()),
+        ("--samples", c.samples.to_string()),
+    ] {
+        args.extend([flag.to_string(), value]);
+    }
+    args
+}
+
+/// Runs the GEMM on each GPU alone, then on all of them at once, in each type.
+pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupted: &AtomicBool) -> Outcome {
+    let started_at = now_rfc3339();
+    let sampler = super::sampler(inv, TELEMETRY_INTERVAL);
+    let progress = Progress::new();
+    let timeout = Duration::from_secs(config.timeout_s);
+    let mut results = Vec::new();
+    for dtype in &config.dtypes {
+        let mut rounds: Vec<(bool, Vec<usize>)> = config.gpus.iter().map(|&g| (false, vec![g])).collect();
+        if config.gpus.len() > 1 {
+            rounds.push((true, config.gpus.clone()));
+        }
+        for (together, gpus) in rounds {
+            let what = if together { "all GPUs at once".to_string() } else { format!("GPU {}", gpus[0]) };
+            progress.update(&format!("gpu gemm {dtype} n={}: {what}", config.n));
+            let args: Vec<Vec<String>> = gpus.iter().map(|&g| gemm_args(&config, g, dtype)).collect();
+            for (gpu, ended) in gpus.iter().zip(run_all(&prepared.program, &args, timeout, interrupted)) {
+                results.push(result_of(inv, *gpu, dtype, together, interpret(&ended, timeout)));
+            }
+        }
+    }
+    progress.finish();
+    let telemetry = sampler.stop();
+    judge(prepared, config, results, telemetry, started_at)
+}
+
+/// One run's document read as a GEMM result, with its peak.
+fn result_of(
+    inv: &Inventory,
+    gpu: usize,
+    dtype: &str,
+    together: bool,
+    doc: Result<serde_json::Value, ChildError>,
+) -> GemmResult {
+    let run = doc.map_err(|e| e.to_string()).and_then(|d| {
+        serde_json::from_value::<GemmRun>(d).map_err(|e| format!("a document kiln does not read as a GEMM: {e}"))
+    });
+    let name = inv.gpus.devices.iter().find(|d| d.index as usize == gpu).and_then(|d| d.name.clone());
+    let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, dtype));
+    let (run, error) = match run {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e)),
+    };
+    let cv = run.as_ref().and_then(|r| kiln_bench::stats::summarize(&r.seconds)).map(|s| s.cv);
+    let fraction_of_peak = run.as_ref().zip(peak_tflops).map(|(r, p)| r.tflops_median / p);
+    GemmResult { gpu, dtype: dtype.to_string(), together, run, error, cv, peak_tflops, fraction_of_peak }
+}
+
+/// Each type's sampled sums against their median. Two GPUs that both pass the check may differ by
+/// twice the larger of their summed allowed errors.
+pub fn agreement(results: &[GemmResult]) -> Vec<Agreement> {
+    let mut dtypes: Vec<&str> = results.iter().map(|r| r.dtype.as_str()).collect();
+    dtypes.dedup();
+    dtypes
+        .into_iter()
+        .filter_map(|dtype| {
+            let runs: Vec<(&GemmResult, &GemmRun)> =
+                results.iter().filter(|r| r.dtype == dtype).filter_map(|r| Some((r, r.run.as_ref()?))).collect();
+            if runs.len() < 2 {
+                return None;
+            }
+            let mut sums: Vec<f64> = runs.iter().map(|(_, g)| g.check.sampled_sum).collect();
+            sums.sort_by(f64::total_cmp);
+            let median_sum = sums[sums.len() / 2];
+            let most_allowed = runs.iter().map(|(_, g)| g.check.allowed_sum).fold(0.0, f64::max);
+            let sums: Vec<(usize, bool, f64, f64)> = runs
+                .iter()
+                .map(|(r, g)| {
+                    let s = g.check.sampled_sum;
+                    let deviation = if s.is_finite() {
+                        (s - median_sum).abs() / (2.0 * most_allowed + f64::MIN_POSITIVE)
+                    } else {
+                        f64::INFINITY
+                    };
+                    (r.gpu, r.together, s, deviation)
+                })
+                .collect();
+            let ok = sums.iter().all(|s| s.3 <= 1.0);
+            Some(Agreement { dtype: dtype.to_string(), median_sum, sums, ok })
+        })
+        .collect()
+}
+
+fn label(gpu: usize, dtype: &str, together: bool) -> String {
+    format!("GPU {gpu} ({dtype}{})", if together { ", all GPUs at once" } else { "" })
+}
+
+/// The failures, the ceiling and the status, the metrics and the text.
+fn judge(
+    prepared: &Prepared,
+    config: GemmConfig,
+    results: Vec<GemmResult>,
+    telemetry: Vec<telemetry::Sample>,
+    started_at: String,
+) -> Outcome {
+    let agreement = agreement(&results);
+    let mut failures = Vec::new();
+    let mut above = Vec::new();
+    let mut unstable = false;
+    for r in &results {
+        let at = label(r.gpu, &r.dtype, r.together);
+        if let Some(e) = &r.error {
+            failures.push(format!("{at}: {e}"));
+        }
+        let Some(g) = &r.run else { continue };
+        if !g.check.ok {
+            failures.push(format!(
+                "{at} computed wrong: C[{}][{}] is off by {:.3e} times its allowed error",
+                g.check.worst_at.0, g.check.worst_at.1, g.check.worst_ratio
+            ));
+        }
+        if let Some(p) = r.peak_tflops.filter(|p| g.tflops_best > p * (1.0 + PEAK_MARGIN)) {
+            above.push(format!(
+                "{at}: {:.1} TFLOP/s, above the datasheet's {p:.1} (+{:.0} %)",
+                g.tflops_best,
+                PEAK_MARGIN * 100.0
+            ));
+        }
+        unstable |= r.cv.is_some_and(|cv| cv > MAX_CV);
+    }
+    for a in agreement.iter().filter(|a| !a.ok) {
+        for (gpu, together, sum, deviation) in a.sums.iter().filter(|s| s.3 > 1.0) {
+            failures.push(format!(
+                "{} disagrees with the other GPUs: sampled sum {sum:.6e} against their median {:.6e}, {deviation:.1} \
+                 times what two right products may differ by",
+                label(*gpu, &a.dtype, *together),
+                a.median_sum
+            ));
+        }
+    }
+    let invalid = (!above.is_empty()).then(|| above.join("; "));
+    let status = if invalid.is_some() {
+        RunStatus::Invalid
+    } else if !failures.is_empty() {
+        RunStatus::Failed
+    } else {
+        status_of(unstable)
+    };
+    let (metrics, samples) = metrics_of(&config, &results);
+    let report = GpuGemmReport {
+        program: prepared.program.display().to_string(),
+        devices: prepared.devices.clone(),
+        config,
+        results,
+        agreement,
+        failures,
+        invalid,
+        status,
+        telemetry: telemetry::summarize(&telemetry),
+    };
+    Outcome {
+        status,
+        status_reason: None,
+        started_at,
+        config: serde_json::to_value(&report.config).unwrap_or_default(),
+        headline: headline(&report),
+        text: render(&report),
+        metrics,
+        samples,
+        report: Report::GpuGemm(Box::new(report)),
+        telemetry,
+    }
+}
+
+/// `gpu{i}.gemm.{dtype}.{n}.tflops` (alone) and `….all_tflops` (all GPUs at once), medians, with
+/// every repetition's rate as samples; `gpus.gemm.{dtype}.{n}.tflops`, the GPUs' sum at once.
+fn metrics_of(c: &GemmConfig, results: &[GemmResult]) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
+    let mut metrics = Vec::new();
+    let mut samples = Vec::new();
+    let metric = |name: String, value| Metric { name, value, unit: "TFLOP/s".into(), direction: Direction::Higher };
+    for dtype in &c.dtypes {
+        let mut total = None;
+        for r in results.iter().filter(|r| &r.dtype == dtype) {
+            let Some(g) = &r.run else { continue };
+            let name =
+                format!("gpu{}.gemm.{dtype}.{}.{}", r.gpu, c.n, if r.together { "all_tflops" } else { "tflops" });
+            let rates: Vec<f64> = g.seconds.iter().map(|s| g.flops_per_rep / s / 1e12).collect();
+            samples.extend(samples_of(&name, &rates));
+            metrics.push(metric(name, g.tflops_median));
+            if r.together {
+                *total.get_or_insert(0.0) += g.tflops_median;
+            }
+        }
+        if let Some(t) = total {
+            metrics.push(metric(format!("gpus.gemm.{dtype}.{}.tflops", c.n), t));
+        }
+    }
+    (metrics, samples)
+}
+
+fn headline(r: &GpuGemmReport) -> String {
+    let alone: Vec<&GemmResult> = r.results.iter().filter(|x| !x.together && x.run.is_some()).collect();
+    let Some(first) = r.config.dtypes.first() else { return "gpu gemm: nothing measured".into() };
+    let of_type: Vec<f64> =
+        alone.iter().filter(|x| &x.dtype == first).filter_map(|x| Some(x.run.as_ref()?.tflops_median)).collect();
+    let median = kiln_bench::stats::summarize(&of_type).map(|s| s.median);
+    match median {
+        Some(m) => format!(
+            "gpu gemm {first} n={}: {} GPU(s), median {m:.1} TFLOP/s per GPU, slowest {:.1}{}",
+            r.config.n,
+            of_type.len(),
+            of_type.iter().copied().fold(f64::INFINITY, f64::min),
+            if r.failures.is_empty() { String::new() } else { format!("; {} failure(s)", r.failures.len()) }
+        ),
+        None => format!("gpu gemm {first}: no GPU finished; {}", r.failures.first().map_or("", String::as_str)),
+    }
+}
+
+pub fn render(r: &GpuGemmReport) -> String {
+    let names: Vec<&str> = r.devices.iter().map(|d| d.name.as_str()).collect();
+    let mut out = format!(
+        "gpu gemm: {} GPU(s) ({}), n={}, {} repetitions each, sampled check {}x{}; {}\n",
+        r.config.gpus.len(),
+        names.first().copied().unwrap_or("?"),
+        r.config.n,
+        r.config.reps,
+        r.config.samples,
+        r.config.samples,
+        r.program
+    );
+    out.push_str(&format!(
+        "{:<6} {:>4} {:<9} {:>10} {:>10} {:>6} {:>8}  {}\n",
+        "dtype", "gpu", "when", "TFLOP/s", "best", "CV %", "of peak", "check"
+    ));
+    for x in &r.results {
+        let when = if x.together { "together" } else { "alone" };
+        match &x.run {
+            Some(g) => out.push_str(&format!(
+                "{:<6} {:>4} {:<9} {:>10.1} {:>10.1} {:>6.2} {:>8}  {}\n",
+                x.dtype,
+                x.gpu,
+                when,
+                g.tflops_median,
+                g.tflops_best,
+                x.cv.unwrap_or(0.0) * 100.0,
+                x.fraction_of_peak.map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0)),
+                if g.check.ok {
+                    format!("ok ({} values, worst {:.2} of allowed)", g.check.values, g.check.worst_ratio)
+                } else {
+                    "WRONG".to_string()
+                }
+            )),
+            None => out.push_str(&format!("{:<6} {:>4} {:<9} failed\n", x.dtype, x.gpu, when)),
+        }
+    }
+    for dtype in &r.config.dtypes {
+        let together: Vec<f64> = r
+            .results
+            .iter()
+            .filter(|x| x.together && &x.dtype == dtype)
+            .filter_map(|x| Some(x.run.as_ref()?.tflops_median))
+            .collect();
+        if !together.is_empty() {
+            out.push_str(&format!(
+                "{dtype}: {} GPUs at once {:.1} TFLOP/s in all\n",
+                together.len(),
+                together.iter().sum::<f64>()
+            ));
+        }
+    }
+    for f in &r.failures {
+        out.push_str(&format!("FAIL {f}\n"));
+    }
+    if let Some(why) = &r.invalid {
+        out.push_str(&format!("status invalid: {why}\n"));
+    } else {
+        out.push_str(&format!("status {}\n", r.status));
+    }
+    for line in &r.telemetry {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(code: Option<i32>, stdout: &str, stderr: &str) -> Ended {
+        Ended { code, stdout: stdout.into(), stderr: stderr.into(), ..Ended::default() }
+    }
+
+    #[test]
+    fn how_a_run_ended_is_told_plainly() {
+        let t = Duration::from_secs(30);
+        assert_eq!(interpret(&ended(Some(0), "{\"a\":1}\n", ""), t).unwrap()["a"], 1);
+        assert_eq!(
+            interpret(&ended(Some(2), "{\"schema_version\":1,\"error\":\"out of memory\"}", ""), t),
+            Err(ChildError::Refused("out of memory".into()))
+        );
+        let no_driver = ended(
+            Some(127),
+            "",
+            "kiln-gpu: error while loading shared libraries: libcuda.so.1: cannot open shared object file\n",
+        );
+        let e = interpret(&no_driver, t).unwrap_err();
+        assert!(matches!(e, ChildError::NoDriver(_)) && e.to_string().contains("provision the driver"), "{e}");
+        let killed = Ended { signal: Some(11), stderr: "fault\n".into(), ..Ended::default() };
+        assert_eq!(interpret(&killed, t).unwrap_err().to_string(), "killed by signal 11: fault");
+        let late = Ended { timed_out: true, signal: Some(9), ..Ended::default() };
+        assert!(interpret(&late, t).unwrap_err().to_string().starts_with("did not finish within 30 s"));
+        // Half a document, or a success status with nothing printed, is no result.
+        assert!(matches!(interpret(&ended(Some(0), "{\"a\":", ""), t), Err(ChildError::Garbled { .. })));
+        assert!(matches!(interpret(&ended(Some(0), "[1]", ""), t), Err(ChildError::Garbled { .. })));
+    }
+
+    fn run(gpu: usize, sum: f64, ok: bool, best: f64) -> GemmResult {
+        let check = kiln_gpu::gemm::Check {
+            values: 4,
+            worst_ratio: if ok { 0.1 } else { 40.0 },
+            worst_at: (1, 2),
+            ok,
+            sampled_sum: sum,
+            allowed_sum: 0.5,
+        };
+        let g = GemmRun {
+            device: gpu,
+            name: Some("NVIDIA H200".into()),
+            dtype: "bf16".into(),
+            n: 8192,
+            flops_per_rep: 2.0 * 8192f64.powi(3),
+            seconds: vec![0.0015, 0.0015, 0.0016],
+            tflops_median: best * 0.98,
+            tflops_best: best,
+            check,
+        };
+        GemmResult {
+            gpu,
+            dtype: "bf16".into(),
+            together: false,
+            run: Some(g),
+            error: None,
+            cv: Some(0.01),
+            peak_tflops: Some(989.4),
+            fraction_of_peak: Some(0.7),
+        }
+    }
+
+    fn judged(results: Vec<GemmResult>) -> Outcome {
+        let prepared = Prepared { program: "/opt/kiln-gpu".into(), devices: Vec::new() };
+        let config = GemmConfig {
+            dtypes: vec!["bf16".into()],
+            n: 8192,
+            reps: 3,
+            samples: 2,
+            gpus: results.iter().map(|r| r.gpu).collect(),
+            timeout_s: 60,
+        };
+        judge(&prepared, config, results, Vec::new(), "2026-12-05T00:00:00Z".into())
+    }
+
+    #[test]
+    fn gpus_that_agree_pass_and_one_that_disagrees_is_named() {
+        let o = judged(vec![run(0, 100.0, true, 700.0), run(1, 100.4, true, 700.0), run(2, 99.8, true, 700.0)]);
+        assert_eq!(o.status, RunStatus::Ok, "{}", o.text);
+        assert!(o.metrics.iter().any(|m| m.name == "gpu1.gemm.bf16.8192.tflops" && m.unit == "TFLOP/s"));
+        // GPU 2 is 3 off the median: more than the 2 x 0.5 two right products may differ by.
+        let o = judged(vec![run(0, 100.0, true, 700.0), run(1, 100.0, true, 700.0), run(2, 103.0, true, 700.0)]);
+        assert_eq!(o.status, RunStatus::Failed);
+        let Report::GpuGemm(r) = &o.report else { panic!() };
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(r.failures[0].starts_with("GPU 2 (bf16) disagrees"), "{}", r.failures[0]);
+    }
+
+    #[test]
+    fn a_wrong_product_fails_and_a_figure_above_the_datasheet_is_invalid() {
+        let o = judged(vec![run(0, 100.0, true, 700.0), run(1, 100.0, false, 700.0)]);
+        assert_eq!(o.status, RunStatus::Failed);
+        assert!(o.text.contains("FAIL GPU 1 (bf16) computed wrong: C[1][2]"), "{}", o.text);
+        let o = judged(vec![run(0, 100.0, true, 1100.0)]);
+        assert_eq!(o.status, RunStatus::Invalid);
+        assert!(o.report.invalid_reason().unwrap().contains("above the datasheet's 989.4"));
+        let mut failed = run(3, 0.0, true, 1.0);
+        (failed.run, failed.error) = (None, Some("did not finish within 60 s".into()));
+        let o = judged(vec![run(0, 100.0, true, 700.0), failed]);
+        assert_eq!(o.status, RunStatus::Failed);
+        assert!(o.text.contains("FAIL GPU 3 (bf16): did not finish within 60 s"), "{}", o.text);
+    }
+}

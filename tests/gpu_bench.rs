@@ -1,0 +1,185 @@
+//! `kiln bench gpu gemm` as a technician runs it, on this CPU machine: skipped with its reason
+//! where there is no GPU, no kiln-gpu or no CUDA; and on the fake NVML's 8× H100, with a stand-in
+//! for kiln-gpu (a shell script, as the fake NVML stands in for the driver) printing documents
+//! that the real `kiln_gpu` library measured on the CPU — one GPU right, one hung, one computing
+//! wrong, one disagreeing with the rest — judged, stored and read back with its 10 Hz telemetry.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use kiln_gpu::gemm::{self, Options};
+
+use crate::util::{fake_nvml, kiln, needs, Run};
+
+fn h100x8() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/machines/hgx-h100x8.txt")
+}
+
+/// `kiln bench gpu gemm` with the fake NVML serving 8× H100 and `KILN_GPU` naming `program`.
+fn on_fake_hgx(args: &[&str], program: &Path, db: &Path) -> Run {
+    let lib = fake_nvml();
+    let mut all = vec!["bench", "gpu", "gemm", "--json"];
+    all.extend(args);
+    let fixture = h100x8();
+    kiln(&all, &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", program), ("KILN_DB", db)])
+}
+
+#[test]
+fn without_a_gpu_the_benchmark_is_skipped_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    // This machine's own NVML: none here (a GPU machine running the tests has one).
+    let run = kiln(
+        &["bench", "gpu", "gemm", "--json"],
+        &[("KILN_DB", &db), ("KILN_NVML_LIB", Path::new("/nonexistent/libnvidia-ml.so.1"))],
+    );
+    assert_eq!(run.code(), Some(3), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!(doc["benchmark"], "gpu-gemm");
+    assert!(doc["skipped"].as_str().unwrap().contains("no NVIDIA GPU"), "{doc}");
+    // GPUs, but KILN_GPU names nothing.
+    let run = on_fake_hgx(&[], Path::new("/nonexistent/kiln-gpu"), &db);
+    assert_eq!(run.code(), Some(3), "{}", run.describe());
+    assert!(run.json()["skipped"].as_str().unwrap().contains("KILN_GPU names /nonexistent/kiln-gpu"));
+    // Nothing was measured, so nothing was stored.
+    let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
+    assert!(runs["runs"].as_array().is_none_or(Vec::is_empty), "{runs}");
+}
+
+/// The real kiln-gpu of the default build (no CUDA) says what to build; kiln passes that on.
+#[test]
+fn a_kiln_gpu_built_without_cuda_skips_saying_what_to_build() {
+    let real = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-gpu");
+    if !real.is_file() {
+        let why = "kiln-gpu built beside kiln (cargo test --workspace builds it)".to_string();
+        assert!(!needs("a_kiln_gpu_built_without_cuda_skips_saying_what_to_build", &[why]));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = on_fake_hgx(&["--no-save"], &real, &dir.path().join("kiln.db"));
+    assert_eq!(run.code(), Some(3), "{}", run.describe());
+    let why = run.json()["skipped"].as_str().unwrap().to_string();
+    assert!(why.contains("built without CUDA") && why.contains("cuda-root.sh"), "{why}");
+}
+
+/// A document of `kiln-gpu gemm` for `device`, measured on the CPU by the real library; its
+/// times made steady (the CPU's are not what is under test).
+fn measured(device: usize) -> gemm::Report {
+    let options = Options { device, dtype: DType::BF16, n: 64, reps: 4, samples: 8 };
+    let mut r = gemm::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into())).unwrap();
+    r.seconds = vec![1.0e-3; 4];
+    r.tflops_median = r.flops_per_rep / 1.0e-3 / 1e12;
+    r.tflops_best = r.tflops_median;
+    r
+}
+
+/// A stand-in for kiln-gpu: `devices` prints the four devices; `gemm --device N` prints
+/// `gemm-N.json`, or hangs where `hang-N` exists.
+fn stand_in(dir: &Path, docs: &[(usize, Option<gemm::Report>)]) -> PathBuf {
+    let devices: Vec<kiln_gpu::DeviceInfo> = (0..4)
+        .map(|ordinal| kiln_gpu::DeviceInfo {
+            ordinal,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: "9.0".into(),
+            memory_bytes: 80 << 30,
+        })
+        .collect();
+    let doc = |v: serde_json::Value| {
+        let mut v = v;
+        v["schema_version"] = 1.into();
+        v.to_string()
+    };
+    std::fs::write(dir.join("devices.json"), doc(serde_json::json!({ "devices": devices }))).unwrap();
+    for (device, report) in docs {
+        match report {
+            Some(r) => {
+                std::fs::write(dir.join(format!("gemm-{device}.json")), doc(serde_json::to_value(r).unwrap())).unwrap()
+            }
+            None => std::fs::write(dir.join(format!("hang-{device}")), "").unwrap(),
+        }
+    }
+    let script = dir.join("kiln-gpu");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         dir=$(dirname \"$0\")\n\
+         if [ \"$1\" = devices ]; then cat \"$dir/devices.json\"; exit 0; fi\n\
+         dev=0\n\
+         while [ $# -gt 0 ]; do if [ \"$1\" = --device ]; then dev=$2; fi; shift; done\n\
+         if [ -e \"$dir/hang-$dev\" ]; then exec sleep 60; fi\n\
+         cat \"$dir/gemm-$dev.json\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[test]
+fn right_gpus_pass_and_a_hung_a_wrong_and_a_disagreeing_gpu_are_each_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+
+    // Two right GPUs: measured alone and together, stored as a result.
+    let good = tempfile::tempdir().unwrap();
+    let program = stand_in(good.path(), &[(0, Some(measured(0))), (1, Some(measured(1)))]);
+    let run = on_fake_hgx(&["--gpus", "0,1", "--reps", "4", "--n", "64", "--samples", "8"], &program, &db);
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!(doc["status"], "ok", "{doc}");
+    let results = doc["report"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "two GPUs alone, then both at once: {doc}");
+    assert_eq!(doc["report"]["agreement"][0]["ok"], true);
+    assert!(results.iter().all(|r| (r["peak_tflops"].as_f64().unwrap() - 989.4).abs() < 1e-9));
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for want in ["gpu0.gemm.bf16.64.tflops", "gpu1.gemm.bf16.64.all_tflops", "gpus.gemm.bf16.64.tflops"] {
+        assert!(names.contains(&want), "{want} in {names:?}");
+    }
+
+    // GPU 1 hangs, GPU 2 computes wrong, GPU 3 passes its own check but disagrees with the rest.
+    let bad = tempfile::tempdir().unwrap();
+    let mut wrong = measured(2);
+    wrong.check.ok = false;
+    wrong.check.worst_ratio = 37.0;
+    wrong.check.worst_at = (9, 18);
+    let mut odd = measured(3);
+    odd.check.sampled_sum += 10.0 * odd.check.allowed_sum;
+    let program = stand_in(bad.path(), &[(0, Some(measured(0))), (1, None), (2, Some(wrong)), (3, Some(odd))]);
+    let started = std::time::Instant::now();
+    let run = on_fake_hgx(
+        &["--gpus", "0,1,2,3", "--reps", "4", "--n", "64", "--samples", "8", "--timeout", "2"],
+        &program,
+        &db,
+    );
+    assert!(started.elapsed().as_secs() < 30, "the hung GPU was stopped at its deadline, twice");
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!(doc["status"], "failed");
+    let failures: Vec<&str> =
+        doc["report"]["failures"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    let named = |gpu: &str, what: &str| failures.iter().any(|f| f.starts_with(gpu) && f.contains(what));
+    assert!(named("GPU 1 (bf16): ", "did not finish within 2 s"), "{failures:#?}");
+    assert!(named("GPU 1 (bf16, all GPUs at once): ", "did not finish within 2 s"), "{failures:#?}");
+    assert!(named("GPU 2 (bf16) ", "computed wrong: C[9][18]"), "{failures:#?}");
+    assert!(named("GPU 3 (bf16) ", "disagrees with the other GPUs"), "{failures:#?}");
+    assert!(!failures.iter().any(|f| f.starts_with("GPU 0")), "GPU 0 is right: {failures:#?}");
+    // NVML telemetry at 10 Hz for every GPU, over the whole run (two 2 s deadlines at least).
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let telemetry = shown["telemetry"].as_array().unwrap();
+    for gpu in 0..8 {
+        // (ms since start, source, name, value); the fake NVML serves temperatures of its readings.
+        let source = format!("gpu{gpu}");
+        let readings = telemetry.iter().filter(|t| t[1] == source.as_str() && t[2] == "temperature_c").count();
+        assert!(readings >= 25, "{source}: {readings} temperature readings in over 4 s");
+    }
+    // Stored as what it was: failed, never a result.
+    let runs = kiln(&["runs", "--json"], &[("KILN_DB", &db)]).success().json();
+    let statuses: Vec<&str> = runs["runs"].as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == "failed").count(), 1, "{runs}");
+    // No stand-in is left running.
+    let left = std::process::Command::new("pgrep").args(["-f", &bad.path().display().to_string()]).output();
+    if let Ok(out) = left {
+        assert!(out.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&out.stdout));
+    }
+}
