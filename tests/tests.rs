@@ -14,6 +14,7 @@ mod fleet_gen;
 mod ghw;
 mod gpu;
 mod gpu_bench;
+mod gpu_check;
 mod hwloc;
 mod kill;
 mod lab;

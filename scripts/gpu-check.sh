@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The GPU check: what a GPU machine runs, in one call, in under 8 minutes, from the bundle that
+# scripts/gpu-bundle.sh builds on any x86-64 machine (kiln and kiln-gpu, stripped):
+#
+#   scripts/gpu-check.sh target/gpu-check/bundle.tar.gz OUTDIR
+#
+# Steps, each under its own time limit, each result a file in OUTDIR (seven files in all):
+#   nvidia-smi.txt   `nvidia-smi -q`, to compare kiln's inventory with
+#   inventory.json   `kiln inventory --json` (real NVML)
+#   devices.json     `kiln-gpu devices` (CUDA's view)
+#   gemm.json        `kiln bench gpu gemm --json` (bf16, f16, f32; KILN_CHECK_N, default 8192)
+#   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
+#                    way, and a device copy
+#   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type
+#   log.txt          everything the steps said on stderr, and the libraries kiln-gpu resolves
+# The CUDA libraries come from the Python environment's NVIDIA wheels (PyTorch's), found through
+# `python3` (KILN_CHECK_PYTHON to name another); the driver's libcuda.so.1 from the system.
+# Exit 0 when every step succeeded, 1 when one did not (the files say which and why), 2 on bad use.
+set -uo pipefail
+if [ $# -ne 2 ]; then
+    echo "usage: $0 BUNDLE.tar.gz|BUNDLE_DIR OUTDIR" >&2
+    exit 2
+fi
+bundle=$1
+out=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+python=${KILN_CHECK_PYTHON:-python3}
+n=${KILN_CHECK_N:-8192}
+mkdir -p "$out" || exit 2
+log=$out/log.txt
+: >"$log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+summary=()
+failed=0
+
+# step NAME LIMIT_S FILE COMMAND...: runs COMMAND with stdout to FILE, stderr to the log; exit
+# statuses in OK (space-separated, default "0") count as success, those in SKIPPED as skipped.
+step() {
+    local name=$1 limit=$2 file=$3
+    shift 3
+    local ok=${OK:-0} skipped=${SKIPPED:-} started rc status
+    echo "== $name: $*" >>"$log"
+    started=$(date +%s.%N)
+    timeout -k 5 "$limit" "$@" >"$file" 2>>"$log"
+    rc=$?
+    status=failed
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        status=timed_out
+    elif [[ " $ok " == *" $rc "* ]]; then
+        status=ok
+    elif [[ " $skipped " == *" $rc "* ]]; then
+        status=skipped
+    fi
+    [ "$status" = ok ] || failed=1
+    summary+=("{\"step\":\"$name\",\"status\":\"$status\",\"exit\":$rc,\"seconds\":$(echo "$(date +%s.%N) - $started" | awk '{printf "%.2f", $1 - $3}')}")
+    echo "== $name: $status (exit $rc)" >>"$log"
+}
+
+skip() {
+    summary+=("{\"step\":\"$1\",\"status\":\"skipped\",\"why\":\"$2\"}")
+    echo "== $1: skipped: $2" >>"$log"
+    failed=1
+}
+
+{
+    echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm)"
+    [ -f "$bundle" ] || [ -d "$bundle" ] || echo "no bundle at $bundle"
+} >>"$log"
+
+# The bundle.
+if [ -d "$bundle" ]; then
+    cp "$bundle"/kiln "$bundle"/kiln-gpu "$work"/ 2>>"$log"
+else
+    tar -xzf "$bundle" -C "$work" 2>>"$log"
+fi
+if [ ! -x "$work/kiln" ] || [ ! -x "$work/kiln-gpu" ]; then
+    echo "the bundle holds no kiln and kiln-gpu" >>"$log"
+    printf '{"error":"the bundle %s holds no kiln and kiln-gpu","steps":[]}\n' "$bundle" >"$out/summary.json"
+    exit 1
+fi
+cat "$work/COMMIT" >>"$log" 2>/dev/null
+
+# The CUDA libraries of the Python environment's NVIDIA wheels.
+libs=$("$python" - 2>>"$log" <<'PY'
+import glob, os, sys
+dirs = set()
+for base in sys.path:
+    for pattern in ("nvidia/*/lib", "nvidia/*/*/lib", "torch/lib"):
+        for d in glob.glob(os.path.join(base, pattern)):
+            if glob.glob(os.path.join(d, "lib*.so*")):
+                dirs.add(d)
+print(":".join(sorted(dirs)))
+PY
+)
+if [ -n "$libs" ]; then
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+{
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    echo "kiln-gpu's libraries:"
+    ldd "$work/kiln-gpu" 2>&1 | grep -E "cuda|cublas|curand|nccl|nvrtc|not found" || true
+} >>"$log"
+
+if command -v nvidia-smi >/dev/null; then
+    step nvidia-smi 60 "$out/nvidia-smi.txt" nvidia-smi -q
+else
+    skip nvidia-smi "nvidia-smi is not installed"
+    : >"$out/nvidia-smi.txt"
+fi
+step inventory 60 "$out/inventory.json" "$work/kiln" inventory --json
+step devices 60 "$out/devices.json" "$work/kiln-gpu" devices
+# 0 measured and passed, 1 measured and failed a check: both are results; 3 is skipped.
+OK="0 1" SKIPPED=3 step gemm 300 "$out/gemm.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
+    "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32 --n "$n" --reps 20
+step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20
+
+# kiln's GEMM over PyTorch's, per type (medians, one GPU alone).
+ratios=$("$python" - "$out/gemm.json" "$out/torch.json" 2>>"$log" <<'PY'
+import json, sys
+try:
+    kiln = json.load(open(sys.argv[1]))["report"]["results"]
+    torch = {g["dtype"]: g for g in json.load(open(sys.argv[2]))["gemm"]}
+except Exception as e:
+    print("[]"); sys.exit(0)
+out = []
+for r in kiln:
+    if r["together"] or r.get("run") is None or r["dtype"] not in torch:
+        continue
+    k, t = r["run"]["tflops_median"], torch[r["dtype"]]["tflops_median"]
+    out.append({"gpu": r["gpu"], "dtype": r["dtype"], "kiln_tflops": k, "torch_tflops": t, "ratio": k / t})
+print(json.dumps(out))
+PY
+)
+steps=$(IFS=,; echo "${summary[*]}")
+printf '{"bundle":"%s","n":%s,"steps":[%s],"kiln_over_torch":%s}\n' \
+    "$(cat "$work/COMMIT" 2>/dev/null || echo unknown)" "$n" "$steps" "${ratios:-[]}" >"$out/summary.json"
+exit "$failed"

@@ -1,0 +1,89 @@
+"""PyTorch anchors for kiln's GPU benchmarks, measured the way kiln-gpu measures, in the same call.
+
+GEMM: C = A @ B, square n x n, inputs uniform in [-1, 1) rounded to the type, three untimed products,
+then every repetition timed on the host to the device's completion (synchronize), as kiln-gpu does;
+f32 is true f32 (TF32 off, as candle's default). Copy: dst.copy_(src) on the device, bytes read plus
+written, as the issue's 4.3 TB/s figure counts them.
+
+Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32]
+                                    [--copy-mib 2048]
+Prints one JSON document on stdout; {"error": ...} and exit 2 where it cannot measure.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def timed(fn, reps, sync):
+    for _ in range(3):
+        fn()
+    sync()
+    seconds = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--dtypes", default="bf16,f16,f32")
+    p.add_argument("--copy-mib", type=int, default=2048)
+    a = p.parse_args()
+    try:
+        import torch
+    except ImportError as e:
+        print(json.dumps({"error": f"no PyTorch in {sys.executable}: {e}"}))
+        return 2
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(json.dumps({"error": f"PyTorch {torch.__version__} sees no CUDA device"}))
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    doc = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gemm": [],
+    }
+    for name in a.dtypes.split(","):
+        dt = types[name]
+        x = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
+        y = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
+        seconds = timed(lambda: torch.matmul(x, y), a.reps, sync)
+        flops = 2.0 * a.n ** 3
+        doc["gemm"].append({
+            "dtype": name,
+            "n": a.n,
+            "seconds": seconds,
+            "tflops_median": flops / statistics.median(seconds) / 1e12,
+            "tflops_best": flops / min(seconds) / 1e12,
+        })
+        del x, y
+    elements = a.copy_mib * (1 << 20) // 4
+    src = torch.ones(elements, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), a.reps, sync)
+    moved = 2 * elements * 4
+    doc["copy"] = {
+        "bytes_read_and_written": moved,
+        "seconds": seconds,
+        "gbps_median": moved / statistics.median(seconds) / 1e9,
+        "gbps_best": moved / min(seconds) / 1e9,
+    }
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
