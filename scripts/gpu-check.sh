@@ -4,14 +4,17 @@
 #
 #   scripts/gpu-check.sh target/gpu-check/bundle.tar.gz OUTDIR
 #
-# Steps, each under its own time limit, each result a file in OUTDIR (seven files in all):
+# Steps, each under its own time limit, each result a file in OUTDIR (eight files in all, the most a
+# GPU machine's call returns):
 #   nvidia-smi.txt   `nvidia-smi -q`, to compare kiln's inventory with
 #   inventory.json   `kiln inventory --json` (real NVML)
 #   devices.json     `kiln-gpu devices` (CUDA's view)
 #   gemm.json        `kiln bench gpu gemm --json` (bf16, f16, f32; KILN_CHECK_N, default 8192)
+#   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
 #   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
 #                    way, and a device copy
-#   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type
+#   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type and
+#                    kiln's device copy over PyTorch's
 #   log.txt          everything the steps said on stderr, and the libraries kiln-gpu resolves
 # The CUDA libraries come from the Python environment's NVIDIA wheels (PyTorch's), found through
 # `python3` (KILN_CHECK_PYTHON to name another); the driver's libcuda.so.1 from the system.
@@ -26,6 +29,7 @@ out=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python=${KILN_CHECK_PYTHON:-python3}
 n=${KILN_CHECK_N:-8192}
+mib=${KILN_CHECK_MIB:-1024}
 mkdir -p "$out" || exit 2
 log=$out/log.txt
 : >"$log"
@@ -113,22 +117,35 @@ step devices 60 "$out/devices.json" "$work/kiln-gpu" devices
 # 0 measured and passed, 1 measured and failed a check: both are results; 3 is skipped.
 OK="0 1" SKIPPED=3 step gemm 300 "$out/gemm.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
     "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32 --n "$n" --reps 20
-step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20
+OK="0 1" SKIPPED=3 step memory 240 "$out/memory.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
+    "$work/kiln" bench gpu memory --json --mib "$mib" --reps 20
+step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib"
 
-# kiln's GEMM over PyTorch's, per type (medians, one GPU alone).
-ratios=$("$python" - "$out/gemm.json" "$out/torch.json" 2>>"$log" <<'PY'
+# kiln's GEMM over PyTorch's per type, and its device copy over PyTorch's (medians, one GPU alone).
+ratios=$("$python" - "$out/gemm.json" "$out/memory.json" "$out/torch.json" 2>>"$log" <<'PY'
 import json, sys
-try:
-    kiln = json.load(open(sys.argv[1]))["report"]["results"]
-    torch = {g["dtype"]: g for g in json.load(open(sys.argv[2]))["gemm"]}
-except Exception as e:
-    print("[]"); sys.exit(0)
+def load(path, *keys):
+    try:
+        doc = json.load(open(path))
+        for k in keys:
+            doc = doc[k]
+        return doc
+    except Exception:
+        return None
+gemm, memory = load(sys.argv[1], "report", "results"), load(sys.argv[2], "report", "results")
+torch_gemm, torch_copy = load(sys.argv[3], "gemm"), load(sys.argv[3], "copy")
 out = []
-for r in kiln:
-    if r["together"] or r.get("run") is None or r["dtype"] not in torch:
+by_type = {g["dtype"]: g for g in torch_gemm or []}
+for r in gemm or []:
+    if r["together"] or r.get("run") is None or r["dtype"] not in by_type:
         continue
-    k, t = r["run"]["tflops_median"], torch[r["dtype"]]["tflops_median"]
-    out.append({"gpu": r["gpu"], "dtype": r["dtype"], "kiln_tflops": k, "torch_tflops": t, "ratio": k / t})
+    k, t = r["run"]["tflops_median"], by_type[r["dtype"]]["tflops_median"]
+    out.append({"gpu": r["gpu"], "what": "gemm " + r["dtype"], "kiln": k, "torch": t, "unit": "TFLOP/s", "ratio": k / t})
+for r in memory or []:
+    if r["together"] or r.get("run") is None or torch_copy is None or r["placement"] == "remote":
+        continue
+    k, t = r["run"]["device_copy"]["gbps_median"], torch_copy["gbps_median"]
+    out.append({"gpu": r["gpu"], "what": "device copy", "kiln": k, "torch": t, "unit": "GB/s", "ratio": k / t})
 print(json.dumps(out))
 PY
 )

@@ -74,7 +74,7 @@ fn measured(device: usize) -> gemm::Report {
 }
 
 /// A stand-in for kiln-gpu: `devices` prints the four devices; `gemm --device N` prints
-/// `gemm-N.json`, or hangs where `hang-N` exists.
+/// `gemm-N.json` and `bandwidth --device N` `bandwidth-N.json`, or hangs where `hang-N` exists.
 fn stand_in(dir: &Path, docs: &[(usize, Option<gemm::Report>)]) -> PathBuf {
     let devices: Vec<kiln_gpu::DeviceInfo> = (0..4)
         .map(|ordinal| kiln_gpu::DeviceInfo {
@@ -104,10 +104,11 @@ fn stand_in(dir: &Path, docs: &[(usize, Option<gemm::Report>)]) -> PathBuf {
         "#!/bin/sh\n\
          dir=$(dirname \"$0\")\n\
          if [ \"$1\" = devices ]; then cat \"$dir/devices.json\"; exit 0; fi\n\
+         command=$1\n\
          dev=0\n\
          while [ $# -gt 0 ]; do if [ \"$1\" = --device ]; then dev=$2; fi; shift; done\n\
          if [ -e \"$dir/hang-$dev\" ]; then exec sleep 60; fi\n\
-         cat \"$dir/gemm-$dev.json\"\n",
+         cat \"$dir/$command-$dev.json\"\n",
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -182,4 +183,67 @@ fn right_gpus_pass_and_a_hung_a_wrong_and_a_disagreeing_gpu_are_each_named() {
     if let Ok(out) = left {
         assert!(out.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&out.stdout));
     }
+}
+
+/// A `kiln-gpu bandwidth` document: copies at the given rates, the data intact or not.
+fn bandwidth(device: usize, hbm_gbps: f64, link_gbps: f64, intact: bool) -> kiln_gpu::bandwidth::Report {
+    use kiln_gpu::bandwidth::Copies;
+    let bytes = (1u64 << 30) as f64;
+    let copies = |counted: f64, gbps: f64| Copies::new(counted, vec![counted / gbps / 1e9; 4], intact);
+    kiln_gpu::bandwidth::Report {
+        device,
+        name: Some("NVIDIA H100 80GB HBM3".into()),
+        bytes: 1 << 30,
+        cpus: None,
+        device_copy: copies(2.0 * bytes, hbm_gbps),
+        host_to_device: copies(bytes, link_gbps),
+        device_to_host: copies(bytes, link_gbps),
+    }
+}
+
+#[test]
+fn memory_bandwidth_is_stored_per_gpu_and_changed_data_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let stand = tempfile::tempdir().unwrap();
+    let program = stand_in(stand.path(), &[]);
+    for (device, intact) in [(0, true), (1, true)] {
+        let doc = serde_json::to_value(bandwidth(device, 2900.0, 53.0, intact)).unwrap();
+        std::fs::write(stand.path().join(format!("bandwidth-{device}.json")), doc.to_string()).unwrap();
+    }
+    let run = on_fake_hgx_memory(&["--gpus", "0,1", "--mib", "1024", "--reps", "4"], &program, &db);
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!(doc["status"], "ok", "{doc}");
+    // The fake machine's GPUs are not on this machine's PCI tree: their NUMA node is unknown, so
+    // the host side is not pinned; alone, then together.
+    let results = doc["report"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{doc}");
+    assert!(results.iter().all(|r| r["placement"] == "unpinned"), "{doc}");
+    let ceiling = &doc["report"]["ceilings"][0];
+    assert_eq!(ceiling["memory_gbps"], 3350.0, "{ceiling}");
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let metric = |name: &str| {
+        shown["metrics"].as_array().unwrap().iter().find(|m| m["name"] == name).map(|m| m["value"].as_f64().unwrap())
+    };
+    assert!((metric("gpu1.hbm_copy_gbps").unwrap() - 2900.0).abs() < 1e-6, "{}", shown["metrics"]);
+    assert!((metric("gpus.h2d_gbps").unwrap() - 106.0).abs() < 1e-6);
+
+    // GPU 1's copies arrive changed: named, the run failed.
+    let doc = serde_json::to_value(bandwidth(1, 2900.0, 53.0, false)).unwrap();
+    std::fs::write(stand.path().join("bandwidth-1.json"), doc.to_string()).unwrap();
+    let run = on_fake_hgx_memory(&["--gpus", "0,1", "--reps", "4"], &program, &db);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let text = run.json()["report"]["failures"].to_string();
+    assert!(text.contains("GPU 1: the device copy arrived changed"), "{text}");
+    assert!(!text.contains("GPU 0"), "{text}");
+}
+
+/// `kiln bench gpu memory` on the fake 8× H100.
+fn on_fake_hgx_memory(args: &[&str], program: &Path, db: &Path) -> Run {
+    let lib = fake_nvml();
+    let mut all = vec!["bench", "gpu", "memory", "--json"];
+    all.extend(args);
+    let fixture = h100x8();
+    kiln(&all, &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", program), ("KILN_DB", db)])
 }

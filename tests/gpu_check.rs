@@ -1,8 +1,9 @@
 //! `scripts/gpu-check.sh`, the GPU machine's one prepared call, run here where there is no GPU:
-//! from a bundle of this build's kiln and kiln-gpu, it must finish, write its seven files (within
-//! what comes back from a GPU machine: at most eight), each readable, and say in `summary.json`
-//! which step did what — the inventory taken, kiln-gpu's devices refused (no CUDA in this build),
-//! the GEMM skipped with its reason, PyTorch's anchor failed or measured — exiting 1.
+//! from a bundle of this build's kiln and kiln-gpu, it must finish, write its eight files (what
+//! comes back from a GPU machine: at most eight), each readable, and say in `summary.json` which
+//! step did what — the inventory taken, kiln-gpu's devices refused (no CUDA in this build), the
+//! GEMM and memory benchmarks skipped with their reason, PyTorch's anchor failed or measured —
+//! exiting 1.
 
 use std::path::Path;
 use std::process::Command;
@@ -40,6 +41,7 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
         .arg(&script)
         .args([&bundle, &out])
         .env("KILN_CHECK_N", "64")
+        .env("KILN_CHECK_MIB", "4")
         .env("KILN_CHECK_PYTHON", python.unwrap_or("/nonexistent/python3"))
         .env_remove("KILN_GPU")
         .env_remove("KILN_DB")
@@ -52,7 +54,16 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     files.sort();
     assert_eq!(
         files,
-        ["devices.json", "gemm.json", "inventory.json", "log.txt", "nvidia-smi.txt", "summary.json", "torch.json"]
+        [
+            "devices.json",
+            "gemm.json",
+            "inventory.json",
+            "log.txt",
+            "memory.json",
+            "nvidia-smi.txt",
+            "summary.json",
+            "torch.json"
+        ]
     );
     let json = |name: &str| -> serde_json::Value {
         let text = std::fs::read_to_string(out.join(name)).unwrap();
@@ -72,6 +83,8 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     let gemm = json("gemm.json");
     assert_eq!(gemm["benchmark"], "gpu-gemm", "{gemm}");
     assert!(gemm["skipped"].is_string());
+    assert_eq!(status("memory"), "skipped", "{log}");
+    assert_eq!(json("memory.json")["benchmark"], "gpu-memory");
     // PyTorch: absent here (an error document), or measuring on a machine that has it.
     let torch = json("torch.json");
     assert!(torch["error"].is_string() || torch["gemm"].is_array(), "{torch}");

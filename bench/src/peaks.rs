@@ -33,6 +33,47 @@ const TABLE: &[Row] = &[
     Row { name: "RTX 4090", bf16: 165.2, tf32: Some(82.6), fp32: Some(82.6) },
 ];
 
+/// Datasheet memory bandwidth of GPUs, GB/s (decimal), matched like `TABLE` (longer names first).
+const MEMORY: &[(&str, f64)] = &[
+    // NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 3.35 TB/s, NVL 3.9 TB/s, PCIe 2 TB/s.
+    ("H100 80GB HBM3", 3350.0),
+    ("H100 SXM", 3350.0),
+    ("H100 NVL", 3900.0),
+    ("H100 PCIe", 2000.0),
+    // NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s (SXM and NVL).
+    ("H200", 4800.0),
+    // NVIDIA HGX B200 datasheet (2024): 8 TB/s per GPU.
+    ("B200", 8000.0),
+    // NVIDIA A100 datasheet (2021): 80 GB SXM 2,039 GB/s, 80 GB PCIe 1,935 GB/s, 40 GB 1,555 GB/s.
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),
+    // NVIDIA L40S datasheet (2023): 864 GB/s; L4: 300 GB/s; RTX 4090 (Ada whitepaper): 1,008 GB/s.
+    ("L40S", 864.0),
+    ("L4", 300.0),
+    ("RTX 4090", 1008.0),
+];
+
+/// A GPU's datasheet memory bandwidth in GB/s (by its NVML name).
+pub fn gpu_memory_gbps(name: &str) -> Option<f64> {
+    MEMORY.iter().find(|(n, _)| name.contains(n)).map(|(_, gbps)| *gbps)
+}
+
+/// One direction of a PCIe link, GB/s: the generation's rate per lane after line coding, times
+/// the lanes (gen 1–2 8b/10b, gen 3–5 128b/130b; gen 6's FLIT overhead taken as 242/256).
+pub fn pcie_gbps(generation: u32, width: u32) -> Option<f64> {
+    let per_lane = match generation {
+        1 => 2.5 * 0.8 / 8.0,
+        2 => 5.0 * 0.8 / 8.0,
+        3 => 8.0 * 128.0 / 130.0 / 8.0,
+        4 => 16.0 * 128.0 / 130.0 / 8.0,
+        5 => 32.0 * 128.0 / 130.0 / 8.0,
+        6 => 64.0 * 242.0 / 256.0 / 8.0,
+        _ => return None,
+    };
+    Some(per_lane * f64::from(width))
+}
+
 /// Peak dense TFLOP/s of a GPU (by its NVML name) for "bf16"/"fp16", "tf32" or "fp32".
 pub fn gpu_peak_tflops(name: &str, dtype: &str) -> Option<f64> {
     let row = TABLE.iter().find(|r| name.contains(r.name))?;
@@ -52,6 +93,12 @@ mod tests {
     fn datasheet_figures_by_nvml_name() {
         assert_eq!(gpu_peak_tflops("NVIDIA H100 80GB HBM3", "bf16"), Some(989.4));
         assert_eq!(gpu_peak_tflops("NVIDIA H200", "bf16"), Some(989.4));
+        assert_eq!(gpu_memory_gbps("NVIDIA H200"), Some(4800.0));
+        assert_eq!(gpu_memory_gbps("NVIDIA A100-SXM4-80GB"), Some(2039.0));
+        assert_eq!(gpu_memory_gbps("NVIDIA A100-SXM4-40GB"), Some(1555.0));
+        assert_eq!(gpu_memory_gbps("NVIDIA H100 80GB HBM3"), Some(3350.0));
+        assert!((pcie_gbps(5, 16).unwrap() - 63.015).abs() < 0.01);
+        assert_eq!(pcie_gbps(7, 16), None);
         assert_eq!(gpu_peak_tflops("NVIDIA B200", "bf16"), Some(2250.0));
         assert_eq!(gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "bf16"), Some(312.0));
         assert_eq!(gpu_peak_tflops("NVIDIA H100 NVL", "fp32"), Some(60.0));

@@ -2,13 +2,14 @@
 //! measurements and their documents, which kiln reads back typed). A binary built with candle's
 //! CUDA backend links `libcuda.so.1` and cannot even start where no NVIDIA driver is installed,
 //! and commissioning installs that driver: so `kiln` itself never links CUDA, and is to run this
-//! program, shipped beside it, when NVML finds GPUs (that side, `kiln bench gpu`, is not built
-//! yet). It answers one JSON document on stdout per command, `{"error": …}` with exit status 2
+//! program, shipped beside it, when NVML finds GPUs (`kiln bench gpu gemm|memory`, in
+//! `agent/src/runs/gpu/`). It answers one JSON document on stdout per command, `{"error": …}` with exit status 2
 //! when it cannot measure.
 //!
 //! Built without the `cuda` feature (the default, so that the workspace builds anywhere) it says
 //! what to build. `deploy/cuda/cuda-root.sh` assembles the CUDA toolkit the `cuda` build needs.
 
+pub mod bandwidth;
 pub mod gemm;
 
 use serde::{Deserialize, Serialize};
@@ -33,7 +34,7 @@ pub struct Devices {
 
 #[cfg(feature = "cuda")]
 pub mod backend {
-    use crate::{gemm, DeviceInfo, Devices};
+    use crate::{bandwidth, gemm, DeviceInfo, Devices};
     use anyhow::Context;
     use candle_core::cuda_backend::cudarc::driver::{sys::CUdevice_attribute, CudaContext};
 
@@ -61,11 +62,66 @@ pub mod backend {
         let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
         gemm::measure(&device, options, info.map(|d| d.name))
     }
+
+    /// Device copy, host to device and device to host on one GPU, each copy checked.
+    pub fn bandwidth(o: &bandwidth::Options) -> anyhow::Result<bandwidth::Report> {
+        use crate::bandwidth::{pattern, Copies};
+        use candle_core::cuda_backend::cudarc::driver::{sys::CUevent_flags, DriverError};
+        if let Some(cpus) = &o.cpus {
+            // Before any host buffer: page-locked memory lands on these CPUs' node.
+            crate::bandwidth::pin_to(cpus)?;
+        }
+        let ctx = CudaContext::new(o.device).with_context(|| format!("opening CUDA device {}", o.device))?;
+        let stream = ctx.default_stream();
+        let n = o.bytes;
+        // SAFETY: filled with the pattern below before anything reads it.
+        let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(n, 0) }
+            .with_context(|| format!("{} MiB of page-locked host memory", n >> 20))?;
+        host.as_mut_slice()?.iter_mut().enumerate().for_each(|(i, b)| *b = pattern(i));
+        let mut a = stream.alloc_zeros::<u8>(n).context("device memory")?;
+        let mut b = stream.alloc_zeros::<u8>(n).context("device memory")?;
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        // Three untimed copies, then each timed by events around it alone.
+        let timed = |copy: &mut dyn FnMut() -> Result<(), DriverError>| -> anyhow::Result<Vec<f64>> {
+            for _ in 0..3 {
+                copy()?;
+            }
+            stream.synchronize()?;
+            let mut seconds = Vec::with_capacity(o.reps);
+            for _ in 0..o.reps {
+                start.record(&stream)?;
+                copy()?;
+                end.record(&stream)?;
+                seconds.push(f64::from(start.elapsed_ms(&end)?) / 1e3);
+            }
+            Ok(seconds)
+        };
+        let intact = |bytes: &[u8]| bytes.iter().enumerate().all(|(i, &x)| x == pattern(i));
+        let h2d = timed(&mut || stream.memcpy_htod(&host, &mut a))?;
+        let h2d_intact = intact(&stream.clone_dtoh(&a)?);
+        let d2d = timed(&mut || stream.memcpy_dtod(&a, &mut b))?;
+        let d2d_intact = intact(&stream.clone_dtoh(&b)?);
+        host.as_mut_slice()?.fill(0);
+        let d2h = timed(&mut || stream.memcpy_dtoh(&b, &mut host))?;
+        stream.synchronize()?;
+        let d2h_intact = intact(host.as_slice()?);
+        let bytes = n as f64;
+        Ok(bandwidth::Report {
+            device: o.device,
+            name: ctx.name().ok(),
+            bytes: n,
+            cpus: o.cpus.clone(),
+            device_copy: Copies::new(2.0 * bytes, d2d, d2d_intact),
+            host_to_device: Copies::new(bytes, h2d, h2d_intact),
+            device_to_host: Copies::new(bytes, d2h, d2h_intact),
+        })
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
 pub mod backend {
-    use crate::{gemm, Devices};
+    use crate::{bandwidth, gemm, Devices};
 
     const NOT_BUILT: &str = "kiln-gpu was built without CUDA: run `eval \"$(deploy/cuda/cuda-root.sh)\"` \
          and `cargo build --release -p kiln-gpu --features cuda,nccl` (no GPU needed to build)";
@@ -75,6 +131,10 @@ pub mod backend {
     }
 
     pub fn gemm(_: &gemm::Options) -> anyhow::Result<gemm::Report> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn bandwidth(_: &bandwidth::Options) -> anyhow::Result<bandwidth::Report> {
         anyhow::bail!(NOT_BUILT)
     }
 }

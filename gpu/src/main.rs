@@ -1,13 +1,14 @@
-//! `kiln-gpu devices`, `kiln-gpu gemm …`: one JSON document on stdout per command, and
+//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu bandwidth …`: one JSON document on stdout per command, and
 //! `{"error": …}` with exit status 2 when it cannot measure. The library says what it measures.
 
 use std::process::ExitCode;
 
-use kiln_gpu::{backend, gemm, SCHEMA_VERSION};
+use kiln_gpu::{backend, bandwidth, gemm, SCHEMA_VERSION};
 use serde::Serialize;
 
 const USAGE: &str = "usage: kiln-gpu devices
-       kiln-gpu gemm [--device N] [--dtype bf16|f16|f32] [--n N] [--reps N] [--samples N]";
+       kiln-gpu gemm [--device N] [--dtype bf16|f16|f32] [--n N] [--reps N] [--samples N]
+       kiln-gpu bandwidth [--device N] [--mib N] [--reps N] [--cpus LIST]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +36,10 @@ fn run(args: &[String]) -> anyhow::Result<String> {
         "gemm" => {
             let options = gemm::Options::parse(rest)?;
             document(&backend::gemm(&options)?)
+        }
+        "bandwidth" => {
+            let options = bandwidth::Options::parse(rest)?;
+            document(&backend::bandwidth(&options)?)
         }
         "--help" | "-h" | "help" => return Ok(serde_json::json!({ "usage": USAGE }).to_string()),
         "--version" => return Ok(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string()),

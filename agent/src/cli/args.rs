@@ -86,6 +86,24 @@ pub enum GpuBench {
         #[command(flatten)]
         store: Store,
     },
+    /// Memory bandwidth: a device copy in each GPU's memory, and page-locked host↔device copies
+    /// from the GPU's own NUMA node and from another, then all GPUs at once; every copy checked
+    Memory {
+        /// MiB per copy
+        #[arg(long, default_value_t = 1024)]
+        mib: usize,
+        /// Timed copies per direction (after three untimed ones)
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        /// The GPUs to measure (NVML indices, comma-separated), or all
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        gpus: Vec<String>,
+        /// A GPU's run is stopped and failed after this many seconds
+        #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+        timeout: u64,
+        #[command(flatten)]
+        store: Store,
+    },
 }
 
 // What every benchmark command shares.

@@ -211,23 +211,40 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 
 /// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
 fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
-    let GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, store } = what;
-    for d in &dtypes {
-        anyhow::ensure!(["bf16", "f16", "f32"].contains(&d.as_str()), "--dtypes {d}: bf16, f16 or f32");
-    }
-    anyhow::ensure!((16..=65_536).contains(&n), "--n {n}: between 16 and 65536");
-    anyhow::ensure!(reps >= 1 && timeout >= 1, "--reps and --timeout must be positive");
-    anyhow::ensure!((1..=n).contains(&samples), "--samples {samples}: between 1 and --n");
+    let (benchmark, store, gpus) = match &what {
+        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, store } => {
+            for d in dtypes {
+                anyhow::ensure!(["bf16", "f16", "f32"].contains(&d.as_str()), "--dtypes {d}: bf16, f16 or f32");
+            }
+            anyhow::ensure!((16..=65_536).contains(n), "--n {n}: between 16 and 65536");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            anyhow::ensure!((1..=*n).contains(samples), "--samples {samples}: between 1 and --n");
+            ("gpu-gemm", *store, gpus)
+        }
+        GpuBench::Memory { mib, reps, gpus, timeout, store } => {
+            anyhow::ensure!((1..=65_536).contains(mib), "--mib {mib}: between 1 and 65536");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            ("gpu-memory", *store, gpus)
+        }
+    };
     preflight(ctx, store)?;
     catch_interrupts();
     let inv = live_inventory()?;
-    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(&gpus, &inv)? };
+    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(gpus, &inv)? };
     let prepared = match runs::gpu::prepare(&inv, &INTERRUPTED) {
         Ok(p) => p,
-        Err(skip) => return skipped(ctx, "gpu-gemm", skip),
+        Err(skip) => return skipped(ctx, benchmark, skip),
     };
-    let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout };
-    let outcome = runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED);
+    let outcome = match what {
+        GpuBench::Gemm { dtypes, n, reps, samples, timeout, .. } => {
+            let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout };
+            runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Memory { mib, reps, timeout, .. } => {
+            let config = runs::gpu::MemoryConfig { mib, reps, gpus, timeout_s: timeout };
+            runs::gpu::memory(&inv, &prepared, config, &INTERRUPTED)
+        }
+    };
     anyhow::ensure!(
         !INTERRUPTED.load(Ordering::Relaxed),
         "interrupted before the GPU benchmark finished; nothing stored"
@@ -393,6 +410,16 @@ fn run_suite(
                 };
                 let measure = || Ok(runs::gpu::gemm(inv, &prepared, config.clone(), &INTERRUPTED));
                 until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+                if !over("gpu memory") && !INTERRUPTED.load(Ordering::Relaxed) {
+                    let config = runs::gpu::MemoryConfig {
+                        mib: 1024,
+                        reps: if quick { 10 } else { 20 },
+                        gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                        timeout_s: 300,
+                    };
+                    let measure = || Ok(runs::gpu::memory(inv, &prepared, config.clone(), &INTERRUPTED));
+                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+                }
             }
         }
     }

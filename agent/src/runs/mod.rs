@@ -110,6 +110,7 @@ pub enum Report {
     Collectives(Box<crate::cluster::CollectivesReport>),
     Scaling(Box<crate::cluster::TrainScalingReport>),
     GpuGemm(Box<gpu::GpuGemmReport>),
+    GpuMemory(Box<gpu::GpuMemoryReport>),
 }
 
 impl Report {
@@ -120,6 +121,7 @@ impl Report {
             Report::Membw(m) => m.invalid.clone(),
             Report::Gemm(g) => g.invalid.clone(),
             Report::GpuGemm(g) => g.invalid.clone(),
+            Report::GpuMemory(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -139,6 +141,7 @@ impl Report {
             Report::Collectives(_) => "collectives",
             Report::Scaling(_) => "scaling",
             Report::GpuGemm(_) => "gpu-gemm",
+            Report::GpuMemory(_) => "gpu-memory",
         }
     }
 }

@@ -1,266 +1,20 @@
-//! The GPU benchmarks, measured by `kiln-gpu` (the `gpu/` crate; kiln itself never links CUDA, so
-//! that it starts on a box where the NVIDIA driver is not installed yet): finding that program,
-//! asking it which devices CUDA sees, running it on each GPU alone and on every GPU at once under a
-//! deadline, reading its documents back as `kiln_gpu`'s types, and judging them. A GPU whose product
-//! is wrong, whose sampled sum disagrees with the other GPUs', or whose run fails or hangs fails
-//! the run; a figure above the datasheet's peak makes it `invalid`. NVML telemetry (clocks, power,
-//! temperature, throttle reasons) is sampled at 10 Hz meanwhile, so that a slow GPU says why.
+//! `kiln bench gpu gemm`: C = A·B on each GPU alone and on every GPU at once, each product checked
+//! by kiln-gpu against an f64 reference and here against the other GPUs' sampled sums.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use kiln_db::{Direction, Metric, RunStatus};
 use kiln_gpu::gemm::Report as GemmRun;
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{interpret, run_all, ChildError, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
 use crate::inventory::Inventory;
 use crate::render::Progress;
+use crate::runs::{sampler, samples_of, status_of, Outcome, Report, MAX_CV};
 use crate::telemetry;
 use crate::timefmt::now_rfc3339;
-
-/// How often GPU telemetry is read while a GPU benchmark runs (the issue asks for ≥ 10 Hz).
-pub const TELEMETRY_INTERVAL: Duration = Duration::from_millis(100);
-
-/// A figure may exceed its datasheet peak by this share (boost clocks, rounding of the datasheet)
-/// before the run is `invalid`.
-const PEAK_MARGIN: f64 = 0.05;
-
-/// Why a GPU benchmark cannot run on this box; the benchmark is skipped with this reason.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Skip(pub String);
-
-/// What went wrong with one run of `kiln-gpu`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ChildError {
-    #[error("did not finish within {0} s (a hung kernel or a lost GPU: look for Xid events in the kernel log)")]
-    TimedOut(u64),
-    #[error("stopped: kiln was interrupted")]
-    Interrupted,
-    #[error(
-        "cannot start: the NVIDIA driver's CUDA library (libcuda.so.1) is not installed or not on the loader's \
-         path; provision the driver first ({0})"
-    )]
-    NoDriver(String),
-    #[error("killed by signal {signal}{}", tail(.stderr))]
-    Signal { signal: i32, stderr: String },
-    /// The program's own `{"error": …}`.
-    #[error("{0}")]
-    Refused(String),
-    #[error("exited with status {status:?} without a document{}", tail(.stderr))]
-    Garbled { status: Option<i32>, stderr: String },
-}
-
-fn tail(stderr: &str) -> String {
-    match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-        Some(line) => format!(": {}", line.trim()),
-        None => String::new(),
-    }
-}
-
-/// How one run of the program ended, as it ended.
-#[derive(Debug, Clone, Default)]
-pub struct Ended {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-    pub timed_out: bool,
-    pub interrupted: bool,
-}
-
-/// The document a run printed, or why there is none (pure: what the process left behind).
-pub fn interpret(ended: &Ended, timeout: Duration) -> Result<serde_json::Value, ChildError> {
-    if ended.interrupted {
-        return Err(ChildError::Interrupted);
-    }
-    if ended.timed_out {
-        return Err(ChildError::TimedOut(timeout.as_secs()));
-    }
-    let doc: Option<serde_json::Value> = serde_json::from_str(ended.stdout.trim()).ok();
-    if let Some(doc) = doc.filter(serde_json::Value::is_object) {
-        if let Some(error) = doc.get("error") {
-            return Err(ChildError::Refused(error.as_str().map_or_else(|| error.to_string(), str::to_string)));
-        }
-        if ended.code == Some(0) {
-            return Ok(doc);
-        }
-    }
-    if ended.code == Some(127) && ended.stderr.contains("libcuda.so") {
-        return Err(ChildError::NoDriver(ended.stderr.lines().next().unwrap_or_default().trim().to_string()));
-    }
-    if let Some(signal) = ended.signal {
-        return Err(ChildError::Signal { signal, stderr: ended.stderr.clone() });
-    }
-    Err(ChildError::Garbled { status: ended.code, stderr: ended.stderr.clone() })
-}
-
-/// `kiln-gpu`: `KILN_GPU` when set, else the one beside this kiln, else the first on `PATH`.
-pub fn locate() -> Result<PathBuf, Skip> {
-    if let Some(path) = std::env::var_os("KILN_GPU").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(Skip(format!("KILN_GPU names {}, which is not a file", path.display())))
-        };
-    }
-    let mut looked = Vec::new();
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
-        looked.push(dir.join("kiln-gpu"));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        looked.extend(std::env::split_paths(&path).map(|d| d.join("kiln-gpu")));
-    }
-    looked.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        Skip(format!(
-            "kiln-gpu, the program that runs kiln's GPU benchmarks, is not installed (looked beside kiln and on \
-             PATH: {}); build it with deploy/cuda/cuda-root.sh and `cargo build --release -p kiln-gpu --features \
-             cuda,nccl` and put it beside kiln, or name it with KILN_GPU",
-            looked.first().map_or_else(|| "-".to_string(), |p| p.display().to_string())
-        ))
-    })
-}
-
-/// A running `kiln-gpu`, its output read on threads of its own so that a full pipe never stalls it.
-struct Running {
-    child: Child,
-    stdout: JoinHandle<String>,
-    stderr: JoinHandle<String>,
-}
-
-fn spawn(program: &Path, args: &[String]) -> std::io::Result<Running> {
-    let mut child = Command::new(program)
-        .args(args)
-        // CUDA numbers devices fastest first unless told otherwise; NVML (and so kiln's GPU
-        // indices and telemetry) numbers them by PCI address.
-        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        // A group of its own: a hung run is killed with whatever it started, so that no leftover
-        // process holds its output open.
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let reader = |mut from: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = from.read_to_end(&mut bytes);
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    };
-    let stdout = reader(Box::new(child.stdout.take().expect("piped")));
-    let stderr = reader(Box::new(child.stderr.take().expect("piped")));
-    Ok(Running { child, stdout, stderr })
-}
-
-/// Runs `kiln-gpu` once per argument list, all at once, and waits for every one: a run past
-/// `timeout`, or every run once `interrupted` is set, is killed.
-fn run_all(program: &Path, runs: &[Vec<String>], timeout: Duration, interrupted: &AtomicBool) -> Vec<Ended> {
-    let started = Instant::now();
-    let mut running: Vec<Result<Running, Ended>> = runs
-        .iter()
-        .map(|args| {
-            spawn(program, args).map_err(|e| Ended {
-                code: None,
-                stderr: format!("cannot run {}: {e}", program.display()),
-                ..Ended::default()
-            })
-        })
-        .collect();
-    let mut ended: Vec<Option<Ended>> = running.iter().map(|_| None).collect();
-    loop {
-        let stop = interrupted.load(Ordering::Relaxed);
-        let late = started.elapsed() > timeout;
-        for (slot, run) in ended.iter_mut().zip(running.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
-            let r = match run {
-                Err(e) => {
-                    *slot = Some(e.clone());
-                    continue;
-                }
-                Ok(r) => r,
-            };
-            use std::os::unix::process::ExitStatusExt;
-            let (status, killed) = match r.child.try_wait() {
-                Ok(Some(status)) => (Some(status), false),
-                Ok(None) if stop || late => {
-                    let group = nix::unistd::Pid::from_raw(r.child.id() as i32);
-                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-                    let _ = r.child.kill();
-                    (r.child.wait().ok(), true)
-                }
-                Ok(None) => continue,
-                Err(_) => (None, false),
-            };
-            *slot = Some(Ended {
-                code: status.and_then(|s| s.code()),
-                signal: status.and_then(|s| s.signal()),
-                stdout: String::new(),
-                stderr: String::new(),
-                timed_out: killed && late,
-                interrupted: killed && !late,
-            });
-        }
-        if ended.iter().all(Option::is_some) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    ended
-        .into_iter()
-        .zip(running)
-        .map(|(e, r)| {
-            let mut e = e.expect("every run ended");
-            if let Ok(r) = r {
-                e.stdout = r.stdout.join().unwrap_or_default();
-                e.stderr = r.stderr.join().unwrap_or_default();
-            }
-            e
-        })
-        .collect()
-}
-
-/// kiln-gpu found, and the devices CUDA sees through it.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    pub program: PathBuf,
-    pub devices: Vec<DeviceInfo>,
-}
-
-/// Finds `kiln-gpu` and asks it for CUDA's devices: skipped (with the reason) where NVML sees no
-/// GPU, the program is missing, or CUDA cannot be used (no driver, a build without CUDA).
-pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Skip> {
-    let g = &inv.gpus;
-    if g.devices.is_empty() {
-        let why = match (&g.nvml_error, g.pci_gpus.len()) {
-            (Some(e), n) if n > 0 => format!("NVML cannot be used ({e}) though {n} NVIDIA GPU(s) are on PCI"),
-            (Some(e), _) => format!("no NVIDIA GPU: NVML {e}"),
-            (None, _) => "no NVIDIA GPU: NVML sees none".to_string(),
-        };
-        return Err(Skip(why));
-    }
-    let program = locate()?;
-    let timeout = Duration::from_secs(120);
-    let ended = run_all(&program, &[vec!["devices".to_string()]], timeout, interrupted).remove(0);
-    let doc = interpret(&ended, timeout).map_err(|e| Skip(format!("{}: {e}", program.display())))?;
-    let devices: kiln_gpu::Devices = serde_json::from_value(doc)
-        .map_err(|e| Skip(format!("{}: `devices` printed a document kiln does not read: {e}", program.display())))?;
-    if devices.devices.is_empty() {
-        return Err(Skip(format!("{}: CUDA sees no device where NVML sees {}", program.display(), g.devices.len())));
-    }
-    Ok(Prepared { program, devices: devices.devices })
-}
 
 /// What `kiln bench gpu gemm` measures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -336,7 +90,7 @@ fn gemm_args(c: &GemmConfig, gpu: usize, dtype: &str) -> Vec<String> {
 /// Runs the GEMM on each GPU alone, then on all of them at once, in each type.
 pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupted: &AtomicBool) -> Outcome {
     let started_at = now_rfc3339();
-    let sampler = super::sampler(inv, TELEMETRY_INTERVAL);
+    let sampler = sampler(inv, TELEMETRY_INTERVAL);
     let progress = Progress::new();
     let timeout = Duration::from_secs(config.timeout_s);
     let mut results = Vec::new();
@@ -610,34 +364,6 @@ pub fn render(r: &GpuGemmReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ended(code: Option<i32>, stdout: &str, stderr: &str) -> Ended {
-        Ended { code, stdout: stdout.into(), stderr: stderr.into(), ..Ended::default() }
-    }
-
-    #[test]
-    fn how_a_run_ended_is_told_plainly() {
-        let t = Duration::from_secs(30);
-        assert_eq!(interpret(&ended(Some(0), "{\"a\":1}\n", ""), t).unwrap()["a"], 1);
-        assert_eq!(
-            interpret(&ended(Some(2), "{\"schema_version\":1,\"error\":\"out of memory\"}", ""), t),
-            Err(ChildError::Refused("out of memory".into()))
-        );
-        let no_driver = ended(
-            Some(127),
-            "",
-            "kiln-gpu: error while loading shared libraries: libcuda.so.1: cannot open shared object file\n",
-        );
-        let e = interpret(&no_driver, t).unwrap_err();
-        assert!(matches!(e, ChildError::NoDriver(_)) && e.to_string().contains("provision the driver"), "{e}");
-        let killed = Ended { signal: Some(11), stderr: "fault\n".into(), ..Ended::default() };
-        assert_eq!(interpret(&killed, t).unwrap_err().to_string(), "killed by signal 11: fault");
-        let late = Ended { timed_out: true, signal: Some(9), ..Ended::default() };
-        assert!(interpret(&late, t).unwrap_err().to_string().starts_with("did not finish within 30 s"));
-        // Half a document, or a success status with nothing printed, is no result.
-        assert!(matches!(interpret(&ended(Some(0), "{\"a\":", ""), t), Err(ChildError::Garbled { .. })));
-        assert!(matches!(interpret(&ended(Some(0), "[1]", ""), t), Err(ChildError::Garbled { .. })));
-    }
 
     fn run(gpu: usize, sum: f64, ok: bool, best: f64) -> GemmResult {
         let check = kiln_gpu::gemm::Check {
