@@ -25,6 +25,17 @@ const BEGIN_WRITE: &str = "BEGIN";
 const COPY_IN: bool = true;
 
 /// Sends `data` (COPY's text format) through `statement` (`COPY … FROM STDIN`).
+/// PostgreSQL's bulk rows go through COPY (`COPY_IN`); this is never called.
+async fn bulk_insert<'r, R>(
+    _conn: &mut Conn,
+    _into: &str,
+    _width: usize,
+    _rows: &'r [R],
+    _fields: impl Fn(&'r R, &mut Vec<crate::bulk::Field<'r>>),
+) -> std::result::Result<(), sqlx::Error> {
+    Err(sqlx::Error::Protocol("PostgreSQL's bulk rows go through COPY".into()))
+}
+
 async fn copy_in(conn: &mut Conn, statement: &str, data: String) -> std::result::Result<(), sqlx::Error> {
     let mut copy = conn.copy_in_raw(statement).await?;
     if let Err(e) = copy.send(data.into_bytes()).await {

@@ -34,22 +34,27 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
     )
     .fetch_all(&mut *conn)
     .await?;
-    // Keys borrowed from the rows above and from the runs: no string copies per metric.
-    let mut keys: HashMap<(&str, &str, &str, &str, &str), i64> = existing
-        .iter()
-        .map(|(id, c, b, bc, sw, m)| ((c.as_str(), b.as_str(), bc.as_str(), sw.as_str(), m.as_str()), *id))
-        .collect();
+    // Keys borrowed from the rows above and from the runs: no string copies per metric. Grouped
+    // by what a run shares (configuration, benchmark, its configuration, software), so that each
+    // metric hashes only its name.
+    type Prefix<'k> = (&'k str, &'k str, &'k str, &'k str);
+    let mut keys: crate::FastMap<Prefix<'_>, crate::FastMap<&str, i64>> = crate::FastMap::default();
+    for (id, c, b, bc, sw, m) in &existing {
+        keys.entry((c.as_str(), b.as_str(), bc.as_str(), sw.as_str())).or_default().insert(m.as_str(), *id);
+    }
     let mut by_host: BTreeMap<(&str, i64), Vec<(RunPoint, Vec<(i64, f64)>)>> = BTreeMap::new();
     for run in runs {
         let Some(t) = parse_rfc3339(run.started_at) else { continue };
         let Ok(run_id) = uuid::Uuid::parse_str(run.run_id) else { continue };
         let mut values = Vec::with_capacity(run.metrics.len());
+        let of_run = keys
+            .entry((run.config_fingerprint, run.benchmark, run.bench_config, run.software_fingerprint))
+            .or_default();
         for &(name, value, unit, direction) in &run.metrics {
             if !value.is_finite() {
                 continue;
             }
-            let k = (run.config_fingerprint, run.benchmark, run.bench_config, run.software_fingerprint, name);
-            let id = match keys.get(&k) {
+            let id = match of_run.get(name) {
                 Some(id) => *id,
                 // A key another writer added since the read above (a second fleet service on the
                 // same PostgreSQL) conflicts: the no-op update returns its id.
@@ -70,7 +75,7 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
                     .bind(direction)
                     .fetch_one(&mut *conn)
                     .await?;
-                    keys.insert(k, id);
+                    of_run.insert(name, id);
                     id
                 }
             };
