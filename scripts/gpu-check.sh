@@ -9,7 +9,7 @@
 #   nvidia-smi.txt   `nvidia-smi -q`, to compare kiln's inventory with
 #   inventory.json   `kiln inventory --json` (real NVML)
 #   devices.json     `kiln-gpu devices` (CUDA's view)
-#   gemm.json        `kiln bench gpu gemm --json` (bf16, f16, f32; KILN_CHECK_N, default 8192)
+#   gemm.json        `kiln bench gpu gemm --json --sweep` (bf16, f16, f32; KILN_CHECK_N, default 8192)
 #   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
 #   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
 #                    way, and a device copy
@@ -30,6 +30,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python=${KILN_CHECK_PYTHON:-python3}
 n=${KILN_CHECK_N:-8192}
 mib=${KILN_CHECK_MIB:-1024}
+# kiln-gpu's DEFAULT_SWEEP (MAMF-style shapes); KILN_CHECK_SWEEP for fewer.
+sweep=${KILN_CHECK_SWEEP:-1024,2048,4096,6144,8192,10240,12288,16384,8192x8192x4096,8192x8192x16384,16384x8192x8192,8192x16384x8192}
 mkdir -p "$out" || exit 2
 log=$out/log.txt
 : >"$log"
@@ -116,10 +118,11 @@ step inventory 60 "$out/inventory.json" "$work/kiln" inventory --json
 step devices 60 "$out/devices.json" "$work/kiln-gpu" devices
 # 0 measured and passed, 1 measured and failed a check: both are results; 3 is skipped.
 OK="0 1" SKIPPED=3 step gemm 300 "$out/gemm.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
-    "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32 --n "$n" --reps 20
+    "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32 --n "$n" --reps 20 --sweep "$sweep"
 OK="0 1" SKIPPED=3 step memory 240 "$out/memory.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
     "$work/kiln" bench gpu memory --json --mib "$mib" --reps 20
-step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib"
+step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
+    --sweep "$sweep"
 
 # kiln's GEMM over PyTorch's per type, and its device copy over PyTorch's (medians, one GPU alone).
 ratios=$("$python" - "$out/gemm.json" "$out/memory.json" "$out/torch.json" 2>>"$log" <<'PY'
@@ -133,6 +136,7 @@ def load(path, *keys):
     except Exception:
         return None
 gemm, memory = load(sys.argv[1], "report", "results"), load(sys.argv[2], "report", "results")
+sweeps, torch_sweep = load(sys.argv[1], "report", "sweeps"), load(sys.argv[3], "sweep")
 torch_gemm, torch_copy = load(sys.argv[3], "gemm"), load(sys.argv[3], "copy")
 out = []
 by_type = {g["dtype"]: g for g in torch_gemm or []}
@@ -146,6 +150,12 @@ for r in memory or []:
         continue
     k, t = r["run"]["device_copy"]["gbps_median"], torch_copy["gbps_median"]
     out.append({"gpu": r["gpu"], "what": "device copy", "kiln": k, "torch": t, "unit": "GB/s", "ratio": k / t})
+if sweeps and torch_sweep:
+    theirs = max(t["tflops_median"] for t in torch_sweep)
+    for sw in sweeps:
+        if sw.get("best_tflops") and sw["dtype"] == torch_sweep[0]["dtype"]:
+            out.append({"gpu": sw["gpu"], "what": "gemm best shape " + sw["dtype"], "kiln": sw["best_tflops"],
+                        "torch": theirs, "unit": "TFLOP/s", "ratio": sw["best_tflops"] / theirs})
 print(json.dumps(out))
 PY
 )

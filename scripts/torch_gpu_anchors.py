@@ -6,7 +6,7 @@ f32 is true f32 (TF32 off, as candle's default). Copy: dst.copy_(src) on the dev
 written, as the issue's 4.3 TB/s figure counts them.
 
 Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32]
-                                    [--copy-mib 2048]
+                                    [--copy-mib 2048] [--sweep SHAPES]
 Prints one JSON document on stdout; {"error": ...} and exit 2 where it cannot measure.
 """
 import argparse
@@ -36,6 +36,8 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtypes", default="bf16,f16,f32")
     p.add_argument("--copy-mib", type=int, default=2048)
+    # kiln-gpu's DEFAULT_SWEEP: the best of these is PyTorch's ceiling, beside kiln's.
+    p.add_argument("--sweep", default="", help="shapes N or MxNxK, comma-separated, in the first dtype")
     a = p.parse_args()
     try:
         import torch
@@ -70,6 +72,22 @@ def main():
             "tflops_best": flops / min(seconds) / 1e12,
         })
         del x, y
+    if a.sweep:
+        name = a.dtypes.split(",")[0]
+        dt = types[name]
+        doc["sweep"] = []
+        for text in a.sweep.split(","):
+            dims = [int(d) for d in text.split("x")]
+            m, n, k = dims * 3 if len(dims) == 1 else dims
+            x = (torch.rand(m, k, device=device) * 2 - 1).to(dt)
+            y = (torch.rand(k, n, device=device) * 2 - 1).to(dt)
+            seconds = timed(lambda: torch.matmul(x, y), a.reps, sync)
+            doc["sweep"].append({
+                "dtype": name,
+                "shape": f"{m}x{n}x{k}",
+                "tflops_median": 2.0 * m * n * k / statistics.median(seconds) / 1e12,
+            })
+            del x, y
     elements = a.copy_mib * (1 << 20) // 4
     src = torch.ones(elements, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)

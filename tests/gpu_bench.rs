@@ -65,7 +65,7 @@ fn a_kiln_gpu_built_without_cuda_skips_saying_what_to_build() {
 /// A document of `kiln-gpu gemm` for `device`, measured on the CPU by the real library; its
 /// times made steady (the CPU's are not what is under test).
 fn measured(device: usize) -> gemm::Report {
-    let options = Options { device, dtype: DType::BF16, n: 64, reps: 4, samples: 8 };
+    let options = Options { device, dtype: DType::BF16, shape: gemm::Shape::square(64), reps: 4, samples: 8 };
     let mut r = gemm::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into())).unwrap();
     r.seconds = vec![1.0e-3; 4];
     r.tflops_median = r.flops_per_rep / 1.0e-3 / 1e12;
@@ -124,7 +124,28 @@ fn right_gpus_pass_and_a_hung_a_wrong_and_a_disagreeing_gpu_are_each_named() {
     // Two right GPUs: measured alone and together, stored as a result.
     let good = tempfile::tempdir().unwrap();
     let program = stand_in(good.path(), &[(0, Some(measured(0))), (1, Some(measured(1)))]);
-    let run = on_fake_hgx(&["--gpus", "0,1", "--reps", "4", "--n", "64", "--samples", "8"], &program, &db);
+    // And a sweep of shapes on each, measured by the real library on the CPU: 64 is made the
+    // fastest, so that --n 64 reaches 100 % of the best shape.
+    for device in [0, 1] {
+        let args: Vec<String> =
+            "--dtype bf16 --shapes 32,64,48x64x32 --reps 2 --samples 8".split_whitespace().map(String::from).collect();
+        let options = gemm::SweepOptions { device, ..gemm::SweepOptions::parse(&args).unwrap() };
+        let mut sweep = gemm::sweep(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into())).unwrap();
+        for (i, r) in sweep.results.iter_mut().enumerate() {
+            let rate = if i == 1 { measured(device).tflops_median } else { 1e-6 };
+            r.seconds = vec![r.flops_per_rep / rate / 1e12; 2];
+            (r.tflops_median, r.tflops_best) = (rate, rate);
+        }
+        sweep.best = Some(1);
+        let mut doc = serde_json::to_value(&sweep).unwrap();
+        doc["schema_version"] = 1.into();
+        std::fs::write(good.path().join(format!("sweep-{device}.json")), doc.to_string()).unwrap();
+    }
+    let run = on_fake_hgx(
+        &["--gpus", "0,1", "--reps", "4", "--n", "64", "--samples", "8", "--sweep", "32,64,48x64x32"],
+        &program,
+        &db,
+    );
     assert_eq!(run.code(), Some(0), "{}", run.describe());
     let doc = run.json();
     assert_eq!(doc["status"], "ok", "{doc}");
@@ -134,7 +155,17 @@ fn right_gpus_pass_and_a_hung_a_wrong_and_a_disagreeing_gpu_are_each_named() {
     assert!(results.iter().all(|r| (r["peak_tflops"].as_f64().unwrap() - 989.4).abs() < 1e-9));
     let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
     let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
-    for want in ["gpu0.gemm.bf16.64.tflops", "gpu1.gemm.bf16.64.all_tflops", "gpus.gemm.bf16.64.tflops"] {
+    let sweeps = doc["report"]["sweeps"].as_array().unwrap();
+    assert_eq!(sweeps.len(), 2, "{doc}");
+    assert!(sweeps.iter().all(|s| s["best_shape"] == "64x64x64"), "{doc}");
+    let alone = results.iter().filter(|r| r["together"] == false);
+    assert!(alone.clone().all(|r| (r["fraction_of_best"].as_f64().unwrap() - 1.0).abs() < 1e-9), "{doc}");
+    for want in [
+        "gpu0.gemm.bf16.64.tflops",
+        "gpu1.gemm.bf16.64.all_tflops",
+        "gpus.gemm.bf16.64.tflops",
+        "gpu1.gemm.bf16.best_tflops",
+    ] {
         assert!(names.contains(&want), "{want} in {names:?}");
     }
 

@@ -42,6 +42,7 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
         .args([&bundle, &out])
         .env("KILN_CHECK_N", "64")
         .env("KILN_CHECK_MIB", "4")
+        .env("KILN_CHECK_SWEEP", "32,64")
         .env("KILN_CHECK_PYTHON", python.unwrap_or("/nonexistent/python3"))
         .env_remove("KILN_GPU")
         .env_remove("KILN_DB")

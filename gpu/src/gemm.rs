@@ -1,6 +1,6 @@
-//! GEMM on one device: C = A·B, square n×n operands in the chosen type, the same inputs on every
-//! device (generated on the host from a fixed seed), every repetition timed to the device's
-//! completion, and the result **checked**: a grid of sampled rows × sampled columns of C against
+//! GEMM on one device: C = A·B, A m×k and B k×n (square n×n by default) in the chosen type, the
+//! same inputs on every device (generated on the host from a fixed seed), every repetition timed
+//! to the device's completion, and the result **checked**: a grid of sampled rows × sampled columns of C against
 //! an f64 product of the same (already rounded) inputs, so that a device that computes wrong fails
 //! even when it is fast. Device-agnostic: the tests run it on the CPU.
 
@@ -10,28 +10,71 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+/// A product's shape: C (m×n) = A (m×k) · B (k×n).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Shape {
+    pub fn square(n: usize) -> Shape {
+        Shape { m: n, n, k: n }
+    }
+
+    /// "8192" (square) or "4096x8192x2048" (m×n×k).
+    pub fn parse(text: &str) -> anyhow::Result<Shape> {
+        let dims: Vec<usize> = text
+            .split('x')
+            .map(|d| d.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("shape {text:?}: N or MxNxK"))?;
+        let shape = match dims[..] {
+            [n] => Shape::square(n),
+            [m, n, k] => Shape { m, n, k },
+            _ => anyhow::bail!("shape {text:?}: N or MxNxK"),
+        };
+        for d in [shape.m, shape.n, shape.k] {
+            anyhow::ensure!((16..=65_536).contains(&d), "shape {text:?}: every side between 16 and 65536");
+        }
+        Ok(shape)
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}", self.m, self.n, self.k)
+    }
+}
+
 /// What `kiln-gpu gemm` measures.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub device: usize,
     pub dtype: DType,
-    pub n: usize,
+    pub shape: Shape,
     pub reps: usize,
     /// Rows and columns sampled for the check (their grid: samples² values of C).
     pub samples: usize,
 }
 
 impl Options {
-    /// `--device N --dtype bf16|f16|f32 --n N --reps N --samples N`, each optional.
+    /// `--device N --dtype bf16|f16|f32 --n N|--shape MxNxK --reps N --samples N`, each optional.
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, dtype: DType::BF16, n: 8192, reps: 20, samples: 32 };
+        let mut o = Options { device: 0, dtype: DType::BF16, shape: Shape::square(8192), reps: 20, samples: 32 };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
             let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
             match flag.as_str() {
                 "--device" => o.device = number()?,
-                "--n" => o.n = number()?,
+                "--n" => o.shape = Shape::parse(value).context("--n")?,
+                "--shape" => o.shape = Shape::parse(value).context("--shape")?,
                 "--reps" => o.reps = number()?,
                 "--samples" => o.samples = number()?,
                 "--dtype" => {
@@ -45,9 +88,10 @@ impl Options {
                 other => anyhow::bail!("unknown option {other:?}"),
             }
         }
-        anyhow::ensure!((16..=65_536).contains(&o.n), "--n {}: between 16 and 65536", o.n);
+
         anyhow::ensure!((1..=100_000).contains(&o.reps), "--reps {}: between 1 and 100000", o.reps);
-        anyhow::ensure!((1..=o.n).contains(&o.samples), "--samples {}: between 1 and n", o.samples);
+        let least = o.shape.m.min(o.shape.n);
+        anyhow::ensure!((1..=least).contains(&o.samples), "--samples {}: between 1 and the shape's m and n", o.samples);
         Ok(o)
     }
 }
@@ -58,8 +102,10 @@ pub struct Report {
     pub device: usize,
     pub name: Option<String>,
     pub dtype: String,
+    /// The square side where the shape is square (as asked with `--n`), else m.
     pub n: usize,
-    /// 2·n³ per repetition.
+    pub shape: Shape,
+    /// 2·m·n·k per repetition.
     pub flops_per_rep: f64,
     /// Each timed repetition, launch to the device's completion (after three untimed ones).
     pub seconds: Vec<f64>,
@@ -92,23 +138,29 @@ pub struct Check {
 /// # Errors
 /// The device fails an operation (out of memory, a lost device).
 pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Result<Report> {
-    let a = input(o.n, 1, o.dtype)?.to_device(device)?;
-    let b = input(o.n, 2, o.dtype)?.to_device(device)?;
+    let Shape { m, n, k } = o.shape;
+    let a = input(m, k, 1, o.dtype)?.to_device(device)?;
+    let b = input(k, n, 2, o.dtype)?.to_device(device)?;
+    timed(device, o, &a, &b, name)
+}
+
+/// Three untimed products, then each of `o.reps` timed to the device's completion, then the check.
+fn timed(device: &Device, o: &Options, a: &Tensor, b: &Tensor, name: Option<String>) -> anyhow::Result<Report> {
     // Untimed: the library's first call chooses its kernels and the allocator warms up.
-    let mut c = a.matmul(&b)?;
+    let mut c = a.matmul(b)?;
     for _ in 0..2 {
-        c = a.matmul(&b)?;
+        c = a.matmul(b)?;
     }
     device.synchronize()?;
     let mut seconds = Vec::with_capacity(o.reps);
     for _ in 0..o.reps {
         let t = Instant::now();
-        c = a.matmul(&b)?;
+        c = a.matmul(b)?;
         device.synchronize()?;
         seconds.push(t.elapsed().as_secs_f64());
     }
-    let check = check(&a, &b, &c, o.samples)?;
-    let flops = 2.0 * (o.n as f64).powi(3);
+    let check = check(a, b, &c, o.samples)?;
+    let flops = o.shape.flops();
     let mut sorted = seconds.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
@@ -116,7 +168,8 @@ pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Re
         device: o.device,
         name,
         dtype: format!("{:?}", o.dtype).to_lowercase(),
-        n: o.n,
+        n: o.shape.m,
+        shape: o.shape,
         flops_per_rep: flops,
         tflops_median: flops / median / 1e12,
         tflops_best: flops / sorted[0] / 1e12,
@@ -125,11 +178,83 @@ pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Re
     })
 }
 
-/// An n×n operand, the same on every device: a xorshift sequence from `seed` in [-1, 1), rounded
-/// to `dtype` on the host.
-pub fn input(n: usize, seed: u64, dtype: DType) -> candle_core::Result<Tensor> {
+/// The shapes a sweep tries by default (after MAMF, "maximum achievable matmul FLOPS": the best
+/// of many shapes is what the GPU can do, the ceiling a model's products are held to): squares
+/// from 1024 to 16384, and 8192-wide products with a short, a long and a doubled side.
+pub const DEFAULT_SWEEP: &str =
+    "1024,2048,4096,6144,8192,10240,12288,16384,8192x8192x4096,8192x8192x16384,16384x8192x8192,8192x16384x8192";
+
+/// What `kiln-gpu sweep` measures: one type at several shapes on one device.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    pub device: usize,
+    pub dtype: DType,
+    pub shapes: Vec<Shape>,
+    pub reps: usize,
+    pub samples: usize,
+}
+
+impl SweepOptions {
+    /// `--device N --dtype bf16|f16|f32 --shapes S,S,… --reps N --samples N`, each optional.
+    pub fn parse(args: &[String]) -> anyhow::Result<SweepOptions> {
+        let mut shapes = DEFAULT_SWEEP.to_string();
+        let mut rest = Vec::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--shapes" {
+                shapes = it.next().context("--shapes needs a value")?.clone();
+            } else {
+                rest.push(flag.clone());
+            }
+        }
+        let base = Options::parse(&rest)?;
+        let shapes: Vec<Shape> = shapes.split(',').map(Shape::parse).collect::<anyhow::Result<_>>()?;
+        anyhow::ensure!(!shapes.is_empty(), "--shapes: at least one");
+        Ok(SweepOptions { device: base.device, dtype: base.dtype, shapes, reps: base.reps, samples: base.samples })
+    }
+}
+
+/// `kiln-gpu sweep`'s document: every shape's product, checked, and the fastest right one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sweep {
+    pub device: usize,
+    pub name: Option<String>,
+    pub dtype: String,
+    pub results: Vec<Report>,
+    /// Index in `results` of the highest median rate among the products that passed their check.
+    pub best: Option<usize>,
+}
+
+/// Measures every shape of `o` on `device`. The inputs are drawn on the device (a sweep's
+/// largest operands would take seconds to make on the host), so they differ between devices: a
+/// sweep is checked against its own inputs, not compared across GPUs.
+///
+/// # Errors
+/// The device fails an operation (out of memory, a lost device).
+pub fn sweep(device: &Device, o: &SweepOptions, name: Option<String>) -> anyhow::Result<Sweep> {
+    let mut results = Vec::with_capacity(o.shapes.len());
+    for &shape in &o.shapes {
+        let Shape { m, n, k } = shape;
+        let a = Tensor::rand(-1f32, 1f32, (m, k), device)?.to_dtype(o.dtype)?;
+        let b = Tensor::rand(-1f32, 1f32, (k, n), device)?.to_dtype(o.dtype)?;
+        let options =
+            Options { device: o.device, dtype: o.dtype, shape, reps: o.reps, samples: o.samples.min(m).min(n) };
+        results.push(timed(device, &options, &a, &b, name.clone())?);
+    }
+    let best = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.check.ok)
+        .max_by(|a, b| a.1.tflops_median.total_cmp(&b.1.tflops_median))
+        .map(|(i, _)| i);
+    Ok(Sweep { device: o.device, name, dtype: format!("{:?}", o.dtype).to_lowercase(), results, best })
+}
+
+/// A rows×cols operand, the same on every device: a xorshift sequence from `seed` in [-1, 1),
+/// rounded to `dtype` on the host.
+pub fn input(rows: usize, cols: usize, seed: u64, dtype: DType) -> candle_core::Result<Tensor> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    let values: Vec<f32> = (0..n * n)
+    let values: Vec<f32> = (0..rows * cols)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
@@ -137,7 +262,7 @@ pub fn input(n: usize, seed: u64, dtype: DType) -> candle_core::Result<Tensor> {
             ((state >> 40) as f32 / (1u64 << 23) as f32) - 1.0
         })
         .collect();
-    Tensor::from_vec(values, (n, n), &Device::Cpu)?.to_dtype(dtype)
+    Tensor::from_vec(values, (rows, cols), &Device::Cpu)?.to_dtype(dtype)
 }
 
 /// The rows (or columns) the check samples: spread over the whole range, ends included.
@@ -208,7 +333,7 @@ mod tests {
     use super::*;
 
     fn options(dtype: DType, n: usize) -> Options {
-        Options { device: 0, dtype, n, reps: 3, samples: 8 }
+        Options { device: 0, dtype, shape: Shape::square(n), reps: 3, samples: 8 }
     }
 
     /// On the CPU: every type's product passes its check, every repetition is timed.
@@ -226,8 +351,8 @@ mod tests {
     #[test]
     fn a_wrong_product_fails_its_check() {
         for dtype in [DType::BF16, DType::F32] {
-            let a = input(64, 1, dtype).unwrap();
-            let b = input(64, 2, dtype).unwrap();
+            let a = input(64, 64, 1, dtype).unwrap();
+            let b = input(64, 64, 2, dtype).unwrap();
             let c = a.matmul(&b).unwrap();
             assert!(check(&a, &b, &c, 8).unwrap().ok);
             let scaled = (c.to_dtype(DType::F32).unwrap() * 1.01).unwrap().to_dtype(dtype).unwrap();
@@ -241,11 +366,36 @@ mod tests {
         }
     }
 
+    /// A rectangular product and a sweep of shapes, on the CPU: every product checked, the best
+    /// one named.
+    #[test]
+    fn rectangular_products_and_a_sweep_are_measured_and_checked() {
+        let o = Options { device: 0, dtype: DType::BF16, shape: Shape { m: 48, n: 80, k: 112 }, reps: 2, samples: 8 };
+        let r = measure(&Device::Cpu, &o, None).unwrap();
+        assert!(r.check.ok, "{:?}", r.check);
+        assert_eq!((r.shape, r.flops_per_rep), (o.shape, 2.0 * 48.0 * 80.0 * 112.0));
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let so = SweepOptions::parse(&args("--dtype f32 --shapes 32,64x96x48,128 --reps 2 --samples 40")).unwrap();
+        let sweep = sweep(&Device::Cpu, &so, None).unwrap();
+        assert_eq!(sweep.results.len(), 3);
+        assert!(sweep.results.iter().all(|r| r.check.ok && r.check.values <= 40 * 40));
+        assert_eq!(sweep.results[0].check.values, 32 * 32, "samples capped by the shape");
+        let best = sweep.best.unwrap();
+        let top = sweep.results.iter().map(|r| r.tflops_median).fold(0.0, f64::max);
+        assert_eq!(sweep.results[best].tflops_median, top);
+        assert_eq!(SweepOptions::parse(&[]).unwrap().shapes.len(), 12);
+    }
+
     #[test]
     fn options_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         let o = Options::parse(&args("--dtype f16 --n 4096 --reps 5 --device 3")).unwrap();
-        assert_eq!((o.dtype, o.n, o.reps, o.device), (DType::F16, 4096, 5, 3));
+        assert_eq!((o.dtype, o.shape, o.reps, o.device), (DType::F16, Shape::square(4096), 5, 3));
+        let o = Options::parse(&args("--shape 256x512x128")).unwrap();
+        assert_eq!(o.shape, Shape { m: 256, n: 512, k: 128 });
+        assert_eq!(o.shape.flops(), 2.0 * 256.0 * 512.0 * 128.0);
+        assert!(Options::parse(&args("--shape 256x512")).is_err());
+        assert!(Options::parse(&args("--shape 32x32x32 --samples 33")).is_err());
         assert!(Options::parse(&args("--dtype fp8")).is_err());
         assert!(Options::parse(&args("--n 8")).is_err());
         assert!(Options::parse(&args("--reps")).is_err());

@@ -63,6 +63,13 @@ pub mod backend {
         gemm::measure(&device, options, info.map(|d| d.name))
     }
 
+    pub fn sweep(options: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
+        let device = candle_core::Device::new_cuda(options.device)
+            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
+        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
+        gemm::sweep(&device, options, info.map(|d| d.name))
+    }
+
     /// Device copy, host to device and device to host on one GPU, each copy checked.
     pub fn bandwidth(o: &bandwidth::Options) -> anyhow::Result<bandwidth::Report> {
         use crate::bandwidth::{pattern, Copies};
@@ -135,6 +142,10 @@ pub mod backend {
     }
 
     pub fn bandwidth(_: &bandwidth::Options) -> anyhow::Result<bandwidth::Report> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn sweep(_: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
         anyhow::bail!(NOT_BUILT)
     }
 }

@@ -80,9 +80,14 @@ pub enum GpuBench {
         /// The GPUs to measure (NVML indices, comma-separated), or all
         #[arg(long, value_delimiter = ',', default_value = "all")]
         gpus: Vec<String>,
-        /// A GPU's run is stopped and failed after this many seconds
+        /// A GPU's run is stopped and failed after this many seconds (a sweep's after this many
+        /// per shape)
         #[arg(long, default_value_t = 300, value_name = "SECONDS")]
         timeout: u64,
+        /// Then each GPU alone at many shapes (MAMF: the best right product is the GPU's
+        /// ceiling, which the --n figure is held to); SHAPES: N or MxNxK, comma-separated
+        #[arg(long, value_name = "SHAPES", num_args = 0..=1, default_missing_value = kiln_gpu::gemm::DEFAULT_SWEEP)]
+        sweep: Option<String>,
         #[command(flatten)]
         store: Store,
     },

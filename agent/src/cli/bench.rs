@@ -212,7 +212,12 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 /// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
 fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
     let (benchmark, store, gpus) = match &what {
-        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, store } => {
+        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, sweep, store } => {
+            if let Some(shapes) = sweep {
+                for shape in shapes.split(',') {
+                    kiln_gpu::gemm::Shape::parse(shape).context("--sweep")?;
+                }
+            }
             for d in dtypes {
                 anyhow::ensure!(["bf16", "f16", "f32"].contains(&d.as_str()), "--dtypes {d}: bf16, f16 or f32");
             }
@@ -236,8 +241,8 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
         Err(skip) => return skipped(ctx, benchmark, skip),
     };
     let outcome = match what {
-        GpuBench::Gemm { dtypes, n, reps, samples, timeout, .. } => {
-            let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout };
+        GpuBench::Gemm { dtypes, n, reps, samples, timeout, sweep, .. } => {
+            let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout, sweep };
             runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED)
         }
         GpuBench::Memory { mib, reps, timeout, .. } => {
@@ -407,6 +412,8 @@ fn run_suite(
                     samples: 32,
                     gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
                     timeout_s: 300,
+                    // The full suite measures each GPU's ceiling too.
+                    sweep: (!quick).then(|| kiln_gpu::gemm::DEFAULT_SWEEP.to_string()),
                 };
                 let measure = || Ok(runs::gpu::gemm(inv, &prepared, config.clone(), &INTERRUPTED));
                 until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;

@@ -26,6 +26,22 @@ pub struct GemmConfig {
     /// The GPUs measured (NVML indices, which are CUDA's with `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
     pub gpus: Vec<usize>,
     pub timeout_s: u64,
+    /// The shapes of the sweep run on each GPU alone after the products above (`--sweep`):
+    /// comma-separated, N or MxNxK; `None`: no sweep.
+    #[serde(default)]
+    pub sweep: Option<String>,
+}
+
+/// One GPU's sweep of shapes in one type: the best right product is the GPU's ceiling.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepResult {
+    pub gpu: usize,
+    pub dtype: String,
+    pub sweep: Option<kiln_gpu::gemm::Sweep>,
+    pub error: Option<String>,
+    /// The best shape and its median rate.
+    pub best_shape: Option<String>,
+    pub best_tflops: Option<f64>,
 }
 
 /// One GPU's product in one type, alone or beside every other GPU.
@@ -43,6 +59,8 @@ pub struct GemmResult {
     pub peak_tflops: Option<f64>,
     /// Median over the peak.
     pub fraction_of_peak: Option<f64>,
+    /// Median over the best shape of this GPU's sweep in this type (alone only, with `--sweep`).
+    pub fraction_of_best: Option<f64>,
 }
 
 /// Whether the GPUs computed the same product: each sampled sum against their median.
@@ -64,6 +82,8 @@ pub struct GpuGemmReport {
     pub config: GemmConfig,
     pub results: Vec<GemmResult>,
     pub agreement: Vec<Agreement>,
+    /// The shape sweeps (`--sweep`), per GPU and type.
+    pub sweeps: Vec<SweepResult>,
     /// Every GPU that failed, computed wrong or disagreed, in words.
     pub failures: Vec<String>,
     /// Why the run is `invalid` (a figure above its datasheet peak), when it is.
@@ -108,9 +128,63 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
             }
         }
     }
+    let mut sweeps = Vec::new();
+    if let Some(shapes) = &config.sweep {
+        // Each GPU alone: a sweep measures the GPU's ceiling, not the box's power budget.
+        let count = shapes.split(',').count() as u64;
+        let limit = Duration::from_secs(config.timeout_s.saturating_mul(count));
+        for dtype in &config.dtypes {
+            for &gpu in &config.gpus {
+                progress.update(&format!("gpu gemm {dtype}: GPU {gpu}, sweep of {count} shapes"));
+                let args: Vec<String> = [
+                    "sweep",
+                    "--device",
+                    &gpu.to_string(),
+                    "--dtype",
+                    dtype,
+                    "--shapes",
+                    shapes,
+                    "--reps",
+                    &config.reps.to_string(),
+                    "--samples",
+                    &config.samples.to_string(),
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let ended = run_all(&prepared.program, &[args], limit, interrupted).remove(0);
+                sweeps.push(sweep_of(gpu, dtype, interpret(&ended, limit)));
+            }
+        }
+    }
     progress.finish();
     let telemetry = sampler.stop();
-    judge(prepared, config, results, telemetry, started_at)
+    for r in results.iter_mut().filter(|r| !r.together) {
+        let best = sweeps.iter().find(|s| s.gpu == r.gpu && s.dtype == r.dtype).and_then(|s| s.best_tflops);
+        r.fraction_of_best = r.run.as_ref().zip(best).map(|(g, b)| g.tflops_median / b);
+    }
+    judge(prepared, config, results, sweeps, telemetry, started_at)
+}
+
+/// A sweep's document read, with its best shape.
+fn sweep_of(gpu: usize, dtype: &str, doc: Result<serde_json::Value, ChildError>) -> SweepResult {
+    let sweep = doc.map_err(|e| e.to_string()).and_then(|d| {
+        serde_json::from_value::<kiln_gpu::gemm::Sweep>(d)
+            .map_err(|e| format!("a document kiln does not read as a sweep: {e}"))
+    });
+    let (sweep, error) = match sweep {
+        Ok(s) => (Some(s), None),
+        Err(e) => (None, Some(e)),
+    };
+    let best = sweep.as_ref().and_then(|s| s.results.get(s.best?));
+    SweepResult {
+        gpu,
+        dtype: dtype.to_string(),
+        best_shape: best.map(|b| b.shape.to_string()),
+        best_tflops: best.map(|b| b.tflops_median),
+        sweep,
+        error,
+    }
 }
 
 /// One run's document read as a GEMM result, with its peak.
@@ -132,7 +206,17 @@ fn result_of(
     };
     let cv = run.as_ref().and_then(|r| kiln_bench::stats::summarize(&r.seconds)).map(|s| s.cv);
     let fraction_of_peak = run.as_ref().zip(peak_tflops).map(|(r, p)| r.tflops_median / p);
-    GemmResult { gpu, dtype: dtype.to_string(), together, run, error, cv, peak_tflops, fraction_of_peak }
+    GemmResult {
+        gpu,
+        dtype: dtype.to_string(),
+        together,
+        run,
+        error,
+        cv,
+        peak_tflops,
+        fraction_of_peak,
+        fraction_of_best: None,
+    }
 }
 
 /// Each type's sampled sums against their median. Two GPUs that both pass the check may differ by
@@ -179,6 +263,7 @@ fn judge(
     prepared: &Prepared,
     config: GemmConfig,
     results: Vec<GemmResult>,
+    sweeps: Vec<SweepResult>,
     telemetry: Vec<telemetry::Sample>,
     started_at: String,
 ) -> Outcome {
@@ -207,6 +292,29 @@ fn judge(
         }
         unstable |= r.cv.is_some_and(|cv| cv > MAX_CV);
     }
+    for sw in &sweeps {
+        let at = format!("GPU {} ({} sweep)", sw.gpu, sw.dtype);
+        if let Some(e) = &sw.error {
+            failures.push(format!("{at}: {e}"));
+        }
+        let peak = prepared_peak(&results, sw.gpu, &sw.dtype);
+        for g in sw.sweep.iter().flat_map(|s| &s.results) {
+            if !g.check.ok {
+                failures.push(format!(
+                    "{at} computed wrong at {}: C[{}][{}] is off by {:.3e} times its allowed error",
+                    g.shape, g.check.worst_at.0, g.check.worst_at.1, g.check.worst_ratio
+                ));
+            }
+            if let Some(p) = peak.filter(|p| g.tflops_best > p * (1.0 + PEAK_MARGIN)) {
+                above.push(format!(
+                    "{at} at {}: {:.1} TFLOP/s, above the datasheet's {p:.1} (+{:.0} %)",
+                    g.shape,
+                    g.tflops_best,
+                    PEAK_MARGIN * 100.0
+                ));
+            }
+        }
+    }
     for a in agreement.iter().filter(|a| !a.ok) {
         for (gpu, together, sum, deviation) in a.sums.iter().filter(|s| s.3 > 1.0) {
             failures.push(format!(
@@ -225,13 +333,24 @@ fn judge(
     } else {
         status_of(unstable)
     };
-    let (metrics, samples) = metrics_of(&config, &results);
+    let (mut metrics, samples) = metrics_of(&config, &results);
+    for sw in &sweeps {
+        if let Some(best) = sw.best_tflops {
+            metrics.push(Metric {
+                name: format!("gpu{}.gemm.{}.best_tflops", sw.gpu, sw.dtype),
+                value: best,
+                unit: "TFLOP/s".into(),
+                direction: Direction::Higher,
+            });
+        }
+    }
     let report = GpuGemmReport {
         program: prepared.program.display().to_string(),
         devices: prepared.devices.clone(),
         config,
         results,
         agreement,
+        sweeps,
         failures,
         invalid,
         status,
@@ -249,6 +368,11 @@ fn judge(
         report: Report::GpuGemm(Box::new(report)),
         telemetry,
     }
+}
+
+/// The datasheet peak a GPU's results in `dtype` were held to.
+fn prepared_peak(results: &[GemmResult], gpu: usize, dtype: &str) -> Option<f64> {
+    results.iter().find(|r| r.gpu == gpu && r.dtype == dtype).and_then(|r| r.peak_tflops)
 }
 
 /// `gpu{i}.gemm.{dtype}.{n}.tflops` (alone) and `….all_tflops` (all GPUs at once), medians, with
@@ -347,6 +471,22 @@ pub fn render(r: &GpuGemmReport) -> String {
             ));
         }
     }
+    for sw in r.sweeps.iter().filter(|s| s.best_shape.is_some()) {
+        let asked = r.results.iter().find(|x| !x.together && x.gpu == sw.gpu && x.dtype == sw.dtype);
+        out.push_str(&format!(
+            "GPU {} {} sweep of {} shapes: best {} at {:.1} TFLOP/s{}\n",
+            sw.gpu,
+            sw.dtype,
+            sw.sweep.as_ref().map_or(0, |s| s.results.len()),
+            sw.best_shape.as_deref().unwrap_or("-"),
+            sw.best_tflops.unwrap_or(0.0),
+            asked.and_then(|x| x.fraction_of_best).map_or_else(String::new, |f| format!(
+                "; n={} reaches {:.1} % of it",
+                r.config.n,
+                f * 100.0
+            ))
+        ));
+    }
     for f in &r.failures {
         out.push_str(&format!("FAIL {f}\n"));
     }
@@ -379,6 +519,7 @@ mod tests {
             name: Some("NVIDIA H200".into()),
             dtype: "bf16".into(),
             n: 8192,
+            shape: kiln_gpu::gemm::Shape::square(8192),
             flops_per_rep: 2.0 * 8192f64.powi(3),
             seconds: vec![0.0015, 0.0015, 0.0016],
             tflops_median: best * 0.98,
@@ -394,6 +535,7 @@ mod tests {
             cv: Some(0.01),
             peak_tflops: Some(989.4),
             fraction_of_peak: Some(0.7),
+            fraction_of_best: None,
         }
     }
 
@@ -406,8 +548,9 @@ mod tests {
             samples: 2,
             gpus: results.iter().map(|r| r.gpu).collect(),
             timeout_s: 60,
+            sweep: None,
         };
-        judge(&prepared, config, results, Vec::new(), "2026-12-05T00:00:00Z".into())
+        judge(&prepared, config, results, Vec::new(), Vec::new(), "2026-12-05T00:00:00Z".into())
     }
 
     #[test]
@@ -436,5 +579,66 @@ mod tests {
         let o = judged(vec![run(0, 100.0, true, 700.0), failed]);
         assert_eq!(o.status, RunStatus::Failed);
         assert!(o.text.contains("FAIL GPU 3 (bf16): did not finish within 60 s"), "{}", o.text);
+    }
+
+    #[test]
+    fn a_sweep_sets_each_gpus_ceiling_and_a_wrong_shape_fails() {
+        let shaped = |shape: &str, rate: f64, ok: bool| {
+            let mut g = run(0, 1.0, ok, rate).run.unwrap();
+            g.shape = kiln_gpu::gemm::Shape::parse(shape).unwrap();
+            g.tflops_median = rate;
+            g
+        };
+        let sweep = |results: Vec<GemmRun>, best| kiln_gpu::gemm::Sweep {
+            device: 0,
+            name: None,
+            dtype: "bf16".into(),
+            results,
+            best,
+        };
+        let doc = serde_json::to_value(sweep(
+            vec![shaped("4096", 600.0, true), shaped("8192x8192x16384", 760.0, true)],
+            Some(1),
+        ))
+        .unwrap();
+        let sw = sweep_of(0, "bf16", Ok(doc));
+        assert_eq!((sw.best_shape.as_deref(), sw.best_tflops), (Some("8192x8192x16384"), Some(760.0)));
+        let mut alone = run(0, 100.0, true, 700.0);
+        alone.fraction_of_best = Some(alone.run.as_ref().unwrap().tflops_median / 760.0);
+        let prepared = Prepared { program: "/opt/kiln-gpu".into(), devices: Vec::new() };
+        let config = GemmConfig {
+            dtypes: vec!["bf16".into()],
+            n: 8192,
+            reps: 3,
+            samples: 2,
+            gpus: vec![0],
+            timeout_s: 60,
+            sweep: Some("4096,8192x8192x16384".into()),
+        };
+        let o = judge(&prepared, config.clone(), vec![alone.clone()], vec![sw], Vec::new(), "t".into());
+        assert_eq!(o.status, RunStatus::Ok, "{}", o.text);
+        assert!(
+            o.text.contains(
+                "GPU 0 bf16 sweep of 2 shapes: best 8192x8192x16384 at 760.0 TFLOP/s; n=8192 reaches 90.3 % of it"
+            ),
+            "{}",
+            o.text
+        );
+        assert!(o.metrics.iter().any(|m| m.name == "gpu0.gemm.bf16.best_tflops" && m.value == 760.0));
+        // A shape computed wrong fails the run; one above the datasheet makes it invalid.
+        let doc = serde_json::to_value(sweep(vec![shaped("2048", 500.0, false)], None)).unwrap();
+        let o = judge(
+            &prepared,
+            config.clone(),
+            vec![alone.clone()],
+            vec![sweep_of(0, "bf16", Ok(doc))],
+            Vec::new(),
+            "t".into(),
+        );
+        assert_eq!(o.status, RunStatus::Failed);
+        assert!(o.text.contains("FAIL GPU 0 (bf16 sweep) computed wrong at 2048x2048x2048"), "{}", o.text);
+        let doc = serde_json::to_value(sweep(vec![shaped("2048", 1100.0, true)], Some(0))).unwrap();
+        let o = judge(&prepared, config, vec![alone], vec![sweep_of(0, "bf16", Ok(doc))], Vec::new(), "t".into());
+        assert_eq!(o.status, RunStatus::Invalid);
     }
 }
