@@ -278,3 +278,38 @@ fn on_fake_hgx_memory(args: &[&str], program: &Path, db: &Path) -> Run {
     let fixture = h100x8();
     kiln(&all, &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", program), ("KILN_DB", db)])
 }
+
+#[test]
+fn a_burn_names_the_gpu_that_miscomputed_while_all_ran_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let stand = tempfile::tempdir().unwrap();
+    let program = stand_in(stand.path(), &[]);
+    // A real burn of the library on the CPU, then GPU 1's copy with a failed check.
+    let args: Vec<String> = "--n 64 --seconds 1.2 --samples 8".split_whitespace().map(String::from).collect();
+    let burn = gemm::burn(&Device::Cpu, &gemm::BurnOptions::parse(&args).unwrap(), None).unwrap();
+    for device in [0, 1] {
+        let mut b = burn.clone();
+        b.device = device;
+        if device == 1 {
+            (b.failed_checks, b.first_failure_s) = (1, Some(1.0));
+            b.intervals[0].ok = false;
+        }
+        let mut doc = serde_json::to_value(&b).unwrap();
+        doc["schema_version"] = 1.into();
+        std::fs::write(stand.path().join(format!("burn-{device}.json")), doc.to_string()).unwrap();
+    }
+    let run = on_fake_hgx(&["--gpus", "0,1", "--n", "64", "--burn", "2s"], &program, &db);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!((doc["benchmark"].as_str(), doc["status"].as_str()), (Some("gpu-burn"), Some("failed")), "{doc}");
+    let failures = doc["report"]["failures"].to_string();
+    assert!(failures.contains("GPU 1 computed wrong in 1 of"), "{failures}");
+    assert!(!failures.contains("GPU 0"), "{failures}");
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"gpu0.burn.bf16.tflops") && names.contains(&"gpu1.burn.bf16.min_tflops"), "{names:?}");
+    // A duration that is none is refused before anything runs.
+    let run = on_fake_hgx(&["--burn", "10 parsecs"], &program, &db);
+    assert_eq!(run.code(), Some(2), "{}", run.describe());
+}

@@ -328,6 +328,128 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
     })
 }
 
+/// What `kiln-gpu burn` does: products back to back on one device for `seconds`.
+#[derive(Debug, Clone)]
+pub struct BurnOptions {
+    pub device: usize,
+    pub dtype: DType,
+    pub shape: Shape,
+    pub seconds: f64,
+    pub samples: usize,
+}
+
+impl BurnOptions {
+    /// `--device N --dtype T --n N|--shape MxNxK --seconds S --samples N`, each optional.
+    pub fn parse(args: &[String]) -> anyhow::Result<BurnOptions> {
+        let mut seconds = 60.0;
+        let mut rest = Vec::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--seconds" {
+                let value = it.next().context("--seconds needs a value")?;
+                seconds = value.parse::<f64>().with_context(|| format!("--seconds {value:?}: not a number"))?;
+            } else {
+                rest.push(flag.clone());
+            }
+        }
+        anyhow::ensure!(seconds > 0.0 && seconds <= 7.0 * 86_400.0, "--seconds {seconds}: above 0, at most a week");
+        let o = Options::parse(&rest)?;
+        Ok(BurnOptions { device: o.device, dtype: o.dtype, shape: o.shape, seconds, samples: o.samples })
+    }
+}
+
+/// One second (or so) of a burn.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Interval {
+    /// When it ended, seconds since the burn began.
+    pub at_s: f64,
+    pub products: u64,
+    pub tflops: f64,
+    /// The interval's last product passed the check against the f64 reference.
+    pub ok: bool,
+}
+
+/// `kiln-gpu burn`'s document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Burn {
+    pub device: usize,
+    pub name: Option<String>,
+    pub dtype: String,
+    pub shape: Shape,
+    pub seconds: f64,
+    pub products: u64,
+    pub intervals: Vec<Interval>,
+    /// Intervals whose product failed the check, and when the first did.
+    pub failed_checks: u64,
+    pub first_failure_s: Option<f64>,
+    /// The worst check of the burn (the first failing one, else the worst passing one).
+    pub worst: Check,
+}
+
+/// Multiplies the same inputs back to back for `o.seconds`, each product to the device's
+/// completion; about every second the rate of the products since the last and a check of the
+/// latest against the f64 reference: a GPU that miscomputes when hot, or slows down, shows when.
+///
+/// # Errors
+/// The device fails an operation (out of memory, a lost device).
+pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::Result<Burn> {
+    let Shape { m, n, k } = o.shape;
+    let a = input(m, k, 1, o.dtype)?.to_device(device)?;
+    let b = input(k, n, 2, o.dtype)?.to_device(device)?;
+    let samples = o.samples.min(m).min(n);
+    let started = Instant::now();
+    let (mut products, mut since) = (0u64, 0u64);
+    let mut last = 0.0;
+    let mut intervals = Vec::new();
+    let (mut failed_checks, mut first_failure_s, mut worst): (u64, Option<f64>, Option<Check>) = (0, None, None);
+    loop {
+        let c = a.matmul(&b)?;
+        device.synchronize()?;
+        products += 1;
+        since += 1;
+        let now = started.elapsed().as_secs_f64();
+        let done = now >= o.seconds;
+        if now - last >= 1.0 || done {
+            let check = check(&a, &b, &c, samples)?;
+            let at_s = started.elapsed().as_secs_f64();
+            intervals.push(Interval {
+                at_s,
+                products: since,
+                tflops: o.shape.flops() * since as f64 / (now - last) / 1e12,
+                ok: check.ok,
+            });
+            if !check.ok {
+                failed_checks += 1;
+                first_failure_s.get_or_insert(at_s);
+            }
+            let keep = match &worst {
+                None => true,
+                Some(w) if w.ok => !check.ok || check.worst_ratio > w.worst_ratio,
+                Some(_) => false,
+            };
+            if keep {
+                worst = Some(check);
+            }
+            (last, since) = (started.elapsed().as_secs_f64(), 0);
+        }
+        if done {
+            break;
+        }
+    }
+    Ok(Burn {
+        device: o.device,
+        name,
+        dtype: format!("{:?}", o.dtype).to_lowercase(),
+        shape: o.shape,
+        seconds: started.elapsed().as_secs_f64(),
+        products,
+        intervals,
+        failed_checks,
+        first_failure_s,
+        worst: worst.expect("a burn checks at least once"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,6 +506,22 @@ mod tests {
         let top = sweep.results.iter().map(|r| r.tflops_median).fold(0.0, f64::max);
         assert_eq!(sweep.results[best].tflops_median, top);
         assert_eq!(SweepOptions::parse(&[]).unwrap().shapes.len(), 12);
+    }
+
+    /// A short burn on the CPU: products counted, an interval about every second, each checked.
+    #[test]
+    fn a_burn_counts_products_and_checks_each_interval() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = BurnOptions::parse(&args("--dtype bf16 --n 64 --seconds 2.2 --samples 8")).unwrap();
+        let burn = burn(&Device::Cpu, &o, None).unwrap();
+        assert!(burn.seconds >= 2.2 && burn.products > 10, "{burn:?}");
+        assert!((2..=4).contains(&burn.intervals.len()), "{:?}", burn.intervals);
+        assert_eq!(burn.intervals.iter().map(|i| i.products).sum::<u64>(), burn.products);
+        assert!(burn.intervals.iter().all(|i| i.ok && i.tflops > 0.0));
+        assert_eq!((burn.failed_checks, burn.first_failure_s), (0, None));
+        assert!(burn.worst.ok);
+        assert!(BurnOptions::parse(&args("--seconds 0")).is_err());
+        assert!(BurnOptions::parse(&args("--seconds x")).is_err());
     }
 
     #[test]

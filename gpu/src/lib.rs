@@ -63,6 +63,13 @@ pub mod backend {
         gemm::measure(&device, options, info.map(|d| d.name))
     }
 
+    pub fn burn(options: &gemm::BurnOptions) -> anyhow::Result<gemm::Burn> {
+        let device = candle_core::Device::new_cuda(options.device)
+            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
+        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
+        gemm::burn(&device, options, info.map(|d| d.name))
+    }
+
     pub fn sweep(options: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
         let device = candle_core::Device::new_cuda(options.device)
             .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
@@ -146,6 +153,10 @@ pub mod backend {
     }
 
     pub fn sweep(_: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn burn(_: &gemm::BurnOptions) -> anyhow::Result<gemm::Burn> {
         anyhow::bail!(NOT_BUILT)
     }
 }

@@ -1,4 +1,4 @@
-//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu bandwidth …`: one JSON document on stdout per command, and
+//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu burn …`, `kiln-gpu bandwidth …`: one JSON document on stdout per command, and
 //! `{"error": …}` with exit status 2 when it cannot measure. The library says what it measures.
 
 use std::process::ExitCode;
@@ -9,6 +9,7 @@ use serde::Serialize;
 const USAGE: &str = "usage: kiln-gpu devices
        kiln-gpu gemm [--device N] [--dtype bf16|f16|f32] [--n N | --shape MxNxK] [--reps N] [--samples N]
        kiln-gpu sweep [--device N] [--dtype bf16|f16|f32] [--shapes N|MxNxK,...] [--reps N] [--samples N]
+       kiln-gpu burn [--device N] [--dtype bf16|f16|f32] [--n N | --shape MxNxK] [--seconds S] [--samples N]
        kiln-gpu bandwidth [--device N] [--mib N] [--reps N] [--cpus LIST]";
 
 fn main() -> ExitCode {
@@ -41,6 +42,10 @@ fn run(args: &[String]) -> anyhow::Result<String> {
         "sweep" => {
             let options = gemm::SweepOptions::parse(rest)?;
             document(&backend::sweep(&options)?)
+        }
+        "burn" => {
+            let options = gemm::BurnOptions::parse(rest)?;
+            document(&backend::burn(&options)?)
         }
         "bandwidth" => {
             let options = bandwidth::Options::parse(rest)?;

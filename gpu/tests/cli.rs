@@ -15,7 +15,13 @@ fn kiln_gpu(args: &[&str]) -> (Option<i32>, serde_json::Value) {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn without_cuda_every_gpu_command_says_what_to_build() {
-    for args in [&["devices"][..], &["gemm", "--n", "64"], &["sweep", "--shapes", "64"], &["bandwidth", "--mib", "1"]] {
+    for args in [
+        &["devices"][..],
+        &["gemm", "--n", "64"],
+        &["sweep", "--shapes", "64"],
+        &["burn", "--seconds", "1"],
+        &["bandwidth", "--mib", "1"],
+    ] {
         let (code, doc) = kiln_gpu(args);
         assert_eq!(code, Some(2), "{doc}");
         let error = doc["error"].as_str().unwrap();

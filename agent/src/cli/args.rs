@@ -88,6 +88,10 @@ pub enum GpuBench {
         /// ceiling, which the --n figure is held to); SHAPES: N or MxNxK, comma-separated
         #[arg(long, value_name = "SHAPES", num_args = 0..=1, default_missing_value = kiln_gpu::gemm::DEFAULT_SWEEP)]
         sweep: Option<String>,
+        /// Instead: every GPU at once, products back to back for DURATION (90s, 10m, 1h), each
+        /// GPU's product checked about every second (the first of --dtypes, at --n)
+        #[arg(long, value_name = "DURATION", conflicts_with = "sweep")]
+        burn: Option<String>,
         #[command(flatten)]
         store: Store,
     },

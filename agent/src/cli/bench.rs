@@ -212,7 +212,10 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 /// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
 fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
     let (benchmark, store, gpus) = match &what {
-        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, sweep, store } => {
+        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, sweep, burn, store } => {
+            if let Some(duration) = burn {
+                runs::gpu::parse_duration(duration).context("--burn")?;
+            }
             if let Some(shapes) = sweep {
                 for shape in shapes.split(',') {
                     kiln_gpu::gemm::Shape::parse(shape).context("--sweep")?;
@@ -224,7 +227,7 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             anyhow::ensure!((16..=65_536).contains(n), "--n {n}: between 16 and 65536");
             anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
             anyhow::ensure!((1..=*n).contains(samples), "--samples {samples}: between 1 and --n");
-            ("gpu-gemm", *store, gpus)
+            (if burn.is_some() { "gpu-burn" } else { "gpu-gemm" }, *store, gpus)
         }
         GpuBench::Memory { mib, reps, gpus, timeout, store } => {
             anyhow::ensure!((1..=65_536).contains(mib), "--mib {mib}: between 1 and 65536");
@@ -241,7 +244,17 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
         Err(skip) => return skipped(ctx, benchmark, skip),
     };
     let outcome = match what {
-        GpuBench::Gemm { dtypes, n, reps, samples, timeout, sweep, .. } => {
+        GpuBench::Gemm { dtypes, n, samples, burn: Some(duration), .. } => {
+            let config = runs::gpu::BurnConfig {
+                dtype: dtypes[0].clone(),
+                n,
+                seconds: runs::gpu::parse_duration(&duration)?,
+                samples,
+                gpus,
+            };
+            runs::gpu::burn(&inv, &prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Gemm { dtypes, n, reps, samples, timeout, sweep, burn: None, .. } => {
             let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout, sweep };
             runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED)
         }

@@ -111,6 +111,7 @@ pub enum Report {
     Scaling(Box<crate::cluster::TrainScalingReport>),
     GpuGemm(Box<gpu::GpuGemmReport>),
     GpuMemory(Box<gpu::GpuMemoryReport>),
+    GpuBurn(Box<gpu::GpuBurnReport>),
 }
 
 impl Report {
@@ -122,6 +123,7 @@ impl Report {
             Report::Gemm(g) => g.invalid.clone(),
             Report::GpuGemm(g) => g.invalid.clone(),
             Report::GpuMemory(g) => g.invalid.clone(),
+            Report::GpuBurn(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -142,6 +144,7 @@ impl Report {
             Report::Scaling(_) => "scaling",
             Report::GpuGemm(_) => "gpu-gemm",
             Report::GpuMemory(_) => "gpu-memory",
+            Report::GpuBurn(_) => "gpu-burn",
         }
     }
 }

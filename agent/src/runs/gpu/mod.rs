@@ -18,9 +18,11 @@ use kiln_gpu::DeviceInfo;
 
 use crate::inventory::Inventory;
 
+mod burn;
 mod gemm;
 mod memory;
 
+pub use burn::{burn, parse_duration, BurnConfig, GpuBurnReport};
 pub use gemm::{gemm, GemmConfig, GpuGemmReport};
 pub use memory::{memory, GpuMemoryReport, MemoryConfig};
 
