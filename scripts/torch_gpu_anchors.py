@@ -2,10 +2,10 @@
 
 GEMM: C = A @ B, square n x n, inputs uniform in [-1, 1) rounded to the type, three untimed products,
 then every repetition timed on the host to the device's completion (synchronize), as kiln-gpu does;
-f32 is true f32 (TF32 off, as candle's default). Copy: dst.copy_(src) on the device, bytes read plus
+f32 is true f32 (TF32 off, as candle's default), tf32 f32 with TF32 allowed. Copy: dst.copy_(src) on the device, bytes read plus
 written, as the issue's 4.3 TB/s figure counts them.
 
-Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32]
+Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32,tf32]
                                     [--copy-mib 2048] [--sweep SHAPES]
 Prints one JSON document on stdout; {"error": ...} and exit 2 where it cannot measure.
 """
@@ -34,7 +34,7 @@ def main():
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--dtypes", default="bf16,f16,f32")
+    p.add_argument("--dtypes", default="bf16,f16,f32,tf32")
     p.add_argument("--copy-mib", type=int, default=2048)
     # kiln-gpu's DEFAULT_SWEEP: the best of these is PyTorch's ceiling, beside kiln's.
     p.add_argument("--sweep", default="", help="shapes N or MxNxK, comma-separated, in the first dtype")
@@ -50,7 +50,7 @@ def main():
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "tf32": torch.float32}
     gen = torch.Generator(device="cpu").manual_seed(1)
     doc = {
         "torch": torch.__version__,
@@ -60,6 +60,8 @@ def main():
     }
     for name in a.dtypes.split(","):
         dt = types[name]
+        # tf32: f32 operands on the tensor cores, as kiln-gpu's tf32 asks of cuBLAS.
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
         x = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
         y = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
         seconds = timed(lambda: torch.matmul(x, y), a.reps, sync)
@@ -88,6 +90,7 @@ def main():
                 "tflops_median": 2.0 * m * n * k / statistics.median(seconds) / 1e12,
             })
             del x, y
+    torch.backends.cuda.matmul.allow_tf32 = False
     elements = a.copy_mib * (1 << 20) // 4
     src = torch.ones(elements, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)

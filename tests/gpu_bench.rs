@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use kiln_gpu::gemm::{self, Options};
 
 use crate::util::{fake_nvml, kiln, needs, Run};
@@ -65,7 +65,7 @@ fn a_kiln_gpu_built_without_cuda_skips_saying_what_to_build() {
 /// A document of `kiln-gpu gemm` for `device`, measured on the CPU by the real library; its
 /// times made steady (the CPU's are not what is under test).
 fn measured(device: usize) -> gemm::Report {
-    let options = Options { device, dtype: DType::BF16, shape: gemm::Shape::square(64), reps: 4, samples: 8 };
+    let options = Options { device, dtype: gemm::Precision::Bf16, shape: gemm::Shape::square(64), reps: 4, samples: 8 };
     let mut r = gemm::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into())).unwrap();
     r.seconds = vec![1.0e-3; 4];
     r.tflops_median = r.flops_per_rep / 1.0e-3 / 1e12;

@@ -52,11 +52,66 @@ impl std::fmt::Display for Shape {
     }
 }
 
+/// A product's number format: how the operands are stored and the product computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Bf16,
+    F16,
+    F32,
+    /// f32 operands multiplied on the tensor cores with TF32 inputs (10-bit mantissas), as
+    /// cuBLAS does when allowed to reduce f32 precision.
+    Tf32,
+}
+
+impl Precision {
+    pub fn parse(text: &str) -> anyhow::Result<Precision> {
+        Ok(match text {
+            "bf16" => Precision::Bf16,
+            "f16" => Precision::F16,
+            "f32" => Precision::F32,
+            "tf32" => Precision::Tf32,
+            other => anyhow::bail!("--dtype {other:?}: bf16, f16, f32 or tf32"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+            Precision::F32 => "f32",
+            Precision::Tf32 => "tf32",
+        }
+    }
+
+    /// How the operands are stored.
+    pub fn storage(self) -> DType {
+        match self {
+            Precision::Bf16 => DType::BF16,
+            Precision::F16 => DType::F16,
+            Precision::F32 | Precision::Tf32 => DType::F32,
+        }
+    }
+
+    /// The unit roundoff of an operand as the product reads it (TF32 rounds f32 inputs to a
+    /// 10-bit mantissa; the other formats read their operands as stored).
+    pub fn input_roundoff(self) -> f64 {
+        match self {
+            Precision::Tf32 => 2f64.powi(-11),
+            _ => 0.0,
+        }
+    }
+
+    /// Tells candle's CUDA backend whether f32 products may use TF32 (a no-op without CUDA).
+    fn select(self) {
+        candle_core::cuda::set_gemm_reduced_precision_f32(self == Precision::Tf32);
+    }
+}
+
 /// What `kiln-gpu gemm` measures.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub device: usize,
-    pub dtype: DType,
+    pub dtype: Precision,
     pub shape: Shape,
     pub reps: usize,
     /// Rows and columns sampled for the check (their grid: samples² values of C).
@@ -66,7 +121,7 @@ pub struct Options {
 impl Options {
     /// `--device N --dtype bf16|f16|f32 --n N|--shape MxNxK --reps N --samples N`, each optional.
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, dtype: DType::BF16, shape: Shape::square(8192), reps: 20, samples: 32 };
+        let mut o = Options { device: 0, dtype: Precision::Bf16, shape: Shape::square(8192), reps: 20, samples: 32 };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -77,14 +132,7 @@ impl Options {
                 "--shape" => o.shape = Shape::parse(value).context("--shape")?,
                 "--reps" => o.reps = number()?,
                 "--samples" => o.samples = number()?,
-                "--dtype" => {
-                    o.dtype = match value.as_str() {
-                        "bf16" => DType::BF16,
-                        "f16" => DType::F16,
-                        "f32" => DType::F32,
-                        other => anyhow::bail!("--dtype {other:?}: bf16, f16 or f32"),
-                    }
-                }
+                "--dtype" => o.dtype = Precision::parse(value)?,
                 other => anyhow::bail!("unknown option {other:?}"),
             }
         }
@@ -139,13 +187,14 @@ pub struct Check {
 /// The device fails an operation (out of memory, a lost device).
 pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Result<Report> {
     let Shape { m, n, k } = o.shape;
-    let a = input(m, k, 1, o.dtype)?.to_device(device)?;
-    let b = input(k, n, 2, o.dtype)?.to_device(device)?;
+    let a = input(m, k, 1, o.dtype.storage())?.to_device(device)?;
+    let b = input(k, n, 2, o.dtype.storage())?.to_device(device)?;
     timed(device, o, &a, &b, name)
 }
 
 /// Three untimed products, then each of `o.reps` timed to the device's completion, then the check.
 fn timed(device: &Device, o: &Options, a: &Tensor, b: &Tensor, name: Option<String>) -> anyhow::Result<Report> {
+    o.dtype.select();
     // Untimed: the library's first call chooses its kernels and the allocator warms up.
     let mut c = a.matmul(b)?;
     for _ in 0..2 {
@@ -159,7 +208,7 @@ fn timed(device: &Device, o: &Options, a: &Tensor, b: &Tensor, name: Option<Stri
         device.synchronize()?;
         seconds.push(t.elapsed().as_secs_f64());
     }
-    let check = check(a, b, &c, o.samples)?;
+    let check = check(a, b, &c, o.samples, o.dtype.input_roundoff())?;
     let flops = o.shape.flops();
     let mut sorted = seconds.clone();
     sorted.sort_by(f64::total_cmp);
@@ -167,7 +216,7 @@ fn timed(device: &Device, o: &Options, a: &Tensor, b: &Tensor, name: Option<Stri
     Ok(Report {
         device: o.device,
         name,
-        dtype: format!("{:?}", o.dtype).to_lowercase(),
+        dtype: o.dtype.name().to_string(),
         n: o.shape.m,
         shape: o.shape,
         flops_per_rep: flops,
@@ -188,7 +237,7 @@ pub const DEFAULT_SWEEP: &str =
 #[derive(Debug, Clone)]
 pub struct SweepOptions {
     pub device: usize,
-    pub dtype: DType,
+    pub dtype: Precision,
     pub shapes: Vec<Shape>,
     pub reps: usize,
     pub samples: usize,
@@ -235,8 +284,8 @@ pub fn sweep(device: &Device, o: &SweepOptions, name: Option<String>) -> anyhow:
     let mut results = Vec::with_capacity(o.shapes.len());
     for &shape in &o.shapes {
         let Shape { m, n, k } = shape;
-        let a = Tensor::rand(-1f32, 1f32, (m, k), device)?.to_dtype(o.dtype)?;
-        let b = Tensor::rand(-1f32, 1f32, (k, n), device)?.to_dtype(o.dtype)?;
+        let a = Tensor::rand(-1f32, 1f32, (m, k), device)?.to_dtype(o.dtype.storage())?;
+        let b = Tensor::rand(-1f32, 1f32, (k, n), device)?.to_dtype(o.dtype.storage())?;
         let options =
             Options { device: o.device, dtype: o.dtype, shape, reps: o.reps, samples: o.samples.min(m).min(n) };
         results.push(timed(device, &options, &a, &b, name.clone())?);
@@ -247,7 +296,7 @@ pub fn sweep(device: &Device, o: &SweepOptions, name: Option<String>) -> anyhow:
         .filter(|(_, r)| r.check.ok)
         .max_by(|a, b| a.1.tflops_median.total_cmp(&b.1.tflops_median))
         .map(|(i, _)| i);
-    Ok(Sweep { device: o.device, name, dtype: format!("{:?}", o.dtype).to_lowercase(), results, best })
+    Ok(Sweep { device: o.device, name, dtype: o.dtype.name().to_string(), results, best })
 }
 
 /// A rows×cols operand, the same on every device: a xorshift sequence from `seed` in [-1, 1),
@@ -285,8 +334,9 @@ fn unit_roundoff(dtype: DType) -> f64 {
 
 /// Compares the sampled grid of C with an f64 product of the same inputs. A value may be off by
 /// rounding its result to the output type (u·|ref|) plus the error of a float32 accumulation of k
-/// products (a generous 16·2⁻²⁴·√k·‖products‖₂); anything beyond is a wrong result.
-pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Result<Check> {
+/// products (a generous 16·2⁻²⁴·√k·‖products‖₂), plus, where the product reads its operands
+/// rounded (TF32: `input_roundoff` u_in), 2·u_in·Σ|aᵢbᵢ|; anything beyond is a wrong result.
+pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize, input_roundoff: f64) -> anyhow::Result<Check> {
     let (n, k) = a.dims2()?;
     let m = b.dims2()?.1;
     let rows = sampled(n, samples);
@@ -302,15 +352,19 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
     let (mut sum, mut allowed_sum) = (0.0, 0.0);
     for (ri, row) in a_rows.iter().enumerate() {
         for (ci, col) in b_cols.iter().enumerate() {
-            let (mut reference, mut squares) = (0.0f64, 0.0f64);
+            let (mut reference, mut squares, mut absolute) = (0.0f64, 0.0f64, 0.0f64);
             for (x, y) in row.iter().zip(col) {
                 let p = f64::from(*x) * f64::from(*y);
                 reference += p;
                 squares += p * p;
+                absolute += p.abs();
             }
             let got = f64::from(c_grid[ri][ci]);
             sum += got;
-            let allowed = u_out * reference.abs() + accumulation * squares.sqrt() + f64::MIN_POSITIVE;
+            let allowed = u_out * reference.abs()
+                + accumulation * squares.sqrt()
+                + 2.0 * input_roundoff * absolute
+                + f64::MIN_POSITIVE;
             allowed_sum += allowed;
             let ratio = if got.is_finite() { (got - reference).abs() / allowed } else { f64::INFINITY };
             if ratio > worst.0 || ratio.is_nan() {
@@ -332,7 +386,7 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize) -> anyhow::Resu
 #[derive(Debug, Clone)]
 pub struct BurnOptions {
     pub device: usize,
-    pub dtype: DType,
+    pub dtype: Precision,
     pub shape: Shape,
     pub seconds: f64,
     pub samples: usize,
@@ -394,9 +448,10 @@ pub struct Burn {
 /// The device fails an operation (out of memory, a lost device).
 pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::Result<Burn> {
     let Shape { m, n, k } = o.shape;
-    let a = input(m, k, 1, o.dtype)?.to_device(device)?;
-    let b = input(k, n, 2, o.dtype)?.to_device(device)?;
+    let a = input(m, k, 1, o.dtype.storage())?.to_device(device)?;
+    let b = input(k, n, 2, o.dtype.storage())?.to_device(device)?;
     let samples = o.samples.min(m).min(n);
+    o.dtype.select();
     let started = Instant::now();
     let (mut products, mut since) = (0u64, 0u64);
     let mut last = 0.0;
@@ -410,7 +465,7 @@ pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::R
         let now = started.elapsed().as_secs_f64();
         let done = now >= o.seconds;
         if now - last >= 1.0 || done {
-            let check = check(&a, &b, &c, samples)?;
+            let check = check(&a, &b, &c, samples, o.dtype.input_roundoff())?;
             let at_s = started.elapsed().as_secs_f64();
             intervals.push(Interval {
                 at_s,
@@ -439,7 +494,7 @@ pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::R
     Ok(Burn {
         device: o.device,
         name,
-        dtype: format!("{:?}", o.dtype).to_lowercase(),
+        dtype: o.dtype.name().to_string(),
         shape: o.shape,
         seconds: started.elapsed().as_secs_f64(),
         products,
@@ -454,14 +509,14 @@ pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::R
 mod tests {
     use super::*;
 
-    fn options(dtype: DType, n: usize) -> Options {
+    fn options(dtype: Precision, n: usize) -> Options {
         Options { device: 0, dtype, shape: Shape::square(n), reps: 3, samples: 8 }
     }
 
     /// On the CPU: every type's product passes its check, every repetition is timed.
     #[test]
     fn a_right_product_passes_its_check_in_every_type() {
-        for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for dtype in [Precision::Bf16, Precision::F16, Precision::F32, Precision::Tf32] {
             let r = measure(&Device::Cpu, &options(dtype, 96), None).unwrap();
             assert!(r.check.ok, "{dtype:?}: {:?}", r.check);
             assert_eq!((r.seconds.len(), r.check.values), (3, 64));
@@ -476,14 +531,14 @@ mod tests {
             let a = input(64, 64, 1, dtype).unwrap();
             let b = input(64, 64, 2, dtype).unwrap();
             let c = a.matmul(&b).unwrap();
-            assert!(check(&a, &b, &c, 8).unwrap().ok);
+            assert!(check(&a, &b, &c, 8, 0.0).unwrap().ok);
             let scaled = (c.to_dtype(DType::F32).unwrap() * 1.01).unwrap().to_dtype(dtype).unwrap();
-            assert!(!check(&a, &b, &scaled, 8).unwrap().ok, "{dtype:?}: 1 % off passed");
+            assert!(!check(&a, &b, &scaled, 8, 0.0).unwrap().ok, "{dtype:?}: 1 % off passed");
             // One value (row 9, column 18: both sampled) replaced.
             let mut values = c.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
             values[9][18] += 0.5;
             let flipped = Tensor::new(values, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let found = check(&a, &b, &flipped, 8).unwrap();
+            let found = check(&a, &b, &flipped, 8, 0.0).unwrap();
             assert!(!found.ok && found.worst_at == (9, 18), "{dtype:?}: {found:?}");
         }
     }
@@ -492,7 +547,8 @@ mod tests {
     /// one named.
     #[test]
     fn rectangular_products_and_a_sweep_are_measured_and_checked() {
-        let o = Options { device: 0, dtype: DType::BF16, shape: Shape { m: 48, n: 80, k: 112 }, reps: 2, samples: 8 };
+        let o =
+            Options { device: 0, dtype: Precision::Bf16, shape: Shape { m: 48, n: 80, k: 112 }, reps: 2, samples: 8 };
         let r = measure(&Device::Cpu, &o, None).unwrap();
         assert!(r.check.ok, "{:?}", r.check);
         assert_eq!((r.shape, r.flops_per_rep), (o.shape, 2.0 * 48.0 * 80.0 * 112.0));
@@ -528,7 +584,8 @@ mod tests {
     fn options_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         let o = Options::parse(&args("--dtype f16 --n 4096 --reps 5 --device 3")).unwrap();
-        assert_eq!((o.dtype, o.shape, o.reps, o.device), (DType::F16, Shape::square(4096), 5, 3));
+        assert_eq!((o.dtype, o.shape, o.reps, o.device), (Precision::F16, Shape::square(4096), 5, 3));
+        assert_eq!(Options::parse(&args("--dtype tf32")).unwrap().dtype.storage(), DType::F32);
         let o = Options::parse(&args("--shape 256x512x128")).unwrap();
         assert_eq!(o.shape, Shape { m: 256, n: 512, k: 128 });
         assert_eq!(o.shape.flops(), 2.0 * 256.0 * 512.0 * 128.0);

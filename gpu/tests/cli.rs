@@ -35,8 +35,8 @@ fn without_cuda_every_gpu_command_says_what_to_build() {
 fn bad_options_are_refused_with_the_reason() {
     let (code, doc) = kiln_gpu(&["gemm", "--dtype", "fp4"]);
     assert_eq!(code, Some(2));
-    assert!(doc["error"].as_str().unwrap().contains("bf16, f16 or f32"), "{doc}");
-    let (code, doc) = kiln_gpu(&["burn"]);
+    assert!(doc["error"].as_str().unwrap().contains("bf16, f16, f32 or tf32"), "{doc}");
+    let (code, doc) = kiln_gpu(&["melt"]);
     assert_eq!(code, Some(2));
     assert!(doc["error"].as_str().unwrap().contains("unknown command"), "{doc}");
 }

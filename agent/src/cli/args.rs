@@ -65,7 +65,7 @@ pub enum GpuBench {
     /// Dense matrix multiply on each GPU alone and on all at once, every product checked against an
     /// f64 reference on a sampled grid and across GPUs, against the datasheet's peak
     Gemm {
-        /// Data types, comma-separated: bf16, f16, f32
+        /// Data types, comma-separated: bf16, f16, f32, tf32 (f32 operands on the tensor cores)
         #[arg(long, value_delimiter = ',', default_value = "bf16")]
         dtypes: Vec<String>,
         /// Square size n (n×n times n×n)

@@ -222,7 +222,10 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
                 }
             }
             for d in dtypes {
-                anyhow::ensure!(["bf16", "f16", "f32"].contains(&d.as_str()), "--dtypes {d}: bf16, f16 or f32");
+                anyhow::ensure!(
+                    ["bf16", "f16", "f32", "tf32"].contains(&d.as_str()),
+                    "--dtypes {d}: bf16, f16, f32 or tf32"
+                );
             }
             anyhow::ensure!((16..=65_536).contains(n), "--n {n}: between 16 and 65536");
             anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
@@ -419,7 +422,11 @@ fn run_suite(
             Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),
             Ok(prepared) => {
                 let config = runs::gpu::GemmConfig {
-                    dtypes: if quick { vec!["bf16".into()] } else { vec!["bf16".into(), "f16".into(), "f32".into()] },
+                    dtypes: if quick {
+                        vec!["bf16".into()]
+                    } else {
+                        ["bf16", "f16", "f32", "tf32"].map(String::from).to_vec()
+                    },
                     n: 8192,
                     reps: if quick { 10 } else { 20 },
                     samples: 32,
