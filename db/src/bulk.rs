@@ -67,7 +67,7 @@ impl Drop for Statement {
 
 /// Inserts `rows` into `into` (`table (columns)`) through prepared statements of
 /// [`ROWS_PER_STATEMENT`] rows (and one of a single row for the rest), each row's `width` fields
-/// from `fields`, in the connection's current transaction.
+/// from `fields`, in the connection's current transaction; fewer than [`SMALL`] rows through sqlx.
 ///
 /// # Errors
 /// SQLite's own error for the statement or the row (a full disk, a constraint), as sqlx reports
@@ -79,6 +79,9 @@ pub(crate) async fn sqlite_insert<'r, R>(
     rows: &'r [R],
     fields: impl Fn(&'r R, &mut Vec<Field<'r>>),
 ) -> Result<(), sqlx::Error> {
+    if rows.len() < SMALL {
+        return small_insert(conn, into, width, rows, fields).await;
+    }
     let mut handle = conn.lock_handle().await?;
     let db = handle.as_raw_handle().as_ptr();
     let failed = |handle: &mut sqlx::sqlite::LockedSqliteHandle<'_>, code: c_int| match handle.last_error() {
@@ -151,6 +154,38 @@ pub(crate) async fn sqlite_insert<'r, R>(
     Ok(())
 }
 
+/// Below this many rows (one agent's upload, one saved run) preparing statements afresh costs
+/// more than it saves: the rows go through sqlx, whose statements stay prepared between calls.
+const SMALL: usize = 256;
+
+/// A few rows as one multi-row INSERT through sqlx (its statement cache keeps it prepared).
+async fn small_insert<'r, R>(
+    conn: &mut SqliteConnection,
+    into: &str,
+    width: usize,
+    rows: &'r [R],
+    fields: impl Fn(&'r R, &mut Vec<Field<'r>>),
+) -> Result<(), sqlx::Error> {
+    let mut values = Vec::with_capacity(width * rows.len());
+    for r in rows {
+        fields(r, &mut values);
+    }
+    assert_eq!(values.len(), width * rows.len(), "bulk rows of the wrong width for {into}");
+    let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(format!("INSERT INTO {into} "));
+    q.push_values(values.chunks(width), |mut b, row| {
+        for f in row {
+            match *f {
+                Field::Int(v) => b.push_bind(v),
+                Field::Real(v) => b.push_bind(v),
+                Field::Text(v) => b.push_bind(v),
+                Field::Null => b.push_bind(None::<&str>),
+            };
+        }
+    });
+    q.build().execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// Rows per multi-row INSERT of [`sqlite_insert`] (at most 10 columns × 64 = 640 parameters, far
 /// under SQLite's limit of 32,766).
 const ROWS_PER_STATEMENT: usize = 64;
@@ -190,7 +225,7 @@ mod tests {
             assert_eq!(back, rows, "every value to the bit, text and NULL included");
             // A duplicate key: SQLite's constraint error, as sqlx reports database errors; the
             // connection still works afterwards.
-            let e = sqlite_insert(&mut c, "t (i, r, s)", 3, &rows[..1], |r, out| {
+            let e = sqlite_insert(&mut c, "t (i, r, s)", 3, &rows[..300], |r, out| {
                 out.extend([Field::Int(r.0), Field::Real(r.1), Field::Null]);
             })
             .await
@@ -199,6 +234,22 @@ mod tests {
             assert_eq!(db.code().as_deref(), Some("1555"), "{db}");
             let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(&mut c).await.unwrap();
             assert_eq!(n, 1000);
+            // A few rows take sqlx's path: the same values, the same errors.
+            let few: Vec<(i64, f64, Option<String>)> = vec![(5000, 0.25, None), (5001, -1e300, Some("x".into()))];
+            fn fill<'r>(r: &'r (i64, f64, Option<String>), out: &mut Vec<Field<'r>>) {
+                out.extend([Field::Int(r.0), Field::Real(r.1), r.2.as_deref().into()]);
+            }
+            sqlite_insert(&mut c, "t (i, r, s)", 3, &few, fill).await.unwrap();
+            let back: Vec<(i64, f64, Option<String>)> = sqlx::query("SELECT i, r, s FROM t WHERE i >= 5000 ORDER BY i")
+                .fetch_all(&mut c)
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| (row.get(0), row.get(1), row.get(2)))
+                .collect();
+            assert_eq!(back, few);
+            let e = sqlite_insert(&mut c, "t (i, r, s)", 3, &few, fill).await.unwrap_err();
+            assert_eq!(e.as_database_error().unwrap().code().as_deref(), Some("1555"));
         });
     }
 }
