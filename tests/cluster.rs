@@ -366,7 +366,9 @@ fn the_fabric_test_names_the_slow_node_and_nothing_on_a_symmetric_cluster() {
     );
     assert!(run.output.status.success(), "{}", run.describe());
     let md = std::fs::read_to_string(md).unwrap();
-    let slow: Vec<&str> = md.lines().filter(|l| l.starts_with("SLOW")).collect();
+    // Bandwidth findings only: on two shared CPUs, four ranks' round trips are the scheduler's
+    // (a node's latency finding comes and goes), while the bandwidth the links allow is exact.
+    let slow: Vec<&str> = md.lines().filter(|l| l.starts_with("SLOW") && !l.contains("round trips")).collect();
     assert_eq!(slow.len(), 1, "{md}");
     assert!(
         slow[0].contains(&format!("node vm/{}-2", fabric.name)) || slow[0].contains(&format!("{}-2", fabric.name)),
