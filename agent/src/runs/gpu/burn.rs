@@ -10,7 +10,7 @@ use kiln_gpu::gemm::Burn;
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{interpret, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use super::{interpret, judged_status, read_document, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
 use crate::inventory::Inventory;
 use crate::render::Progress;
 use crate::runs::{sampler, samples_of, Outcome, Report};
@@ -87,15 +87,9 @@ pub fn burn(inv: &Inventory, prepared: &Prepared, config: BurnConfig, interrupte
         .iter()
         .zip(ended)
         .map(|(&gpu, ended)| {
-            let doc = interpret(&ended, limit).map_err(|e| e.to_string()).and_then(|d| {
-                serde_json::from_value::<Burn>(d).map_err(|e| format!("a document kiln does not read as a burn: {e}"))
-            });
             let name = inv.gpus.devices.iter().find(|d| d.index as usize == gpu).and_then(|d| d.name.clone());
             let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, &config.dtype));
-            let (burn, error) = match doc {
-                Ok(b) => (Some(b), None),
-                Err(e) => (None, Some(e)),
-            };
+            let (burn, error) = read_document::<Burn>(interpret(&ended, limit), "a burn");
             let rates: Vec<f64> = burn.iter().flat_map(|b| b.intervals.iter().map(|i| i.tflops)).collect();
             let median_tflops = kiln_bench::stats::summarize(&rates).map(|s| s.median);
             let min_tflops = rates.iter().copied().reduce(f64::min);
@@ -150,11 +144,7 @@ fn judge(
         }
     }
     let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = match (&invalid, failures.is_empty()) {
-        (Some(_), _) => RunStatus::Invalid,
-        (None, false) => RunStatus::Failed,
-        (None, true) => RunStatus::Ok,
-    };
+    let status = judged_status(&invalid, &failures, false);
     let report = GpuBurnReport {
         program: prepared.program.display().to_string(),
         devices: prepared.devices.clone(),

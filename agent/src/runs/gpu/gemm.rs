@@ -9,10 +9,10 @@ use kiln_gpu::gemm::Report as GemmRun;
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{interpret, run_all, ChildError, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use super::{interpret, judged_status, read_document, run_all, ChildError, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
 use crate::inventory::Inventory;
 use crate::render::Progress;
-use crate::runs::{sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use crate::telemetry;
 use crate::timefmt::now_rfc3339;
 
@@ -168,14 +168,7 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
 
 /// A sweep's document read, with its best shape.
 fn sweep_of(gpu: usize, dtype: &str, doc: Result<serde_json::Value, ChildError>) -> SweepResult {
-    let sweep = doc.map_err(|e| e.to_string()).and_then(|d| {
-        serde_json::from_value::<kiln_gpu::gemm::Sweep>(d)
-            .map_err(|e| format!("a document kiln does not read as a sweep: {e}"))
-    });
-    let (sweep, error) = match sweep {
-        Ok(s) => (Some(s), None),
-        Err(e) => (None, Some(e)),
-    };
+    let (sweep, error) = read_document::<kiln_gpu::gemm::Sweep>(doc, "a sweep");
     let best = sweep.as_ref().and_then(|s| s.results.get(s.best?));
     SweepResult {
         gpu,
@@ -195,15 +188,9 @@ fn result_of(
     together: bool,
     doc: Result<serde_json::Value, ChildError>,
 ) -> GemmResult {
-    let run = doc.map_err(|e| e.to_string()).and_then(|d| {
-        serde_json::from_value::<GemmRun>(d).map_err(|e| format!("a document kiln does not read as a GEMM: {e}"))
-    });
     let name = inv.gpus.devices.iter().find(|d| d.index as usize == gpu).and_then(|d| d.name.clone());
     let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, dtype));
-    let (run, error) = match run {
-        Ok(r) => (Some(r), None),
-        Err(e) => (None, Some(e)),
-    };
+    let (run, error) = read_document::<GemmRun>(doc, "a GEMM");
     let cv = run.as_ref().and_then(|r| kiln_bench::stats::summarize(&r.seconds)).map(|s| s.cv);
     let fraction_of_peak = run.as_ref().zip(peak_tflops).map(|(r, p)| r.tflops_median / p);
     GemmResult {
@@ -326,13 +313,7 @@ fn judge(
         }
     }
     let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = if invalid.is_some() {
-        RunStatus::Invalid
-    } else if !failures.is_empty() {
-        RunStatus::Failed
-    } else {
-        status_of(unstable)
-    };
+    let status = judged_status(&invalid, &failures, unstable);
     let (mut metrics, samples) = metrics_of(&config, &results);
     for sw in &sweeps {
         if let Some(best) = sw.best_tflops {

@@ -13,10 +13,10 @@ use kiln_gpu::bandwidth::{Copies, Report as Bandwidth};
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{interpret, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use super::{interpret, judged_status, read_document, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
 use crate::inventory::Inventory;
 use crate::render::Progress;
-use crate::runs::{sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use crate::telemetry;
 use crate::timefmt::now_rfc3339;
 
@@ -169,14 +169,7 @@ pub fn memory(inv: &Inventory, prepared: &Prepared, config: MemoryConfig, interr
             })
             .collect();
         for (planned, ended) in round.into_iter().zip(run_all(&prepared.program, &args, timeout, interrupted)) {
-            let run = interpret(&ended, timeout).map_err(|e| e.to_string()).and_then(|doc| {
-                serde_json::from_value::<Bandwidth>(doc)
-                    .map_err(|e| format!("a document kiln does not read as bandwidth: {e}"))
-            });
-            let (run, error) = match run {
-                Ok(r) => (Some(r), None),
-                Err(e) => (None, Some(e)),
-            };
+            let (run, error) = read_document::<Bandwidth>(interpret(&ended, timeout), "bandwidth");
             results.push(MemoryResult { planned, run, error });
         }
     }
@@ -237,13 +230,7 @@ fn judge(
         }
     }
     let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = if invalid.is_some() {
-        RunStatus::Invalid
-    } else if !failures.is_empty() {
-        RunStatus::Failed
-    } else {
-        status_of(unstable)
-    };
+    let status = judged_status(&invalid, &failures, unstable);
     let (metrics, samples) = metrics_of(&results);
     let report = GpuMemoryReport {
         program: prepared.program.display().to_string(),

@@ -103,6 +103,33 @@ pub fn interpret(ended: &Ended, timeout: Duration) -> Result<serde_json::Value, 
     Err(ChildError::Garbled { status: ended.code, stderr: ended.stderr.clone() })
 }
 
+/// A run's document read as `T` (`what` names it in the error), or why there is none: the pair a
+/// result keeps (`run`, `error`).
+pub(super) fn read_document<T: serde::de::DeserializeOwned>(
+    doc: Result<serde_json::Value, ChildError>,
+    what: &str,
+) -> (Option<T>, Option<String>) {
+    let read = doc.map_err(|e| e.to_string()).and_then(|d| {
+        serde_json::from_value::<T>(d).map_err(|e| format!("a document kiln does not read as {what}: {e}"))
+    });
+    match read {
+        Ok(t) => (Some(t), None),
+        Err(e) => (None, Some(e)),
+    }
+}
+
+/// A GPU run's status: `invalid` when a figure broke its ceiling, else `failed` when a GPU failed,
+/// else `unstable` or `ok`.
+pub(super) fn judged_status(invalid: &Option<String>, failures: &[String], unstable: bool) -> kiln_db::RunStatus {
+    if invalid.is_some() {
+        kiln_db::RunStatus::Invalid
+    } else if !failures.is_empty() {
+        kiln_db::RunStatus::Failed
+    } else {
+        crate::runs::status_of(unstable)
+    }
+}
+
 /// `kiln-gpu`: `KILN_GPU` when set, else the one beside this kiln, else the first on `PATH`.
 pub fn locate() -> Result<PathBuf, Skip> {
     if let Some(path) = std::env::var_os("KILN_GPU").filter(|p| !p.is_empty()) {
