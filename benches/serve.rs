@@ -91,32 +91,15 @@ fn median_ms(n: usize, mut f: impl FnMut()) -> f64 {
 /// The fleet questions through the server on a fleet of `hosts × nights × metrics`, stored at
 /// `db` (a file in `dir`, or a PostgreSQL URL).
 fn large_fleet(engine: &str, db: &Path, hosts: usize, nights: usize, metrics: usize) {
-    let spec = fleet_gen::FleetSpec {
-        hosts,
-        configs: 8,
-        nights,
-        metrics,
-        samples_per_metric: 0,
-        sampled_metrics: 0,
-        gpus: 0,
-        telemetry_points: 0,
-        end: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600,
-        seed: 5,
-    };
-    let t = Instant::now();
-    let (export, rows, ..) = fleet_gen::generate(&spec);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("fleet.jsonl");
-    std::fs::write(&file, &export).unwrap();
-    drop(export);
-    let generated = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    kiln(db, &["import", file.to_str().unwrap()]);
-    println!(
-        "{engine}: large fleet: {hosts} hosts × {nights} nights × {metrics} metrics = {rows} metric rows (generated in \
-         {generated:.0} s, imported in {:.0} s)",
-        t.elapsed().as_secs_f64()
-    );
+    // `KILN_BENCH_LARGE_DB=FILE` keeps the SQLite large fleet in FILE and reuses it when it exists
+    // (the import takes minutes; the questions are what a change to the read path moves).
+    let kept = std::env::var_os("KILN_BENCH_LARGE_DB").filter(|_| engine == "sqlite").map(std::path::PathBuf::from);
+    let db = kept.as_deref().unwrap_or(db);
+    if kept.as_ref().is_some_and(|k| k.exists()) {
+        println!("{engine}: large fleet: reusing {}", db.display());
+    } else {
+        import_large_fleet(engine, db, hosts, nights, metrics);
+    }
     let (server, addr) = start_server(db);
     let client: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let since = format!("{}d", nights + 10);
@@ -144,6 +127,36 @@ fn large_fleet(engine: &str, db: &Path, hosts: usize, nights: usize, metrics: us
         );
     }
     stop(server);
+}
+
+/// Generates the large fleet and imports it into `db`.
+fn import_large_fleet(engine: &str, db: &Path, hosts: usize, nights: usize, metrics: usize) {
+    let spec = fleet_gen::FleetSpec {
+        hosts,
+        configs: 8,
+        nights,
+        metrics,
+        samples_per_metric: 0,
+        sampled_metrics: 0,
+        gpus: 0,
+        telemetry_points: 0,
+        end: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600,
+        seed: 5,
+    };
+    let t = Instant::now();
+    let (export, rows, ..) = fleet_gen::generate(&spec);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleet.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    drop(export);
+    let generated = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    kiln(db, &["import", file.to_str().unwrap()]);
+    println!(
+        "{engine}: large fleet: {hosts} hosts × {nights} nights × {metrics} metrics = {rows} metric rows (generated in \
+         {generated:.0} s, imported in {:.0} s)",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 fn main() {

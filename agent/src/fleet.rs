@@ -713,16 +713,13 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
         handles.into_iter().map(|h| h.join().expect("a regression search thread panicked")).collect()
     });
     let mut out = Vec::new();
-    let mut config_nights = ConfigNights::new();
+    // Each configuration's points stay in the parts the threads gathered (joining them would copy
+    // every point of the fleet once more).
+    let mut config_nights: BTreeMap<_, (&str, &str, Direction, Vec<Vec<(i64, f64)>>)> = BTreeMap::new();
     for (found, nights) in parts {
         out.extend(found);
-        for (k, mut v) in nights {
-            match config_nights.entry(k) {
-                std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().3.append(&mut v.3),
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(v);
-                }
-            }
+        for (k, (name, unit, direction, points)) in nights {
+            config_nights.entry(k).or_insert_with(|| (name, unit, direction, Vec::new())).3.push(points);
         }
     }
     // Each configuration's nightly series, on every core too (a configuration's series gathers
@@ -745,11 +742,11 @@ pub fn regressions(fleet: &Fleet, filter: &Filter, noise: f64) -> Vec<Regression
 fn config_regression(
     ((config, (benchmark, _, metric)), (config_name, unit, direction, points)): &(
         (&str, SeriesId<'_>),
-        (&str, &str, Direction, Vec<(i64, f64)>),
+        (&str, &str, Direction, Vec<Vec<(i64, f64)>>),
     ),
     noise: f64,
 ) -> Option<Regression> {
-    let series = nightly_medians(points.iter().copied());
+    let series = nightly_medians(points.iter().flatten().copied());
     let values: Vec<f64> = series.iter().map(|p| p.1).collect();
     let change = detect(&values, noise, 0x636f6e66)?;
     is_worse(*direction, change.ratio).then(|| Regression {
@@ -853,12 +850,37 @@ fn host_regressions<'f>(
 }
 
 /// The median of each UTC day's values, at the day's start: a configuration's nightly series.
-pub fn nightly_medians(points: impl IntoIterator<Item = (i64, f64)>) -> Vec<(i64, f64)> {
-    let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-    for (t, v) in points {
-        nights.entry(t.div_euclid(86_400)).or_default().push(v);
+pub fn nightly_medians<I>(points: I) -> Vec<(i64, f64)>
+where
+    I: IntoIterator<Item = (i64, f64)>,
+    I::IntoIter: Clone,
+{
+    let points = points.into_iter().map(|(t, v)| (t.div_euclid(86_400), v));
+    let (first, last, count) =
+        points.clone().fold((i64::MAX, i64::MIN, 0u64), |(a, b, n), p| (a.min(p.0), b.max(p.0), n + 1));
+    if count == 0 {
+        return vec![];
     }
-    nights.into_iter().map(|(day, mut v)| (day * 86_400, median_in_place(&mut v))).collect()
+    // A configuration's series has one night per day of the window (and 100,000 points in a large
+    // fleet): binned by day in a dense table where the days are that dense, in a map otherwise.
+    let span = last.abs_diff(first);
+    if span < 4 * count + 1024 {
+        let mut nights: Vec<Vec<f64>> = vec![Vec::new(); span as usize + 1];
+        for (day, v) in points {
+            nights[(day - first) as usize].push(v);
+        }
+        (first..)
+            .zip(nights)
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(day, mut v)| (day * 86_400, median_in_place(&mut v)))
+            .collect()
+    } else {
+        let mut nights: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for (day, v) in points {
+            nights.entry(day).or_default().push(v);
+        }
+        nights.into_iter().map(|(day, mut v)| (day * 86_400, median_in_place(&mut v))).collect()
+    }
 }
 
 /// `30d`, `12h`, `2w`, `90m` → seconds.
@@ -946,6 +968,18 @@ mod tests {
                 level * (1.0 + sigma * z)
             })
             .collect()
+    }
+
+    /// Each UTC day's median at the day's start, in day order, whether the days are dense (a table)
+    /// or sparse (a map), before the epoch too.
+    #[test]
+    fn nightly_medians_bin_by_utc_day() {
+        let day = 86_400;
+        let dense = [(5 * day + 10, 3.0), (3 * day + 5, 1.0), (5 * day + 20, 5.0), (3 * day, 2.0), (5 * day + 1, 4.0)];
+        assert_eq!(nightly_medians(dense), vec![(3 * day, 1.5), (5 * day, 4.0)]);
+        let sparse = [(9_000 * day + 1, 7.0), (-day + 1, 1.0), (-day + 2, 3.0)];
+        assert_eq!(nightly_medians(sparse), vec![(-day, 2.0), (9_000 * day, 7.0)]);
+        assert_eq!(nightly_medians([]), vec![]);
     }
 
     /// Detection and false-alarm rates on synthetic nightly series (30 nights, 1 % noise, noise

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use kiln_db::{AnyStore, Direction};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::fleet::{differences, Comparison, ConfigSummary, MetricSummary, Outlier, Regression};
 
@@ -225,81 +225,108 @@ pub fn render_outliers(outliers: &[OutlierEntry], threshold: f64, min_deviation:
     out
 }
 
-type Context = Option<(Option<String>, Option<String>, Option<String>)>;
-
-/// Run contexts already read: the regressions of one host share their runs.
-#[derive(Default)]
-pub struct Explainer {
-    contexts: std::collections::HashMap<String, Context>,
-    differences: std::collections::HashMap<(String, String), Vec<String>>,
+/// What the runs around the regressions were measured on, and the differences already worked out
+/// (the regressions of one host share their runs; a fleet-wide software update shares its pair of
+/// stacks across hosts).
+struct Explainer {
+    contexts: kiln_db::RunContexts,
+    /// `contexts.runs` by parsed id.
+    runs: HashMap<uuid::Uuid, kiln_db::RunRefs>,
+    /// The answer for each pair of consecutive runs already asked about.
+    pairs: HashMap<(uuid::Uuid, uuid::Uuid), Vec<String>>,
+    software: HashMap<(Option<String>, Option<String>), Vec<String>>,
+    inventories: HashMap<(Option<String>, Option<String>), Vec<String>>,
 }
 
 impl Explainer {
-    async fn context(&mut self, store: &mut AnyStore, run: &str) -> kiln_db::Result<Context> {
-        if let Some(c) = self.contexts.get(run) {
-            return Ok(c.clone());
+    /// What differs between two runs: software stack, firmware, kernel, configuration.
+    fn between(&mut self, good: uuid::Uuid, bad: uuid::Uuid) -> Vec<String> {
+        if let Some(d) = self.pairs.get(&(good, bad)) {
+            return d.clone();
         }
-        let c = store.run_context(run).await?;
-        self.contexts.insert(run.to_string(), c.clone());
-        Ok(c)
+        let d = self.differences(good, bad);
+        self.pairs.insert((good, bad), d.clone());
+        d
     }
 
-    async fn between(&mut self, store: &mut AnyStore, good: &str, bad: &str) -> kiln_db::Result<Vec<String>> {
-        let key = (good.to_string(), bad.to_string());
-        if let Some(d) = self.differences.get(&key) {
-            return Ok(d.clone());
+    fn differences(&mut self, good: uuid::Uuid, bad: uuid::Uuid) -> Vec<String> {
+        let (Some(a), Some(b)) = (self.runs.get(&good), self.runs.get(&bad)) else { return vec![] };
+        let mut out = Vec::new();
+        if a.software_fingerprint != b.software_fingerprint {
+            let docs = &self.contexts.software;
+            let diffs = self.software.entry((a.software_id.clone(), b.software_id.clone())).or_insert_with(|| {
+                differences(&parse(docs, &a.software_id), &parse(docs, &b.software_id), &|_| true, 8)
+            });
+            out.push(format!(
+                "software stack {} → {}",
+                a.software_fingerprint.as_deref().map_or("-", short),
+                b.software_fingerprint.as_deref().map_or("-", short)
+            ));
+            out.extend(diffs.iter().map(|d| format!("  {d}")));
         }
-        let a = self.context(store, good).await?;
-        let b = self.context(store, bad).await?;
-        let d = run_differences(a, b);
-        self.differences.insert(key, d.clone());
-        Ok(d)
+        if a.inventory_id != b.inventory_id {
+            let firmware = |k: &str| {
+                let k = k.to_ascii_lowercase();
+                ["bios", "firmware", "vbios", "microcode", "kernel_release", "driver_version", "fingerprints.config"]
+                    .iter()
+                    .any(|w| k.contains(w))
+            };
+            let docs = &self.contexts.inventories;
+            let diffs = self.inventories.entry((a.inventory_id.clone(), b.inventory_id.clone())).or_insert_with(|| {
+                differences(&parse(docs, &a.inventory_id), &parse(docs, &b.inventory_id), &firmware, 8)
+            });
+            if !diffs.is_empty() {
+                out.push("inventory:".into());
+                out.extend(diffs.iter().map(|d| format!("  {d}")));
+            }
+        }
+        out
     }
 }
 
-/// What differs between two runs: software stack, firmware, kernel, configuration.
-fn run_differences(a: Context, b: Context) -> Vec<String> {
-    let (Some(a), Some(b)) = (a, b) else { return vec![] };
-    let mut out = Vec::new();
-    let parse = |s: &Option<String>| {
-        s.as_deref().and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok()).unwrap_or(serde_json::Value::Null)
-    };
-    if a.0 != b.0 {
-        let diffs = differences(&parse(&a.1), &parse(&b.1), &|_| true, 8);
-        out.push(format!(
-            "software stack {} → {}",
-            a.0.as_deref().map_or("-", short),
-            b.0.as_deref().map_or("-", short)
-        ));
-        out.extend(diffs.into_iter().map(|d| format!("  {d}")));
+/// A stored document by id, parsed (`null` when absent or not JSON).
+fn parse(docs: &HashMap<String, String>, id: &Option<String>) -> serde_json::Value {
+    id.as_ref()
+        .and_then(|id| docs.get(id))
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Says what changed at each regression ([`explain`]), reading what the runs around all of them
+/// were measured on in a few batched statements.
+pub async fn explain_all(store: &mut AnyStore, regressions: &mut [Regression]) -> kiln_db::Result<()> {
+    let boundaries: BTreeSet<(uuid::Uuid, uuid::Uuid)> =
+        regressions.iter().flat_map(|r| r.around.windows(2).map(|w| (w[0].1, w[1].1))).collect();
+    if boundaries.is_empty() {
+        return Ok(());
     }
-    let firmware = |k: &str| {
-        let k = k.to_ascii_lowercase();
-        ["bios", "firmware", "vbios", "microcode", "kernel_release", "driver_version", "fingerprints.config"]
-            .iter()
-            .any(|w| k.contains(w))
-    };
-    let diffs = differences(&parse(&a.2), &parse(&b.2), &firmware, 8);
-    if !diffs.is_empty() {
-        out.push("inventory:".into());
-        out.extend(diffs.into_iter().map(|d| format!("  {d}")));
+    let asked: Vec<(String, String)> = boundaries.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let mut contexts = store.run_contexts(&asked).await?;
+    let runs = std::mem::take(&mut contexts.runs)
+        .into_iter()
+        .filter_map(|(id, refs)| Some((id.parse().ok()?, refs)))
+        .collect();
+    let mut explainer =
+        Explainer { contexts, runs, pairs: HashMap::new(), software: HashMap::new(), inventories: HashMap::new() };
+    for r in regressions {
+        explain(&mut explainer, r);
     }
-    out
+    Ok(())
 }
 
 /// What changed at a host's regression: the software, firmware or inventory difference between
 /// consecutive runs nearest the estimated change point (within two runs). When the nearest change
 /// is not at the estimate, the regression is moved to it, and says so.
-pub async fn explain(store: &mut AnyStore, cache: &mut Explainer, r: &mut Regression) -> kiln_db::Result<()> {
+fn explain(explainer: &mut Explainer, r: &mut Regression) {
     if r.around.len() < 2 {
-        return Ok(());
+        return;
     }
     // Boundaries (i-1, i) by distance from the estimated one.
     let mut order: Vec<usize> = (1..r.around.len()).collect();
     order.sort_by_key(|&i| i.abs_diff(r.around_at));
     for i in order {
         let (good, bad) = (r.around[i - 1], r.around[i]);
-        let diffs = cache.between(store, &good.1.to_string(), &bad.1.to_string()).await?;
+        let diffs = explainer.between(good.1, bad.1);
         if !diffs.is_empty() {
             if i != r.around_at {
                 r.changed.push(format!(
@@ -312,11 +339,10 @@ pub async fn explain(store: &mut AnyStore, cache: &mut Explainer, r: &mut Regres
                 r.first_bad_run = Some(bad.1);
             }
             r.changed.extend(diffs);
-            return Ok(());
+            return;
         }
     }
     r.changed.push("no change in software, firmware or inventory near the change point".into());
-    Ok(())
 }
 
 pub fn render_regressions(regs: &[Regression], since_days: f64) -> String {

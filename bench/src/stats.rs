@@ -131,7 +131,7 @@ pub fn bootstrap_ratio_ci(a: &[f64], b: &[f64], resamples: usize, seed: u64, lev
 /// The Hodges–Lehmann estimate of the ratio `after / before` (the median of all pairwise ratios,
 /// taken on the log scale) with its distribution-free Moses confidence interval from the
 /// Mann–Whitney statistic's normal approximation; `z` is the two-sided critical value (2.576 for
-/// 99 %). `None` unless every value is positive. Exact rank statistics in O(n₁n₂ log n₁n₂): for
+/// 99 %). `None` unless every value is positive. Exact rank statistics in O(n₁n₂) (selection): for
 /// nightly series far cheaper than resampling.
 pub fn shift_ratio_ci(before: &[f64], after: &[f64], z: f64) -> Option<(f64, f64, f64)> {
     if before.is_empty()
@@ -146,11 +146,21 @@ pub fn shift_ratio_ci(before: &[f64], after: &[f64], z: f64) -> Option<(f64, f64
         let la = a.ln();
         d.extend(lb.iter().map(|b| la - b));
     }
-    d.sort_unstable_by(f64::total_cmp);
     let (n1, n2) = (before.len() as f64, after.len() as f64);
+    let len = d.len();
     let cut = (n1 * n2 / 2.0 - z * (n1 * n2 * (n1 + n2 + 1.0) / 12.0).sqrt()).floor().max(0.0) as usize;
-    let cut = cut.min((d.len() - 1) / 2);
-    Some((median_sorted(&d).exp(), d[cut].exp(), d[d.len() - 1 - cut].exp()))
+    let cut = cut.min((len - 1) / 2);
+    // Three order statistics of the differences (the median, the `cut`-th from each end), found by
+    // selection in O(n₁n₂) rather than a sort: `cut` ≤ the median's index ≤ `len - 1 - cut`.
+    let m = len / 2;
+    let (lower, &mut mid, upper) = d.select_nth_unstable_by(m, f64::total_cmp);
+    let median = if len % 2 == 1 { mid } else { (lower.iter().copied().fold(f64::NEG_INFINITY, f64::max) + mid) / 2.0 };
+    let lo = if cut == m { mid } else { *lower.select_nth_unstable_by(cut, f64::total_cmp).1 };
+    let hi = match len - 1 - cut - m {
+        0 => mid,
+        above => *upper.select_nth_unstable_by(above - 1, f64::total_cmp).1,
+    };
+    Some((median.exp(), lo.exp(), hi.exp()))
 }
 
 /// Whether [`shift_ratio_ci`]'s interval certainly reaches down to `lower_at_most` and up to
@@ -259,6 +269,27 @@ mod tests {
         let (est, lo, hi) = shift_ratio_ci(&before, &after, 2.576).unwrap();
         assert!((est - 0.9).abs() < 0.005 && lo <= est && est <= hi && hi < 1.0, "{est} [{lo}, {hi}]");
         assert!(shift_ratio_ci(&[0.0, 1.0], &[1.0], 1.96).is_none());
+    }
+
+    /// Selection finds the same three order statistics as sorting every difference would, for odd
+    /// and even counts, ties, and a `cut` at the median.
+    #[test]
+    fn the_interval_by_selection_equals_the_interval_by_sorting() {
+        let mut state = 11u64;
+        for case in 0..2_000 {
+            let (n1, n2) = (1 + case % 23, 1 + (case * 5) % 19);
+            let mut draw = || 50.0 + ((splitmix64(&mut state) >> 11) % [1000, 7][case % 2]) as f64;
+            let before: Vec<f64> = (0..n1).map(|_| draw()).collect();
+            let after: Vec<f64> = (0..n2).map(|_| draw()).collect();
+            let z = [2.576, 1.96, 0.0, 9.0][case % 4];
+            let mut d: Vec<f64> = after.iter().flat_map(|a| before.iter().map(move |b| a.ln() - b.ln())).collect();
+            d.sort_unstable_by(f64::total_cmp);
+            let (f1, f2) = (n1 as f64, n2 as f64);
+            let cut = ((f1 * f2 / 2.0 - z * (f1 * f2 * (f1 + f2 + 1.0) / 12.0).sqrt()).floor().max(0.0) as usize)
+                .min((d.len() - 1) / 2);
+            let sorted = (median_sorted(&d).exp(), d[cut].exp(), d[d.len() - 1 - cut].exp());
+            assert_eq!(shift_ratio_ci(&before, &after, z), Some(sorted), "case {case}: {n1}×{n2}, cut {cut}");
+        }
     }
 
     /// The shortcut agrees with the exact interval wherever it claims an overlap, and claims it

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::{
-    Access, ApplyRow, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunDetail, RunRow,
-    StepRow, Store, TokenRow, VerdictRow,
+    Access, ApplyRow, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunContexts,
+    RunDetail, RunRow, StepRow, Store, TokenRow, VerdictRow,
 };
 
 /// Where results are stored: an SQLite file (a path, or `sqlite://PATH`) or a PostgreSQL database
@@ -120,8 +120,8 @@ impl AnyStore {
         fn last_runs(&mut self) -> Result<BTreeMap<String, String>>;
         /// Every series key and host with its series (see [`Store::fleet`]).
         fn fleet(&mut self, since: Option<i64>) -> Result<Fleet>;
-        /// What a run was measured on (see [`Store::run_context`]).
-        fn run_context(&mut self, run_id: &str) -> Result<Option<(Option<String>, Option<String>, Option<String>)>>;
+        /// What runs were measured on, batched (see [`Store::run_contexts`]).
+        fn run_contexts(&mut self, boundaries: &[(String, String)]) -> Result<RunContexts>;
         /// The mean of each telemetry channel of a run.
         fn telemetry_means(&mut self, run_id: &str) -> Result<Vec<(String, String, f64, i64)>>;
         /// A host's newest inventory (collected at, document).

@@ -255,6 +255,26 @@ pub struct RunDetail {
     pub telemetry: Vec<(i64, String, String, f64)>,
 }
 
+/// What a run was measured on: its software stack (fingerprint and id) and inventory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunRefs {
+    pub software_fingerprint: Option<String>,
+    pub software_id: Option<String>,
+    pub inventory_id: Option<String>,
+}
+
+/// What runs were measured on, and the documents needed to say how consecutive runs differ
+/// ([`Store::run_contexts`]).
+#[derive(Debug, Default)]
+pub struct RunContexts {
+    /// By run id; a run that is not stored is absent.
+    pub runs: std::collections::HashMap<String, RunRefs>,
+    /// Software stack documents by id.
+    pub software: std::collections::HashMap<String, String>,
+    /// Inventory documents by id.
+    pub inventories: std::collections::HashMap<String, String>,
+}
+
 /// A stored JSON document serialised as the JSON it holds, not as a string of it; text that is not
 /// JSON (never written by kiln) stays a string.
 fn as_json<S: serde::Serializer>(text: &str, s: S) -> std::result::Result<S::Ok, S::Error> {

@@ -164,10 +164,7 @@ pub async fn regressions_view(
     let filter = Filter { since: Some(start), metric, across_software: true };
     let fleet = store.fleet(filter.since).await?;
     let mut regressions = fleet::regressions(&fleet, &filter, noise);
-    let mut cache = fleet_view::Explainer::default();
-    for r in regressions.iter_mut() {
-        fleet_view::explain(store, &mut cache, r).await?;
-    }
+    fleet_view::explain_all(store, &mut regressions).await?;
     let days = (crate::timefmt::now_unix() - start) as f64 / 86_400.0;
     Ok(Regressions { since: since.to_string(), noise, regressions, days })
 }

@@ -9,8 +9,8 @@ use super::{Conn, DbRow, Store};
 use crate::fleet::{direction_of, Fleet, FleetHost};
 use crate::series::{period_of, HostSeries, Series, SeriesKey};
 use crate::{
-    like_prefix, ApplyRow, DbError, HostRow, InventoryRow, Metric, NewVerdict, Result, RunDetail, RunRow, StepRow,
-    VerdictRow, RUN_COLUMNS,
+    like_prefix, ApplyRow, DbError, HostRow, InventoryRow, Metric, NewVerdict, Result, RunContexts, RunDetail, RunRefs,
+    RunRow, StepRow, VerdictRow, RUN_COLUMNS,
 };
 
 /// The columns [`apply_row`] reads, in its order.
@@ -346,20 +346,58 @@ impl Store {
         Ok(Fleet { keys, hosts })
     }
 
-    /// What a run was measured on: (software fingerprint, software document, inventory document).
-    pub async fn run_context(
-        &mut self,
-        run_id: &str,
-    ) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
-        let row = sqlx::query(
-            "SELECT s.fingerprint, s.document, i.document FROM runs r LEFT JOIN software_stacks s ON s.id = r.software_id \
-             LEFT JOIN inventories i ON i.id = r.inventory_id WHERE r.id = $1",
-        )
-        .bind(run_id)
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(self.sql_err())?;
-        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    /// What runs were measured on, by run id, with the documents of the stacks and inventories in
+    /// which consecutive runs of `boundaries` differ (the documents of runs that share their stack
+    /// and inventory are never read: a regression search may ask about thousands of runs, and an
+    /// inventory can be tens of kilobytes). Batched: a handful of statements for any number of runs.
+    pub async fn run_contexts(&mut self, boundaries: &[(String, String)]) -> Result<RunContexts> {
+        let err = self.sql_err();
+        let ids: BTreeSet<&str> = boundaries.iter().flat_map(|(a, b)| [a.as_str(), b.as_str()]).collect();
+        let ids: Vec<&str> = ids.into_iter().collect();
+        let mut out = RunContexts::default();
+        for chunk in ids.chunks(crate::MAX_BINDS) {
+            let mut q = sqlx::QueryBuilder::new(
+                "SELECT r.id, s.fingerprint, r.software_id, r.inventory_id FROM runs r \
+                 LEFT JOIN software_stacks s ON s.id = r.software_id WHERE r.id IN (",
+            );
+            let mut sep = q.separated(", ");
+            for id in chunk {
+                sep.push_bind(*id);
+            }
+            q.push(")");
+            for r in q.build().fetch_all(&mut self.conn).await.map_err(&err)? {
+                let refs = RunRefs { software_fingerprint: r.get(1), software_id: r.get(2), inventory_id: r.get(3) };
+                out.runs.insert(r.get(0), refs);
+            }
+        }
+        // The documents that a boundary's difference needs.
+        let (mut software, mut inventories) = (BTreeSet::new(), BTreeSet::new());
+        for (a, b) in boundaries {
+            let (Some(a), Some(b)) = (out.runs.get(a), out.runs.get(b)) else { continue };
+            if a.software_fingerprint != b.software_fingerprint {
+                software.extend([&a.software_id, &b.software_id].into_iter().flatten().cloned());
+            }
+            if a.inventory_id != b.inventory_id {
+                inventories.extend([&a.inventory_id, &b.inventory_id].into_iter().flatten().cloned());
+            }
+        }
+        for (table, wanted, into) in
+            [("software_stacks", software, &mut out.software), ("inventories", inventories, &mut out.inventories)]
+        {
+            let wanted: Vec<String> = wanted.into_iter().collect();
+            for chunk in wanted.chunks(crate::MAX_BINDS) {
+                let mut q = sqlx::QueryBuilder::new(format!("SELECT id, document FROM {table} WHERE id IN ("));
+                let mut sep = q.separated(", ");
+                for id in chunk {
+                    sep.push_bind(id);
+                }
+                q.push(")");
+                for r in q.build().fetch_all(&mut self.conn).await.map_err(&err)? {
+                    into.insert(r.get(0), r.get(1));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The mean of each telemetry channel of a run: (source, name, mean, samples).
