@@ -640,6 +640,51 @@ fn two_services_on_one_postgresql_share_its_fleet() {
     site.check_db();
 }
 
+/// Two services given the same new hosts at once (an agent that retried on the other replica):
+/// a lock on `runs` held from outside keeps both uploads' transactions open until both have
+/// started, so each sees the hosts absent when it begins. Both must be stored, once.
+#[test]
+fn two_services_on_one_postgresql_take_the_same_new_hosts_at_once() {
+    let Some(site) = Site::postgres("two imports racing on PostgreSQL") else { return };
+    let token = site.token("box", "agent");
+    let (a, b) = (Server::start(&site.server_db(), &[]), Server::start(&site.server_db(), &[]));
+    let (export, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 40, ..crate::fleet::spec_seeded(37) });
+    let pg = site.pg.as_ref().unwrap();
+    std::thread::scope(|scope| {
+        let held = scope
+            .spawn(|| pg.psql("kiln", "BEGIN; LOCK TABLE runs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT;"));
+        // Until the lock is taken: no upload may reach `runs` before it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while pg
+            .psql(
+                "kiln",
+                "SELECT COUNT(*) FROM pg_locks WHERE relation = 'runs'::regclass AND mode = 'AccessExclusiveLock'",
+            )
+            .trim()
+            != "1"
+        {
+            assert!(std::time::Instant::now() < deadline, "the lock on runs was never taken");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sent: Vec<_> = [&a.url, &b.url]
+            .into_iter()
+            .map(|url| {
+                let (token, export) = (&token, &export);
+                scope.spawn(move || post(url, Some(token), export))
+            })
+            .collect();
+        for s in sent {
+            let (status, _, body) = s.join().unwrap();
+            assert_eq!(status, 200, "{body}");
+        }
+        held.join().unwrap();
+    });
+    assert_eq!(runs_in(&site), 40 * crate::fleet::spec_seeded(37).nights, "every run once");
+    let hosts = pg.psql("kiln", "SELECT COUNT(*), COUNT(DISTINCT identity) FROM hosts");
+    assert_eq!(hosts.trim(), "40|40", "every host once");
+    site.check_db();
+}
+
 #[test]
 fn postgresql_urls_are_taken_where_they_serve_and_refused_clearly_elsewhere() {
     let url = "postgres://kiln:s3cret@localhost/kiln?host=/nonexistent-kiln-socket-dir";

@@ -48,6 +48,17 @@ async fn copy_in(conn: &mut Conn, statement: &str, data: String) -> std::result:
 /// Nothing to prepare: PostgreSQL sizes its own buffers.
 async fn prepare_import(_conn: &mut Conn) {}
 
+/// The advisory lock that imports take in turn (`pg_advisory_xact_lock`): "kilnimpt".
+const IMPORT_LOCK: i64 = 0x6b69_6c6e_696d_7074;
+
+/// Makes an import's transaction the only importer until it ends. Two imports at once (two
+/// services on one database, or `kiln import` beside one) would each find a new host absent and
+/// insert it; the second would then fail on the first's row, or map records onto a software stack
+/// it never stored. Taken in turn, each sees what the one before it committed. Readers never wait.
+async fn one_writer(tx: &mut Conn) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(IMPORT_LOCK).execute(tx).await.map(|_| ())
+}
+
 #[path = "shared/mod.rs"]
 pub(crate) mod shared;
 

@@ -5,7 +5,7 @@
 //! both engines take: `$N` placeholders, `ON CONFLICT`, standard functions only; `rowid` (an
 //! insertion order SQLite keeps by itself) is an identity column in the PostgreSQL schema.
 
-use super::{bulk_insert, copy_in, prepare_import, Conn, Db, DbRow, Store, BEGIN_WRITE, COPY_IN};
+use super::{bulk_insert, copy_in, one_writer, prepare_import, Conn, Db, DbRow, Store, BEGIN_WRITE, COPY_IN};
 
 pub(crate) mod import;
 pub(crate) mod index;
