@@ -32,7 +32,7 @@ impl Store {
         // A page cache large enough that a big import does not spill pages mid-transaction.
         super::prepare_import(&mut self.conn).await;
         let mut tx = self.conn.begin_with(super::BEGIN_WRITE).await.map_err(&err)?;
-        super::one_writer(&mut *tx).await.map_err(&err)?;
+        super::one_writer(&mut tx).await.map_err(&err)?;
         let stats = import_into(&mut tx, records, malformed).await.map_err(|e| e.into_import(&err))?;
         tx.commit().await.map_err(&err)?;
         Ok(stats)
@@ -57,7 +57,7 @@ impl Store {
         // (Only a hint: a failure here fails nothing.)
         super::prepare_import(&mut self.conn).await;
         let begun = match self.conn.begin_with(super::BEGIN_WRITE).await {
-            Ok(mut tx) => super::one_writer(&mut *tx).await.map(|()| tx),
+            Ok(mut tx) => super::one_writer(&mut tx).await.map(|()| tx),
             Err(e) => Err(e),
         };
         let mut tx = match begun {
