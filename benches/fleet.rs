@@ -105,7 +105,15 @@ async fn pg_anchor(url: &str, rows: usize) -> f64 {
 }
 
 /// The import and the read commands on PostgreSQL.
-fn postgres(file: &std::path::Path, bare_file: &std::path::Path, metrics: usize, bare_metrics: usize, hosts: usize) {
+/// `rows`: every row the import writes (metrics, samples and telemetry points).
+fn postgres(
+    file: &std::path::Path,
+    bare_file: &std::path::Path,
+    metrics: usize,
+    rows: usize,
+    bare_metrics: usize,
+    hosts: usize,
+) {
     if let Some(missing) = pg_cluster::missing() {
         println!("postgresql: SKIPPED — needs {missing}");
         return;
@@ -118,9 +126,11 @@ fn postgres(file: &std::path::Path, bare_file: &std::path::Path, metrics: usize,
     let rate = metrics as f64 / import;
     println!("postgresql: anchor (same run): sqlx batched {:.0} k rows/s", batched / 1e3);
     println!(
-        "postgresql: import: {metrics} metric rows (with samples and telemetry) in {import:.2} s = {:.0} k metric rows/s ({:.2}x the batched anchor)",
+        "postgresql: import: {metrics} metric rows (with samples and telemetry) in {import:.2} s = {:.0} k metric rows/s ({:.2}x the batched anchor); every row: {:.0} k rows/s ({:.2}x)",
         rate / 1e3,
-        rate / batched
+        rate / batched,
+        rows as f64 / import / 1e3,
+        rows as f64 / import / batched
     );
     let again = time(&["import", file.to_str().unwrap()], url.as_str(), &[0]);
     println!("postgresql: import again (idempotent, nothing new): {again:.2} s");
@@ -177,12 +187,13 @@ fn main() {
     let naive = rt.block_on(anchor(&base.join("anchor.db"), 100_000, false));
     let batched = rt.block_on(anchor(&base.join("anchor.db"), 1_200_000, true));
     let rate = metrics as f64 / import;
+    let all_rows = metrics + samples + telemetry;
     println!(
         "anchors (same run): sqlx row by row {:.0} k rows/s, sqlx batched {:.0} k rows/s",
         naive / 1e3,
         batched / 1e3
     );
-    println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x; {:.1}x row by row, {:.2}x batched)", rate / 1e3, rate / 500e3, rate / naive, rate / batched);
+    println!("import: {metrics} metric rows (+ {samples} samples, {telemetry} telemetry points) in {import:.2} s = {:.0} k metric rows/s (target >= 500 k/s: {:.2}x; {:.1}x row by row, {:.2}x batched); every row: {:.0} k rows/s ({:.2}x batched)", rate / 1e3, rate / 500e3, rate / naive, rate / batched, all_rows as f64 / import / 1e3, all_rows as f64 / import / batched);
     let again = time(&["import", file.to_str().unwrap()], &db, &[0]);
     println!("import again (idempotent, nothing new): {again:.2} s");
     // The same fleet with metrics only (no samples, no telemetry): the metric-row rate alone.
@@ -196,7 +207,7 @@ fn main() {
     let secs = time(&["import", bare_file.to_str().unwrap()], &bare_db, &[0]);
     let bare_rate = bare_metrics as f64 / secs;
     println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x; {:.2}x the batched anchor, where the issue's figures put the target at 500/810 = 0.62x)", bare_rate / 1e3, bare_rate / 500e3, bare_rate / batched);
-    postgres(&file, &bare_file, metrics, bare_metrics, hosts);
+    postgres(&file, &bare_file, metrics, all_rows, bare_metrics, hosts);
 
     let report = |name: &str, args: &[&str], codes: &[i32], target: f64, n: usize| {
         let times: Vec<f64> = (0..n).map(|_| time(args, &db, codes)).collect();
