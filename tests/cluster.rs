@@ -194,7 +194,13 @@ fn without_a_launcher_cluster_says_what_it_needs_and_reads_its_launcher() {
 fn collectives_over_mpi_are_correct_and_stored_by_every_rank() {
     let Some(kiln_mpi) = mpi_kiln("collectives_over_mpi_are_correct_and_stored_by_every_rank") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let run = mpirun(&kiln_mpi, 4, dir.path(), "cluster collectives --max-bytes 256K --iterations 5 --json");
+    // Every rank also uploads its part to a fleet service, as a nightly job's ranks would.
+    let site = crate::serve::Site::new();
+    let agent = site.token("ranks", "agent");
+    let server = crate::serve::Server::start(&site.server_db(), &[]);
+    let args =
+        format!("--server {} --token {agent} cluster collectives --max-bytes 256K --iterations 5 --json", server.url);
+    let run = mpirun(&kiln_mpi, 4, dir.path(), &args);
     assert_eq!(run.code(), Some(0), "{}", run.describe());
     let doc = document(&run);
     let report = &doc["report"];
@@ -220,6 +226,22 @@ fn collectives_over_mpi_are_correct_and_stored_by_every_rank() {
     assert!(runs.iter().any(|(r, x)| *r == 0 && x["id"] == run_id), "{runs:?}");
     let id = &report["cluster_id"];
     assert!(runs.iter().all(|(_, x)| &x["config"]["cluster_id"] == id), "one cluster run: {runs:?}");
+    // The fleet service holds the four parts as one cluster run, and draws it.
+    let there = site.admin(&["runs", "--json"]).success().json();
+    let parts: Vec<&Value> =
+        there["runs"].as_array().unwrap().iter().filter(|x| x["benchmark"] == "collectives").collect();
+    assert_eq!(parts.len(), 4, "every rank's part uploaded: {there}");
+    assert!(parts.iter().all(|x| &x["config"]["cluster_id"] == id), "{parts:?}");
+    let reader = site.token("ops", "reader");
+    let page = dir.path().join("cluster.md");
+    let id = id.as_str().unwrap();
+    kiln(
+        &["--server", &server.url, "--token", &reader, "report", "--cluster", id, "--markdown", page.to_str().unwrap()],
+        &[],
+    )
+    .success();
+    let text = std::fs::read_to_string(&page).unwrap();
+    assert!(text.contains(&format!("Cluster run {}", &id[..8])) && text.contains("4 ranks over MPI"), "{text}");
 }
 
 /// Four namespaces `kc<id>-0..3`, each with a veth into the bridge namespace `kc<id>-br`, removed

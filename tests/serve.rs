@@ -16,14 +16,14 @@ use crate::pg_cluster::PgCluster;
 use crate::util::{fixtures, kiln, unpack, Run};
 
 /// A running `kiln serve`, stopped (SIGTERM) when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     stderr: std::sync::mpsc::Receiver<String>,
 }
 
 impl Server {
-    fn start(db: &Path, extra: &[&str]) -> Server {
+    pub(crate) fn start(db: &Path, extra: &[&str]) -> Server {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--shutdown-deadline", "5"];
         args.extend(extra);
         Server::spawn(&args, &[("KILN_DB", db)])
@@ -85,14 +85,14 @@ impl Drop for Server {
     }
 }
 
-struct Site {
+pub(crate) struct Site {
     dir: tempfile::TempDir,
     /// The service's PostgreSQL cluster, when the site stores there instead of an SQLite file.
     pg: Option<PgCluster>,
 }
 
 impl Site {
-    fn new() -> Site {
+    pub(crate) fn new() -> Site {
         Site { dir: tempfile::tempdir().unwrap(), pg: None }
     }
     /// A site whose service stores in PostgreSQL; `None` (said, or refused under
@@ -107,7 +107,7 @@ impl Site {
         self.dir.path().join(name)
     }
     /// The service's `--db`: a file, or the PostgreSQL URL.
-    fn server_db(&self) -> PathBuf {
+    pub(crate) fn server_db(&self) -> PathBuf {
         match &self.pg {
             Some(pg) => PathBuf::from(&pg.url),
             None => self.path("fleet.db"),
@@ -131,11 +131,11 @@ impl Site {
         }
     }
     /// `kiln` on the server's database.
-    fn admin(&self, args: &[&str]) -> Run {
+    pub(crate) fn admin(&self, args: &[&str]) -> Run {
         kiln(args, &[("KILN_DB", &self.server_db())])
     }
     /// A new token of `role`.
-    fn token(&self, name: &str, role: &str) -> String {
+    pub(crate) fn token(&self, name: &str, role: &str) -> String {
         let made = self.admin(&["token", "create", "--name", name, "--role", role, "--json"]).success().json();
         made["token"].as_str().unwrap().to_string()
     }
