@@ -11,6 +11,8 @@
 #   devices.json     `kiln-gpu devices` (CUDA's view)
 #   gemm.json        `kiln bench gpu gemm --json --sweep` (bf16, f16, f32, tf32; KILN_CHECK_N, 8192)
 #   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
+#                    (`kiln bench gpu p2p --json`, where CUDA sees two devices or more, goes into
+#                    summary.json as "p2p": a ninth file would not come back)
 #   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
 #                    way, and a device copy
 #   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type and
@@ -121,6 +123,16 @@ OK="0 1" SKIPPED=3 step gemm 300 "$out/gemm.json" env KILN_GPU="$work/kiln-gpu" 
     "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32,tf32 --n "$n" --reps 20 --sweep "$sweep"
 OK="0 1" SKIPPED=3 step memory 240 "$out/memory.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
     "$work/kiln" bench gpu memory --json --mib "$mib" --reps 20
+# Peer to peer needs two GPUs; one is no failure of the box, so it is skipped without failing.
+gpus=$("$python" -c 'import json, sys; print(len(json.load(open(sys.argv[1])).get("devices", [])))' \
+    "$out/devices.json" 2>>"$log" || echo 0)
+if [ "${gpus:-0}" -ge 2 ]; then
+    OK="0 1" SKIPPED=3 step p2p 240 "$work/p2p.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
+        "$work/kiln" bench gpu p2p --json --mib 256 --reps 20
+else
+    summary+=("{\"step\":\"p2p\",\"status\":\"skipped\",\"why\":\"CUDA sees ${gpus:-0} device(s); peer to peer needs two\"}")
+    echo "== p2p: skipped: CUDA sees ${gpus:-0} device(s)" >>"$log"
+fi
 step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
     --sweep "$sweep"
 
@@ -160,6 +172,7 @@ print(json.dumps(out))
 PY
 )
 steps=$(IFS=,; echo "${summary[*]}")
-printf '{"bundle":"%s","n":%s,"steps":[%s],"kiln_over_torch":%s}\n' \
-    "$(cat "$work/COMMIT" 2>/dev/null || echo unknown)" "$n" "$steps" "${ratios:-[]}" >"$out/summary.json"
+p2p=$("$python" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$work/p2p.json" 2>/dev/null)
+printf '{"bundle":"%s","n":%s,"steps":[%s],"kiln_over_torch":%s,"p2p":%s}\n' \
+    "$(cat "$work/COMMIT" 2>/dev/null || echo unknown)" "$n" "$steps" "${ratios:-[]}" "${p2p:-null}" >"$out/summary.json"
 exit "$failed"

@@ -313,3 +313,89 @@ fn a_burn_names_the_gpu_that_miscomputed_while_all_ran_at_once() {
     let run = on_fake_hgx(&["--burn", "10 parsecs"], &program, &db);
     assert_eq!(run.code(), Some(2), "{}", run.describe());
 }
+
+/// A `kiln-gpu p2p` document over `gpus`: every pair at `gbps` one way, the `slow` pairs at theirs.
+fn p2p_matrix(gpus: &[usize], gbps: f64, slow: &[(usize, usize, f64)]) -> kiln_gpu::p2p::Report {
+    use kiln_gpu::bandwidth::Copies;
+    use kiln_gpu::p2p::{Both, Pair};
+    let bytes = (256u64 << 20) as f64;
+    let rate = |a: usize, b: usize| slow.iter().find(|s| (s.0, s.1) == (a, b)).map_or(gbps, |s| s.2);
+    let copies = |counted: f64, rate: f64| Copies::new(counted, vec![counted / rate / 1e9; 4], true);
+    kiln_gpu::p2p::Report {
+        devices: gpus.to_vec(),
+        names: vec!["NVIDIA H100 80GB HBM3".into(); gpus.len()],
+        bytes: 256 << 20,
+        reps: 4,
+        one_way: kiln_gpu::p2p::ordered_pairs(gpus)
+            .into_iter()
+            .map(|(from, to)| Pair {
+                from,
+                to,
+                peer_access: true,
+                copies: copies(bytes, rate(from, to)),
+                small_copy_us: 9.0,
+                small_copy_samples_us: vec![9.0; 4],
+            })
+            .collect(),
+        both_ways: gpus
+            .iter()
+            .flat_map(|&a| gpus.iter().filter(move |&&b| b > a).map(move |&b| (a, b)))
+            .map(|(a, b)| Both { a, b, copies: copies(2.0 * bytes, rate(a, b) + rate(b, a)) })
+            .collect(),
+    }
+}
+
+/// `kiln bench gpu p2p` on the fake 8× H100 (NVSwitch: every pair `NV18`, 450 GB/s one way).
+#[test]
+fn the_p2p_matrix_names_a_gpu_that_receives_slowly_and_is_stored_per_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let stand = tempfile::tempdir().unwrap();
+    let program = stand_in(stand.path(), &[]);
+    let lib = fake_nvml();
+    let fixture = h100x8();
+    let p2p = |args: &[&str]| {
+        let mut all = vec!["bench", "gpu", "p2p", "--json"];
+        all.extend(args);
+        kiln(
+            &all,
+            &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", &program), ("KILN_DB", &db)],
+        )
+    };
+    let write = |m: &kiln_gpu::p2p::Report| {
+        std::fs::write(stand.path().join("p2p-0.json"), serde_json::to_string(m).unwrap()).unwrap();
+    };
+    // Four GPUs, even: nothing named, stored per pair.
+    write(&p2p_matrix(&[0, 1, 2, 3], 370.0, &[]));
+    let run = p2p(&["--gpus", "0,1,2,3", "--reps", "4"]);
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    let doc = run.json();
+    assert_eq!(doc["status"], "ok", "{doc}");
+    let path = &doc["report"]["paths"][0];
+    assert_eq!((path["kind"].as_str(), path["ceiling_gbps"].as_f64()), (Some("NV18"), Some(450.0)), "{path}");
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let metric = |name: &str| {
+        shown["metrics"].as_array().unwrap().iter().find(|m| m["name"] == name).map(|m| m["value"].as_f64().unwrap())
+    };
+    assert!((metric("gpu3.p2p_to_gpu0_gbps").unwrap() - 370.0).abs() < 1e-6, "{}", shown["metrics"]);
+    assert!((metric("gpu0.p2p_both_gpu3_gbps").unwrap() - 740.0).abs() < 1e-6);
+    assert!((metric("gpus.p2p_small_median_us").unwrap() - 9.0).abs() < 1e-9);
+
+    // GPU 2 receives at half rate from everyone: it alone is named, the run fails (exit 1).
+    write(&p2p_matrix(&[0, 1, 2, 3], 370.0, &[(0, 2, 180.0), (1, 2, 178.0), (3, 2, 185.0)]));
+    let run = p2p(&["--gpus", "0,1,2,3", "--reps", "4"]);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let failures: Vec<String> = serde_json::from_value(run.json()["report"]["failures"].clone()).unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].starts_with("GPU 2 over NV18 paths: slow when it receives: 180.0 GB/s"), "{failures:?}");
+
+    // Faster than 18 NVLink 4 links carry: invalid, stored as such.
+    write(&p2p_matrix(&[0, 1], 520.0, &[]));
+    let run = p2p(&["--gpus", "0,1", "--reps", "4"]);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    assert_eq!(run.json()["status"], "invalid");
+    // One GPU: nothing to pair, skipped with the reason.
+    let run = p2p(&["--gpus", "3", "--no-save"]);
+    assert_eq!(run.code(), Some(3), "{}", run.describe());
+    assert!(run.json()["skipped"].as_str().unwrap().contains("two GPUs or more"));
+}

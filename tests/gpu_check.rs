@@ -86,6 +86,9 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     assert!(gemm["skipped"].is_string());
     assert_eq!(status("memory"), "skipped", "{log}");
     assert_eq!(json("memory.json")["benchmark"], "gpu-memory");
+    // CUDA sees no device here: peer to peer is skipped without a document.
+    assert_eq!(status("p2p"), "skipped", "{log}");
+    assert!(summary["p2p"].is_null(), "{summary}");
     // PyTorch: absent here (an error document), or measuring on a machine that has it.
     let torch = json("torch.json");
     assert!(torch["error"].is_string() || torch["gemm"].is_array(), "{torch}");

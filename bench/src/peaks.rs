@@ -74,6 +74,18 @@ pub fn pcie_gbps(generation: u32, width: u32) -> Option<f64> {
     Some(per_lane * f64::from(width))
 }
 
+/// One direction of one NVLink, GB/s, by NVLink version: NVLink 1 (P100) 20, NVLink 2–4 (V100,
+/// A100, H100/H200) 25, NVLink 5 (B200) 50 — each datasheet's total bidirectional bandwidth over
+/// its links and two directions (H100 SXM: 900 GB/s over 18 links).
+pub fn nvlink_gbps(version: u32) -> Option<f64> {
+    match version {
+        1 => Some(20.0),
+        2..=4 => Some(25.0),
+        5 => Some(50.0),
+        _ => None,
+    }
+}
+
 /// Peak dense TFLOP/s of a GPU (by its NVML name) for "bf16"/"fp16", "tf32" or "fp32".
 pub fn gpu_peak_tflops(name: &str, dtype: &str) -> Option<f64> {
     let row = TABLE.iter().find(|r| name.contains(r.name))?;
@@ -108,6 +120,10 @@ mod tests {
         assert_eq!(gpu_peak_tflops("NVIDIA B200", "fp32"), None);
         assert_eq!(gpu_peak_tflops("Tesla T4", "bf16"), None);
         assert_eq!(gpu_peak_tflops("NVIDIA H100 80GB HBM3", "int4"), None);
+        // H100 SXM: 18 NVLink 4 links, 900 GB/s both ways together; B200: 1.8 TB/s.
+        assert_eq!(nvlink_gbps(4).map(|g| 18.0 * g * 2.0), Some(900.0));
+        assert_eq!(nvlink_gbps(5).map(|g| 18.0 * g * 2.0), Some(1800.0));
+        assert_eq!(nvlink_gbps(0), None);
     }
 }
 

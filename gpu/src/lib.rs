@@ -11,6 +11,7 @@
 
 pub mod bandwidth;
 pub mod gemm;
+pub mod p2p;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +35,7 @@ pub struct Devices {
 
 #[cfg(feature = "cuda")]
 pub mod backend {
-    use crate::{bandwidth, gemm, DeviceInfo, Devices};
+    use crate::{bandwidth, gemm, p2p, DeviceInfo, Devices};
     use anyhow::Context;
     use candle_core::cuda_backend::cudarc::driver::{sys::CUdevice_attribute, CudaContext};
 
@@ -131,11 +132,130 @@ pub mod backend {
             device_to_host: Copies::new(bytes, d2h, d2h_intact),
         })
     }
+    /// The GPU × GPU copy matrix: every ordered pair one way, then every pair both ways at once,
+    /// each copy checked.
+    pub fn p2p(o: &p2p::Options) -> anyhow::Result<p2p::Report> {
+        use crate::bandwidth::{pattern, Copies};
+        use candle_core::cuda_backend::cudarc::driver::{sys, sys::CUevent_flags, CudaSlice};
+        use std::time::Instant;
+        let count = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
+        let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
+        if let Some(&d) = devices.iter().find(|&&d| d >= count) {
+            anyhow::bail!("device {d}: CUDA sees {count} device(s)");
+        }
+        anyhow::ensure!(devices.len() >= 2, "peer to peer needs two devices; CUDA sees {count}");
+        let ctxs = devices
+            .iter()
+            .map(|&d| CudaContext::new(d).with_context(|| format!("opening CUDA device {d}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // Peer access wherever the driver offers it, both ways.
+        let n = devices.len();
+        let mut access = vec![vec![false; n]; n];
+        for i in 0..n {
+            for j in (0..n).filter(|&j| j != i) {
+                let mut can = 0;
+                // SAFETY: `can` outlives the call; both handles come from live contexts.
+                unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctxs[i].cu_device(), ctxs[j].cu_device()) }
+                    .result()
+                    .with_context(|| format!("asking whether device {} reaches device {}", devices[i], devices[j]))?;
+                if can == 1 {
+                    ctxs[i].bind_to_thread()?;
+                    // SAFETY: the peer is a live context; enabling twice is reported, not harmful.
+                    match unsafe { sys::cuCtxEnablePeerAccess(ctxs[j].cu_ctx(), 0) } {
+                        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                            access[i][j] = true
+                        }
+                        other => other.result().with_context(|| {
+                            format!("enabling peer access from device {} to device {}", devices[i], devices[j])
+                        })?,
+                    }
+                }
+            }
+        }
+        let streams: Vec<_> = ctxs.iter().map(|c| c.default_stream()).collect();
+        let expected: Vec<u8> = (0..o.bytes).map(pattern).collect();
+        let mut src: Vec<CudaSlice<u8>> = Vec::with_capacity(n);
+        let mut dst: Vec<CudaSlice<u8>> = Vec::with_capacity(n);
+        for (k, stream) in streams.iter().enumerate() {
+            let what = || format!("{} MiB on device {}", o.bytes >> 20, devices[k]);
+            src.push(stream.clone_htod(&expected).with_context(what)?);
+            dst.push(stream.alloc_zeros::<u8>(o.bytes).with_context(what)?);
+        }
+        let event = |k: usize| ctxs[k].new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let mut one_way = Vec::new();
+        for (i, j) in p2p::ordered_pairs(&(0..n).collect::<Vec<_>>()) {
+            let stream = &streams[j];
+            stream.memset_zeros(&mut dst[j])?;
+            let (start, end) = (event(j)?, event(j)?);
+            let mut time = |bytes: usize, reps: usize| -> anyhow::Result<Vec<f64>> {
+                for _ in 0..2 {
+                    stream.memcpy_dtod(&src[i].slice(..bytes), &mut dst[j].slice_mut(..bytes))?;
+                }
+                stream.synchronize()?;
+                let mut seconds = Vec::with_capacity(reps);
+                for _ in 0..reps {
+                    start.record(stream)?;
+                    stream.memcpy_dtod(&src[i].slice(..bytes), &mut dst[j].slice_mut(..bytes))?;
+                    end.record(stream)?;
+                    seconds.push(f64::from(start.elapsed_ms(&end)?) / 1e3);
+                }
+                Ok(seconds)
+            };
+            let seconds = time(o.bytes, o.reps)?;
+            let small = time(p2p::SMALL_COPY.min(o.bytes), o.reps.max(20))?;
+            let intact = stream.clone_dtoh(&dst[j])? == expected;
+            let (small_copy_us, small_copy_samples_us) = p2p::small_copy(&small);
+            one_way.push(p2p::Pair {
+                from: devices[i],
+                to: devices[j],
+                peer_access: access[i][j] && access[j][i],
+                copies: Copies::new(o.bytes as f64, seconds, intact),
+                small_copy_us,
+                small_copy_samples_us,
+            });
+        }
+        let mut both_ways = Vec::new();
+        for a in 0..n {
+            for b in a + 1..n {
+                streams[a].memset_zeros(&mut dst[a])?;
+                streams[b].memset_zeros(&mut dst[b])?;
+                let both = |dst: &mut [CudaSlice<u8>]| -> anyhow::Result<f64> {
+                    streams[a].synchronize()?;
+                    streams[b].synchronize()?;
+                    let t0 = Instant::now();
+                    let (low, high) = dst.split_at_mut(b);
+                    streams[b].memcpy_dtod(&src[a], &mut high[0])?;
+                    streams[a].memcpy_dtod(&src[b], &mut low[a])?;
+                    streams[a].synchronize()?;
+                    streams[b].synchronize()?;
+                    Ok(t0.elapsed().as_secs_f64())
+                };
+                for _ in 0..2 {
+                    both(&mut dst)?;
+                }
+                let seconds = (0..o.reps).map(|_| both(&mut dst)).collect::<anyhow::Result<Vec<f64>>>()?;
+                let intact = streams[a].clone_dtoh(&dst[a])? == expected && streams[b].clone_dtoh(&dst[b])? == expected;
+                both_ways.push(p2p::Both {
+                    a: devices[a],
+                    b: devices[b],
+                    copies: Copies::new(2.0 * o.bytes as f64, seconds, intact),
+                });
+            }
+        }
+        Ok(p2p::Report {
+            names: ctxs.iter().map(|c| c.name().unwrap_or_default()).collect(),
+            devices,
+            bytes: o.bytes,
+            reps: o.reps,
+            one_way,
+            both_ways,
+        })
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
 pub mod backend {
-    use crate::{bandwidth, gemm, Devices};
+    use crate::{bandwidth, gemm, p2p, Devices};
 
     const NOT_BUILT: &str = "kiln-gpu was built without CUDA: run `eval \"$(deploy/cuda/cuda-root.sh)\"` \
          and `cargo build --release -p kiln-gpu --features cuda,nccl` (no GPU needed to build)";
@@ -157,6 +277,10 @@ pub mod backend {
     }
 
     pub fn burn(_: &gemm::BurnOptions) -> anyhow::Result<gemm::Burn> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn p2p(_: &p2p::Options) -> anyhow::Result<p2p::Report> {
         anyhow::bail!(NOT_BUILT)
     }
 }

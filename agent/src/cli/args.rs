@@ -113,6 +113,24 @@ pub enum GpuBench {
         #[command(flatten)]
         store: Store,
     },
+    /// Peer to peer: the GPU × GPU copy matrix over NVLink or PCIe, every pair one way and both
+    /// ways at once, with a small copy's time; a slow GPU or pair is named, every copy checked
+    P2p {
+        /// MiB per copy
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        /// Timed copies per pair and direction (after two untimed ones)
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        /// The GPUs to measure (NVML indices, comma-separated, two or more), or all
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        gpus: Vec<String>,
+        /// The run is stopped and failed after this many seconds
+        #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+        timeout: u64,
+        #[command(flatten)]
+        store: Store,
+    },
 }
 
 // What every benchmark command shares.

@@ -237,6 +237,11 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
             ("gpu-memory", *store, gpus)
         }
+        GpuBench::P2p { mib, reps, gpus, timeout, store } => {
+            anyhow::ensure!((1..=16_384).contains(mib), "--mib {mib}: between 1 and 16384");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            ("gpu-p2p", *store, gpus)
+        }
     };
     preflight(ctx, store)?;
     catch_interrupts();
@@ -264,6 +269,14 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
         GpuBench::Memory { mib, reps, timeout, .. } => {
             let config = runs::gpu::MemoryConfig { mib, reps, gpus, timeout_s: timeout };
             runs::gpu::memory(&inv, &prepared, config, &INTERRUPTED)
+        }
+        GpuBench::P2p { mib, reps, timeout, .. } => {
+            if gpus.len() < 2 {
+                let why = format!("peer to peer needs two GPUs or more; measuring {gpus:?}");
+                return skipped(ctx, benchmark, runs::gpu::Skip(why));
+            }
+            let config = runs::gpu::P2pConfig { mib, reps, gpus, timeout_s: timeout };
+            runs::gpu::p2p(&inv, &prepared, config, &INTERRUPTED)
         }
     };
     anyhow::ensure!(
@@ -445,6 +458,13 @@ fn run_suite(
                         timeout_s: 300,
                     };
                     let measure = || Ok(runs::gpu::memory(inv, &prepared, config.clone(), &INTERRUPTED));
+                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+                }
+                let gpus: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
+                if gpus.len() > 1 && !over("gpu p2p") && !INTERRUPTED.load(Ordering::Relaxed) {
+                    let config =
+                        runs::gpu::P2pConfig { mib: 256, reps: if quick { 10 } else { 20 }, gpus, timeout_s: 600 };
+                    let measure = || Ok(runs::gpu::p2p(inv, &prepared, config.clone(), &INTERRUPTED));
                     until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
                 }
             }

@@ -112,6 +112,7 @@ pub enum Report {
     GpuGemm(Box<gpu::GpuGemmReport>),
     GpuMemory(Box<gpu::GpuMemoryReport>),
     GpuBurn(Box<gpu::GpuBurnReport>),
+    GpuP2p(Box<gpu::GpuP2pReport>),
 }
 
 impl Report {
@@ -124,6 +125,7 @@ impl Report {
             Report::GpuGemm(g) => g.invalid.clone(),
             Report::GpuMemory(g) => g.invalid.clone(),
             Report::GpuBurn(g) => g.invalid.clone(),
+            Report::GpuP2p(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -145,6 +147,7 @@ impl Report {
             Report::GpuGemm(_) => "gpu-gemm",
             Report::GpuMemory(_) => "gpu-memory",
             Report::GpuBurn(_) => "gpu-burn",
+            Report::GpuP2p(_) => "gpu-p2p",
         }
     }
 }
