@@ -399,3 +399,70 @@ fn the_p2p_matrix_names_a_gpu_that_receives_slowly_and_is_stored_per_pair() {
     assert_eq!(run.code(), Some(3), "{}", run.describe());
     assert!(run.json()["skipped"].as_str().unwrap().contains("two GPUs or more"));
 }
+
+/// `kiln bench gpu collectives` on the fake 8× H100 with a stand-in printing NCCL's rows.
+#[test]
+fn nccl_collectives_are_stored_per_size_and_a_wrong_result_fails_the_run() {
+    use kiln_bench::cluster::{bandwidths, Collective};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let stand = tempfile::tempdir().unwrap();
+    let program = stand_in(stand.path(), &[]);
+    let (lib, fixture) = (fake_nvml(), h100x8());
+    let run = |args: &[&str]| {
+        let mut all = vec!["bench", "gpu", "collectives", "--json"];
+        all.extend(args);
+        kiln(
+            &all,
+            &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", &program), ("KILN_DB", &db)],
+        )
+    };
+    // Rows as NCCL over 8 GPUs gives them: bus bandwidth rising with size to 360 GB/s.
+    let write = |wrong: Option<(Collective, u64)>| {
+        let mut rows = Vec::new();
+        for c in kiln_gpu::collectives::NCCL_COLLECTIVES {
+            for (bytes, busbw) in [(1u64 << 10, 2.0), (1 << 20, 90.0), (1 << 30, 360.0)] {
+                let seconds = bytes as f64 * c.bus_factor(8) / (busbw * 1e9);
+                let (algbw_gbs, busbw_gbs) = bandwidths(c, 8, bytes, seconds);
+                rows.push(kiln_gpu::collectives::Row {
+                    collective: c,
+                    bytes,
+                    count: bytes / 4,
+                    iterations: 20,
+                    time_us: seconds * 1e6,
+                    algbw_gbs,
+                    busbw_gbs,
+                    correct: wrong != Some((c, bytes)),
+                });
+            }
+        }
+        let doc = kiln_gpu::collectives::Report {
+            devices: (0..8).collect(),
+            names: vec!["NVIDIA H100 80GB HBM3".into(); 8],
+            nccl_version: Some(23007),
+            rows,
+        };
+        std::fs::write(stand.path().join("collectives-0.json"), serde_json::to_string(&doc).unwrap()).unwrap();
+    };
+    write(None);
+    let ok = run(&[]);
+    assert_eq!(ok.code(), Some(0), "{}", ok.describe());
+    let doc = ok.json();
+    assert_eq!(doc["report"]["bound"]["via"], "NV18", "{doc}");
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let metric = |name: &str| {
+        shown["metrics"].as_array().unwrap().iter().find(|m| m["name"] == name).map(|m| m["value"].as_f64().unwrap())
+    };
+    assert!((metric("gpus.nccl.all_reduce.busbw_gbs_max").unwrap() - 360.0).abs() < 1e-6, "{}", shown["metrics"]);
+    assert!(metric("gpus.nccl.reduce_scatter.time_us_smallest").is_some());
+
+    write(Some((Collective::ReduceScatter, 1 << 20)));
+    let bad = run(&["--no-save"]);
+    assert_eq!(bad.code(), Some(1), "{}", bad.describe());
+    let failures = bad.json()["report"]["failures"].to_string();
+    assert!(failures.contains("reduce_scatter of 1048576 B over 8 GPUs: a GPU received a wrong result"), "{failures}");
+    // NCCL has no all-to-all call: refused before anything runs.
+    let refused = run(&["--ops", "all-to-all", "--no-save"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("NCCL has no all-to-all call"), "{}", refused.describe());
+}

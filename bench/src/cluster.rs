@@ -368,6 +368,22 @@ pub fn bandwidths(collective: Collective, ranks: usize, bytes: u64, seconds: f64
     (algbw, algbw * collective.bus_factor(ranks))
 }
 
+/// Sizes like nccl-tests takes them: bytes, or with K, M, G (binary).
+///
+/// # Errors
+/// Anything else.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| format!("{s:?}: a size is bytes, or a number with K, M or G"))?;
+    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("{s:?}: too large"))
+}
+
 /// Message sizes from `min` to `max` bytes, doubling (nccl-tests' `-b min -e max -f 2`); both
 /// included.
 pub fn sizes(min: u64, max: u64) -> Vec<u64> {
@@ -394,6 +410,15 @@ mod tests {
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn sizes_parse_like_nccl_tests() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("128K"), Ok(128 << 10));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size("99999999999999G").is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! what to build. `deploy/cuda/cuda-root.sh` assembles the CUDA toolkit the `cuda` build needs.
 
 pub mod bandwidth;
+pub mod collectives;
 pub mod gemm;
 pub mod p2p;
 
@@ -251,6 +252,108 @@ pub mod backend {
             both_ways,
         })
     }
+    /// The collectives over the chosen GPUs through NCCL, each size timed and checked.
+    #[cfg(feature = "nccl")]
+    pub fn collectives(o: &crate::collectives::Options) -> anyhow::Result<crate::collectives::Report> {
+        use crate::collectives::{count, iterations_for, received_right, send_values, Report, Row};
+        use candle_core::cuda_backend::cudarc::driver::CudaSlice;
+        use candle_core::cuda_backend::cudarc::nccl::{self, Comm, ReduceOp};
+        use kiln_bench::cluster::{bandwidths, sizes, Collective};
+        use std::time::Instant;
+        let nccl_error = |e: nccl::result::NcclError| anyhow::anyhow!("NCCL: {e:?}");
+        let n_cuda = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
+        let devices = o.devices.clone().unwrap_or_else(|| (0..n_cuda).collect());
+        if let Some(&d) = devices.iter().find(|&&d| d >= n_cuda) {
+            anyhow::bail!("device {d}: CUDA sees {n_cuda} device(s)");
+        }
+        anyhow::ensure!(devices.len() >= 2, "collectives need two devices; CUDA sees {n_cuda}");
+        let n = devices.len();
+        let ctxs = devices
+            .iter()
+            .map(|&d| CudaContext::new(d).with_context(|| format!("opening CUDA device {d}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let streams: Vec<_> = ctxs.iter().map(|c| c.default_stream()).collect();
+        let comms = Comm::from_devices(streams.clone()).map_err(nccl_error).context("NCCL cannot join the devices")?;
+        let sync = || -> anyhow::Result<()> {
+            for s in &streams {
+                s.synchronize()?;
+            }
+            Ok(())
+        };
+        let mut rows = Vec::new();
+        for &c in &o.collectives {
+            for bytes in sizes(o.min_bytes, o.max_bytes) {
+                let elements = count(c, bytes, n) as usize;
+                if elements == 0 {
+                    continue;
+                }
+                let mut send: Vec<CudaSlice<f32>> = Vec::with_capacity(n);
+                let mut recv: Vec<CudaSlice<f32>> = Vec::with_capacity(n);
+                for (rank, stream) in streams.iter().enumerate() {
+                    let (values, recv_len) = send_values(c, elements, rank, n);
+                    let what = || format!("{} of {bytes} B on device {}", c.name(), devices[rank]);
+                    send.push(stream.clone_htod(&values).with_context(what)?);
+                    recv.push(stream.alloc_zeros::<f32>(recv_len).with_context(what)?);
+                }
+                // One call on every GPU, inside one NCCL group (one thread drives them all).
+                let mut call = || -> anyhow::Result<()> {
+                    nccl::result::group_start().map_err(nccl_error)?;
+                    for ((comm, s), r) in comms.iter().zip(&send).zip(recv.iter_mut()) {
+                        match c {
+                            Collective::AllReduce => comm.all_reduce(s, r, &ReduceOp::Sum),
+                            Collective::AllGather => comm.all_gather(s, r),
+                            Collective::ReduceScatter => comm.reduce_scatter(s, r, &ReduceOp::Sum),
+                            Collective::AllToAll => anyhow::bail!("all_to_all is not an NCCL call"),
+                        }
+                        .map_err(nccl_error)?;
+                    }
+                    nccl::result::group_end().map_err(nccl_error)?;
+                    Ok(())
+                };
+                sync()?;
+                let t0 = Instant::now();
+                call()?;
+                sync()?;
+                let iterations = iterations_for(t0.elapsed().as_secs_f64(), o.seconds_per_size, o.iterations);
+                for _ in 0..o.warmup.min(iterations) {
+                    call()?;
+                }
+                sync()?;
+                let t0 = Instant::now();
+                for _ in 0..iterations {
+                    call()?;
+                }
+                sync()?;
+                let seconds = t0.elapsed().as_secs_f64() / iterations as f64;
+                let mut correct = true;
+                for (stream, r) in streams.iter().zip(&recv) {
+                    correct &= received_right(c, &stream.clone_dtoh(r)?, n);
+                }
+                let (algbw_gbs, busbw_gbs) = bandwidths(c, n, elements as u64 * 4, seconds);
+                rows.push(Row {
+                    collective: c,
+                    bytes: elements as u64 * 4,
+                    count: elements as u64,
+                    iterations,
+                    time_us: seconds * 1e6,
+                    algbw_gbs,
+                    busbw_gbs,
+                    correct,
+                });
+            }
+        }
+        Ok(Report {
+            names: ctxs.iter().map(|c| c.name().unwrap_or_default()).collect(),
+            devices,
+            nccl_version: nccl::result::get_nccl_version().ok().map(i64::from),
+            rows,
+        })
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    pub fn collectives(_: &crate::collectives::Options) -> anyhow::Result<crate::collectives::Report> {
+        anyhow::bail!("kiln-gpu was built without NCCL: build it with `--features cuda,nccl`")
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -281,6 +384,10 @@ pub mod backend {
     }
 
     pub fn p2p(_: &p2p::Options) -> anyhow::Result<p2p::Report> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn collectives(_: &crate::collectives::Options) -> anyhow::Result<crate::collectives::Report> {
         anyhow::bail!(NOT_BUILT)
     }
 }

@@ -1,9 +1,9 @@
-//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu burn …`, `kiln-gpu bandwidth …`, `kiln-gpu p2p …`: one JSON document on stdout per command, and
+//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu burn …`, `kiln-gpu bandwidth …`, `kiln-gpu p2p …`, `kiln-gpu collectives …`: one JSON document on stdout per command, and
 //! `{"error": …}` with exit status 2 when it cannot measure. The library says what it measures.
 
 use std::process::ExitCode;
 
-use kiln_gpu::{backend, bandwidth, gemm, p2p, SCHEMA_VERSION};
+use kiln_gpu::{backend, bandwidth, collectives, gemm, p2p, SCHEMA_VERSION};
 use serde::Serialize;
 
 const USAGE: &str = "usage: kiln-gpu devices
@@ -11,7 +11,9 @@ const USAGE: &str = "usage: kiln-gpu devices
        kiln-gpu sweep [--device N] [--dtype bf16|f16|f32] [--shapes N|MxNxK,...] [--reps N] [--samples N]
        kiln-gpu burn [--device N] [--dtype bf16|f16|f32] [--n N | --shape MxNxK] [--seconds S] [--samples N]
        kiln-gpu bandwidth [--device N] [--mib N] [--reps N] [--cpus LIST]
-       kiln-gpu p2p [--devices all|0,1,...] [--mib N] [--reps N]";
+       kiln-gpu p2p [--devices all|0,1,...] [--mib N] [--reps N]
+       kiln-gpu collectives [--devices all|0,1,...] [--ops all_reduce,all_gather,reduce_scatter]
+                            [--min-bytes 8] [--max-bytes 1G] [--iterations N] [--warmup N] [--seconds-per-size S]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -55,6 +57,10 @@ fn run(args: &[String]) -> anyhow::Result<String> {
         "p2p" => {
             let options = p2p::Options::parse(rest)?;
             document(&backend::p2p(&options)?)
+        }
+        "collectives" => {
+            let options = collectives::Options::parse(rest)?;
+            document(&backend::collectives(&options)?)
         }
         "--help" | "-h" | "help" => return Ok(serde_json::json!({ "usage": USAGE }).to_string()),
         "--version" => return Ok(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string()),

@@ -131,6 +131,30 @@ pub enum GpuBench {
         #[command(flatten)]
         store: Store,
     },
+    /// NCCL collectives over the box's GPUs: all-reduce, all-gather, reduce-scatter at sizes
+    /// doubling up to --max-bytes, bus bandwidth as nccl-tests computes it, every result checked
+    Collectives {
+        /// Smallest message (bytes, or with K, M, G)
+        #[arg(long, default_value = "8", value_parser = parse_size)]
+        min_bytes: u64,
+        /// Largest message (up to 16G)
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        max_bytes: u64,
+        /// Collectives, comma-separated: all-reduce, all-gather, reduce-scatter [default: all three]
+        #[arg(long, value_enum, value_delimiter = ',')]
+        ops: Vec<CollectiveOp>,
+        /// Timed calls per size at most (fewer where a size would take over half a second)
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// The GPUs to use (NVML indices, comma-separated, two or more), or all
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        gpus: Vec<String>,
+        /// The run is stopped and failed after this many seconds
+        #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+        timeout: u64,
+        #[command(flatten)]
+        store: Store,
+    },
 }
 
 // What every benchmark command shares.

@@ -242,6 +242,19 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
             ("gpu-p2p", *store, gpus)
         }
+        GpuBench::Collectives { min_bytes, max_bytes, ops, iterations, gpus, timeout, store } => {
+            anyhow::ensure!(
+                (4..=*max_bytes).contains(min_bytes) && *max_bytes <= 16 << 30,
+                "--min-bytes and --max-bytes: from 4 bytes to 16G, the smaller first"
+            );
+            anyhow::ensure!(*iterations >= 1 && *timeout >= 1, "--iterations and --timeout must be positive");
+            anyhow::ensure!(
+                !ops.iter().any(|o| matches!(o, args::CollectiveOp::AllToAll)),
+                "--ops all-to-all: NCCL has no all-to-all call (it is point-to-point sends); all-reduce, \
+                 all-gather or reduce-scatter"
+            );
+            ("gpu-collectives", *store, gpus)
+        }
     };
     preflight(ctx, store)?;
     catch_interrupts();
@@ -277,6 +290,26 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             }
             let config = runs::gpu::P2pConfig { mib, reps, gpus, timeout_s: timeout };
             runs::gpu::p2p(&inv, &prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Collectives { min_bytes, max_bytes, ops, iterations, timeout, .. } => {
+            if gpus.len() < 2 {
+                let why = format!("collectives need two GPUs or more; using {gpus:?}");
+                return skipped(ctx, benchmark, runs::gpu::Skip(why));
+            }
+            let collectives = if ops.is_empty() {
+                kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec()
+            } else {
+                ops.into_iter().map(Into::into).collect()
+            };
+            let config = runs::gpu::CollectivesConfig {
+                collectives,
+                min_bytes,
+                max_bytes,
+                iterations,
+                gpus,
+                timeout_s: timeout,
+            };
+            runs::gpu::collectives(&inv, &prepared, config, &INTERRUPTED)
         }
     };
     anyhow::ensure!(
@@ -462,9 +495,25 @@ fn run_suite(
                 }
                 let gpus: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
                 if gpus.len() > 1 && !over("gpu p2p") && !INTERRUPTED.load(Ordering::Relaxed) {
-                    let config =
-                        runs::gpu::P2pConfig { mib: 256, reps: if quick { 10 } else { 20 }, gpus, timeout_s: 600 };
+                    let config = runs::gpu::P2pConfig {
+                        mib: 256,
+                        reps: if quick { 10 } else { 20 },
+                        gpus: gpus.clone(),
+                        timeout_s: 600,
+                    };
                     let measure = || Ok(runs::gpu::p2p(inv, &prepared, config.clone(), &INTERRUPTED));
+                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+                }
+                if gpus.len() > 1 && !over("gpu collectives") && !INTERRUPTED.load(Ordering::Relaxed) {
+                    let config = runs::gpu::CollectivesConfig {
+                        collectives: kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec(),
+                        min_bytes: 8,
+                        max_bytes: if quick { 256 << 20 } else { 8 << 30 },
+                        iterations: 20,
+                        gpus,
+                        timeout_s: 900,
+                    };
+                    let measure = || Ok(runs::gpu::collectives(inv, &prepared, config.clone(), &INTERRUPTED));
                     until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
                 }
             }

@@ -653,21 +653,7 @@ impl TrainScalingReport {
     }
 }
 
-/// Sizes like nccl-tests takes them: bytes, or with K, M, G (binary).
-///
-/// # Errors
-/// Anything else.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: u64 = digits.trim().parse().map_err(|_| format!("{s:?}: a size is bytes, or a number with K, M or G"))?;
-    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("{s:?}: too large"))
-}
+pub use kiln_bench::cluster::parse_size;
 
 /// The namespace path for this rank: `{rank}` and `{local_rank}` replaced.
 pub fn netns_path(pattern: &str, rank: usize, local_rank: usize) -> String {
@@ -840,15 +826,6 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         drop(Watchdog::with_action(limit, move |what, _| tx.send(what.to_string()).unwrap()));
         assert!(rx.recv_timeout(limit * 3).is_err());
-    }
-
-    #[test]
-    fn sizes_parse_like_nccl_tests() {
-        assert_eq!(parse_size("8"), Ok(8));
-        assert_eq!(parse_size("128K"), Ok(128 << 10));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert!(parse_size("1T").is_err());
-        assert!(parse_size("99999999999999G").is_err());
     }
 
     #[test]

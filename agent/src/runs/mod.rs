@@ -113,6 +113,7 @@ pub enum Report {
     GpuMemory(Box<gpu::GpuMemoryReport>),
     GpuBurn(Box<gpu::GpuBurnReport>),
     GpuP2p(Box<gpu::GpuP2pReport>),
+    GpuCollectives(Box<gpu::GpuCollectivesReport>),
 }
 
 impl Report {
@@ -126,6 +127,7 @@ impl Report {
             Report::GpuMemory(g) => g.invalid.clone(),
             Report::GpuBurn(g) => g.invalid.clone(),
             Report::GpuP2p(g) => g.invalid.clone(),
+            Report::GpuCollectives(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -148,6 +150,7 @@ impl Report {
             Report::GpuMemory(_) => "gpu-memory",
             Report::GpuBurn(_) => "gpu-burn",
             Report::GpuP2p(_) => "gpu-p2p",
+            Report::GpuCollectives(_) => "gpu-collectives",
         }
     }
 }

@@ -1,0 +1,217 @@
+//! Collectives over the box's own GPUs through NCCL (one process, one communicator per GPU,
+//! each collective issued for every GPU inside one NCCL group): all-reduce, all-gather and
+//! reduce-scatter of f32 at message sizes doubling from `--min-bytes` to `--max-bytes`, timed and
+//! counted as nccl-tests counts them (`kiln_bench::cluster::bandwidths`: the size is the whole
+//! buffer, bus bandwidth = algorithm bandwidth × the collective's bus factor), the same
+//! arithmetic as `kiln cluster collectives` over MPI. Every result is **checked**: each GPU sends
+//! values whose sum or gathering is known, and what each GPU received must equal it exactly.
+
+use anyhow::Context;
+use kiln_bench::cluster::{parse_size, Collective};
+use serde::{Deserialize, Serialize};
+
+/// What `kiln-gpu collectives` measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// CUDA ordinals; `None`: every device.
+    pub devices: Option<Vec<usize>>,
+    pub collectives: Vec<Collective>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    /// Timed calls per size at most (fewer where a call is slow: see `seconds_per_size`).
+    pub iterations: usize,
+    pub warmup: usize,
+    /// About how long the timed calls of one size take.
+    pub seconds_per_size: f64,
+}
+
+/// The collectives NCCL has as calls (all-to-all is point-to-point sends in NCCL, not measured here).
+pub const NCCL_COLLECTIVES: [Collective; 3] = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
+
+impl Options {
+    /// `--devices all|0,1,… --ops all_reduce,… --min-bytes B --max-bytes B --iterations N --warmup N
+    /// --seconds-per-size S`, each optional.
+    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut o = Options {
+            devices: None,
+            collectives: NCCL_COLLECTIVES.to_vec(),
+            min_bytes: 8,
+            max_bytes: 1 << 30,
+            iterations: 20,
+            warmup: 5,
+            seconds_per_size: 0.5,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
+            match flag.as_str() {
+                "--devices" if value == "all" => o.devices = None,
+                "--devices" => {
+                    let mut list = Vec::new();
+                    for d in value.split(',') {
+                        let d: usize =
+                            d.trim().parse().with_context(|| format!("--devices {value:?}: all, or 0,1,…"))?;
+                        anyhow::ensure!(!list.contains(&d), "--devices {value:?}: device {d} twice");
+                        list.push(d);
+                    }
+                    o.devices = Some(list);
+                }
+                "--ops" => {
+                    o.collectives = Vec::new();
+                    for name in value.split(',') {
+                        let c = NCCL_COLLECTIVES
+                            .into_iter()
+                            .find(|c| c.name() == name.trim())
+                            .with_context(|| format!("--ops {name:?}: all_reduce, all_gather or reduce_scatter"))?;
+                        o.collectives.push(c);
+                    }
+                }
+                "--min-bytes" => o.min_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
+                "--max-bytes" => o.max_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
+                "--iterations" => o.iterations = number()?,
+                "--warmup" => o.warmup = number()?,
+                "--seconds-per-size" => {
+                    o.seconds_per_size =
+                        value.parse().with_context(|| format!("--seconds-per-size {value:?}: seconds"))?;
+                }
+                other => anyhow::bail!("unknown option {other:?}"),
+            }
+        }
+        anyhow::ensure!(
+            o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
+            "--min-bytes: 4 or more, and not above --max-bytes"
+        );
+        anyhow::ensure!(o.max_bytes <= 16 << 30, "--max-bytes: 16G at most");
+        anyhow::ensure!((1..=10_000).contains(&o.iterations), "--iterations: between 1 and 10000");
+        anyhow::ensure!(
+            o.seconds_per_size > 0.0 && o.seconds_per_size <= 60.0,
+            "--seconds-per-size: above 0, 60 at most"
+        );
+        if let Some(d) = &o.devices {
+            anyhow::ensure!(d.len() >= 2, "--devices: collectives need two devices or more");
+        }
+        Ok(o)
+    }
+}
+
+/// One collective at one size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    pub collective: Collective,
+    /// nccl-tests' size: the whole buffer (all-gather's output, reduce-scatter's input).
+    pub bytes: u64,
+    /// f32 elements of that buffer.
+    pub count: u64,
+    pub iterations: usize,
+    /// Per call, the slowest GPU's.
+    pub time_us: f64,
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+    /// Every GPU received exactly what the collective must produce.
+    pub correct: bool,
+}
+
+/// `kiln-gpu collectives`' document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub devices: Vec<usize>,
+    pub names: Vec<String>,
+    /// NCCL's version, as `ncclGetVersion` gives it (2.30.7 is 23007).
+    pub nccl_version: Option<i64>,
+    pub rows: Vec<Row>,
+}
+
+/// The element count of a collective over `n` GPUs at nccl-tests' size `bytes`: whole f32
+/// elements, divisible among the GPUs where each has a share (nccl-tests rounds the same way).
+pub fn count(c: Collective, bytes: u64, n: usize) -> u64 {
+    let elements = bytes / 4;
+    match c {
+        Collective::AllReduce => elements,
+        _ => elements / n as u64 * n as u64,
+    }
+}
+
+/// What GPU `rank` of `n` sends and how long its receive buffer is, for `count` elements.
+pub fn send_values(c: Collective, count: usize, rank: usize, n: usize) -> (Vec<f32>, usize) {
+    let chunk = count / n;
+    match c {
+        Collective::AllGather => (vec![rank as f32; chunk], count),
+        Collective::ReduceScatter => (vec![(rank + 1) as f32; count], chunk),
+        _ => (vec![(rank + 1) as f32; count], count),
+    }
+}
+
+/// Whether what GPU `rank` of `n` received is what the collective must produce.
+pub fn received_right(c: Collective, received: &[f32], n: usize) -> bool {
+    let sum = (n * (n + 1) / 2) as f32;
+    match c {
+        Collective::AllGather => {
+            let chunk = (received.len() / n).max(1);
+            received.iter().enumerate().all(|(i, &v)| v == (i / chunk) as f32)
+        }
+        _ => received.iter().all(|&v| v == sum),
+    }
+}
+
+/// How many timed calls a size gets: enough for `seconds` at the measured `once`, within 1..=`most`.
+pub fn iterations_for(once: f64, seconds: f64, most: usize) -> usize {
+    ((seconds / once.max(1e-9)) as usize).clamp(1, most.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_and_sizes_are_checked() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = Options::parse(&args("--devices 0,1 --ops all_reduce --min-bytes 1K --max-bytes 8G --iterations 5"))
+            .unwrap();
+        assert_eq!((o.min_bytes, o.max_bytes, o.iterations), (1024, 8 << 30, 5));
+        assert_eq!(o.collectives, [Collective::AllReduce]);
+        assert_eq!(Options::parse(&[]).unwrap().collectives, NCCL_COLLECTIVES);
+        for bad in [
+            "--devices 3",
+            "--ops all_to_all",
+            "--min-bytes 2",
+            "--min-bytes 1M --max-bytes 1K",
+            "--max-bytes 32G",
+            "--max-bytes 1X",
+            "--iterations 0",
+            "--seconds-per-size 0",
+            "--what 1",
+        ] {
+            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    /// The check against a host simulation of each collective over four GPUs: right results pass,
+    /// and one wrong value anywhere fails.
+    #[test]
+    fn what_each_gpu_must_receive() {
+        let n = 4;
+        for c in NCCL_COLLECTIVES {
+            let count = count(c, 1 << 10, n) as usize;
+            let sent: Vec<(Vec<f32>, usize)> = (0..n).map(|r| send_values(c, count, r, n)).collect();
+            for rank in 0..n {
+                let received: Vec<f32> = match c {
+                    Collective::AllReduce => (0..count).map(|i| sent.iter().map(|s| s.0[i]).sum()).collect(),
+                    Collective::AllGather => sent.iter().flat_map(|s| s.0.clone()).collect(),
+                    _ => {
+                        let chunk = count / n;
+                        (rank * chunk..(rank + 1) * chunk).map(|i| sent.iter().map(|s| s.0[i]).sum()).collect()
+                    }
+                };
+                assert_eq!(received.len(), sent[rank].1, "{c:?}");
+                assert!(received_right(c, &received, n), "{c:?} rank {rank}");
+                let mut wrong = received.clone();
+                wrong[received.len() / 2] += 1.0;
+                assert!(!received_right(c, &wrong, n), "{c:?} rank {rank}: a wrong value passed");
+            }
+        }
+        assert_eq!(count(Collective::AllGather, 100, 3), 24);
+        assert_eq!(iterations_for(0.1, 0.5, 20), 5);
+        assert_eq!(iterations_for(2.0, 0.5, 20), 1);
+    }
+}
