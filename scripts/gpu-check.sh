@@ -12,7 +12,8 @@
 #   gemm.json        `kiln bench gpu gemm --json --sweep` (bf16, f16, f32, tf32; KILN_CHECK_N, 8192)
 #   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
 #                    (`kiln bench gpu p2p --json`, where CUDA sees two devices or more, goes into
-#                    summary.json as "p2p": a ninth file would not come back)
+#                    summary.json as "p2p": a ninth file would not come back); likewise
+#                    `kiln bench gpu train --json` and PyTorch's run of the same model ("train")
 #   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
 #                    way, and a device copy
 #   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type and
@@ -135,6 +136,25 @@ else
 fi
 step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
     --sweep "$sweep"
+# Training (KILN_CHECK_TRAIN: a size, default gpt2, or none; KILN_CHECK_TRAIN_STEPS, default 20):
+# kiln on GPU 0, then PyTorch's eager run of the same model's shapes on the same GPU
+# (benches/anchors/torch_train.py, TF32 products as kiln's); both go into summary.json.
+train=${KILN_CHECK_TRAIN:-gpt2}
+train_steps=${KILN_CHECK_TRAIN_STEPS:-20}
+if [ "$train" != none ]; then
+    OK="0 1" SKIPPED=3 step train 240 "$work/train.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
+        "$work/kiln" bench gpu train --json --gpus 0 --size "$train" --steps "$train_steps"
+    dims=$("$python" -c 'import json, sys
+c = json.load(open(sys.argv[1]))["report"]["results"][0]["run"]["run"]["config"]
+print(c["vocab"], c["d_model"], c["layers"], c["heads"], c["seq"], c["batch"])' "$work/train.json" 2>>"$log")
+    if [ -n "$dims" ]; then
+        # shellcheck disable=SC2086 # the six sizes, as separate arguments
+        step torch-train 240 "$work/torch-train.txt" "$python" "$here/../benches/anchors/torch_train.py" \
+            "$train_steps" eager $dims cuda:0
+    else
+        summary+=("{\"step\":\"torch-train\",\"status\":\"skipped\",\"why\":\"kiln's training left no model shapes\"}")
+    fi
+fi
 
 # kiln's GEMM over PyTorch's per type, and its device copy over PyTorch's (medians, one GPU alone).
 ratios=$("$python" - "$out/gemm.json" "$out/memory.json" "$out/torch.json" 2>>"$log" <<'PY'
@@ -173,6 +193,30 @@ PY
 )
 steps=$(IFS=,; echo "${summary[*]}")
 p2p=$("$python" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$work/p2p.json" 2>/dev/null)
-printf '{"bundle":"%s","n":%s,"steps":[%s],"kiln_over_torch":%s,"p2p":%s}\n' \
-    "$(cat "$work/COMMIT" 2>/dev/null || echo unknown)" "$n" "$steps" "${ratios:-[]}" "${p2p:-null}" >"$out/summary.json"
+# kiln's training run (tokens/s, MFU, learned) beside PyTorch's RESULT line, and their ratio.
+trained=$("$python" - "$work/train.json" "$work/torch-train.txt" 2>>"$log" <<'PY'
+import json, re, sys
+try:
+    doc = json.load(open(sys.argv[1]))
+except Exception:
+    print("null"); sys.exit()
+out = {"status": doc.get("status"), "skipped": doc.get("skipped"), "failures": doc.get("report", {}).get("failures")}
+for r in doc.get("report", {}).get("results", []):
+    if r.get("run"):
+        run = r["run"]["run"]
+        out.update(gpu=r["gpu"], size=run["config"]["size"], tokens_per_s=run["tokens_per_s"], mfu=run["mfu"],
+                   step_cv=run["step_s"]["cv"], learned=run["learned"], loss=[run["loss_start"], run["loss_end"]])
+try:
+    m = re.search(r"tokens_per_s_median=(\d+)", open(sys.argv[2]).read())
+    if m and "tokens_per_s" in out:
+        out["torch_tokens_per_s"] = int(m.group(1))
+        out["kiln_over_torch"] = out["tokens_per_s"] / int(m.group(1))
+except OSError:
+    pass
+print(json.dumps(out))
+PY
+)
+printf '{"bundle":"%s","n":%s,"steps":[%s],"kiln_over_torch":%s,"p2p":%s,"train":%s}\n' \
+    "$(cat "$work/COMMIT" 2>/dev/null || echo unknown)" "$n" "$steps" "${ratios:-[]}" "${p2p:-null}" \
+    "${trained:-null}" >"$out/summary.json"
 exit "$failed"

@@ -466,3 +466,58 @@ fn nccl_collectives_are_stored_per_size_and_a_wrong_result_fails_the_run() {
     assert_eq!(refused.code(), Some(2), "{}", refused.describe());
     assert!(refused.stderr().contains("NCCL has no all-to-all call"), "{}", refused.describe());
 }
+
+/// `kiln bench gpu train` on the fake 8× H100: each GPU's document is a real run of the reference
+/// model that `kiln_gpu::train` trained on the CPU; one of them made not to learn.
+#[test]
+fn gpu_training_is_stored_per_gpu_and_a_gpu_whose_model_does_not_learn_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let stand = tempfile::tempdir().unwrap();
+    let program = stand_in(stand.path(), &[]);
+    let (lib, fixture) = (fake_nvml(), h100x8());
+    let run = |args: &[&str]| {
+        let mut all = vec!["bench", "gpu", "train", "--json", "--size", "tiny", "--steps", "20"];
+        all.extend(args);
+        kiln(
+            &all,
+            &[("KILN_NVML_LIB", &lib), ("KILN_FAKE_NVML_FIXTURE", &fixture), ("KILN_GPU", &program), ("KILN_DB", &db)],
+        )
+    };
+    let options = kiln_gpu::train::Options {
+        device: 0,
+        size: "tiny".into(),
+        steps: Some(20),
+        batch: None,
+        precision: kiln_gpu::gemm::Precision::Tf32,
+    };
+    let trained =
+        kiln_gpu::train::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| {}).unwrap();
+    assert!(trained.run.learned);
+    for (device, learned) in [(0, true), (1, false)] {
+        let mut doc = trained.clone();
+        doc.device = device;
+        doc.run.learned = learned;
+        std::fs::write(stand.path().join(format!("train-{device}.json")), serde_json::to_string(&doc).unwrap())
+            .unwrap();
+    }
+    let ok = run(&["--gpus", "0"]);
+    assert_eq!(ok.code(), Some(0), "{}", ok.describe());
+    let doc = ok.json();
+    let shown = kiln(&["show", "run", doc["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let metric = |name: &str| {
+        shown["metrics"].as_array().unwrap().iter().find(|m| m["name"] == name).map(|m| m["value"].as_f64().unwrap())
+    };
+    assert!((metric("gpu0.train.tiny.tokens_per_s").unwrap() - trained.run.tokens_per_s).abs() < 1e-6);
+    assert!(metric("gpu0.train.tiny.mfu").is_some(), "{}", shown["metrics"]);
+
+    let bad = run(&["--gpus", "0,1"]);
+    assert_eq!(bad.code(), Some(1), "{}", bad.describe());
+    let failures = bad.json()["report"]["failures"].to_string();
+    assert!(failures.contains("GPU 1: the model did not learn"), "{failures}");
+    assert!(!failures.contains("GPU 0"), "{failures}");
+    // Sizes and precisions are checked before anything runs.
+    let refused = run(&["--dtype", "bf16", "--no-save"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("bf16 mixed precision is not built"), "{}", refused.describe());
+}

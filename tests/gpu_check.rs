@@ -89,6 +89,10 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     // CUDA sees no device here: peer to peer is skipped without a document.
     assert_eq!(status("p2p"), "skipped", "{log}");
     assert!(summary["p2p"].is_null(), "{summary}");
+    // Training is skipped like every GPU benchmark, and PyTorch's run of it then has no shapes.
+    assert_eq!(status("train"), "skipped", "{log}");
+    assert!(summary["train"]["skipped"].as_str().unwrap().contains("no NVIDIA GPU"), "{summary}");
+    assert_eq!(status("torch-train"), "skipped", "{log}");
     // PyTorch: absent here (an error document), or measuring on a machine that has it.
     let torch = json("torch.json");
     assert!(torch["error"].is_string() || torch["gemm"].is_array(), "{torch}");

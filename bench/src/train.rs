@@ -826,8 +826,33 @@ fn average_gradients(
 ///
 /// # Errors
 /// A candle error, or a configuration that does not validate.
-// Long: the training loop with its optional all-reduce, timed per step, then the report.
 pub fn run_parallel(
+    config: &Config,
+    peak_flops: Option<f64>,
+    progress: impl FnMut(usize, usize, f64),
+    dp: Option<&mut dyn DataParallel>,
+) -> candle_core::Result<Report> {
+    run_on(&Device::Cpu, config, peak_flops, progress, dp)
+}
+
+/// `cpu`, `cuda:0`: where a run trained.
+pub fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".to_string(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// [`run_parallel`] on `device`. Off the CPU the model runs composed kernels through candle's own
+/// matmul (the fused kernels and the BLAS libraries are CPU code; the report's configuration
+/// says so): a configuration naming a BLAS library is refused there, `Gemm::Auto` means candle.
+///
+/// # Errors
+/// A candle error, or a configuration that does not validate or does not fit the device.
+// Long: the training loop with its optional all-reduce, timed per step, then the report.
+pub fn run_on(
+    device: &Device,
     config: &Config,
     peak_flops: Option<f64>,
     mut progress: impl FnMut(usize, usize, f64),
@@ -835,9 +860,20 @@ pub fn run_parallel(
 ) -> candle_core::Result<Report> {
     let (rank, ranks) = dp.as_ref().map_or((0, 1), |d| (d.rank(), d.ranks()));
     config.validate().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    let (gemm, gemm_trials) = Gemm::choose(config)?;
-    let config = &Config { gemm, ..config.clone() };
-    let device = Device::Cpu;
+    let (gemm, gemm_trials, kernels) = if device.is_cpu() {
+        let (gemm, trials) = Gemm::choose(config)?;
+        (gemm, trials, config.kernels)
+    } else {
+        if !matches!(config.gemm, Gemm::Candle | Gemm::Auto) {
+            candle_core::bail!(
+                "on {}: the dense layers multiply through candle (the BLAS libraries run on the CPU)",
+                device_label(device)
+            )
+        }
+        (Gemm::Candle, Vec::new(), Kernels::Composed)
+    };
+    let config = &Config { gemm, kernels, ..config.clone() };
+    let device = device.clone();
     let varmap = VarMap::new();
     let model = Gpt::new(config, SeededParams::builder(&varmap, config.seed, &device), &device)?;
     let vars = sorted_vars(&varmap);
@@ -911,7 +947,7 @@ pub fn run_parallel(
     });
     Ok(Report {
         config: config.clone(),
-        device: "cpu".to_string(),
+        device: device_label(&device),
         parameters,
         non_embedding_parameters: n,
         flops_per_token,

@@ -2,7 +2,10 @@
 
 A copy of ../shared/anchors/torch_train.py (the anchor the issue measured, fixed at the `anchor`
 size) whose only change is that the sizes come from the command line, so that benches/train.rs
-can compare every named size: python torch_train.py STEPS MODE VOCAB D_MODEL LAYERS HEADS SEQ BATCH.
+can compare every named size: python torch_train.py STEPS MODE VOCAB D_MODEL LAYERS HEADS SEQ BATCH,
+and, as a tenth argument, the device (`cpu`, the default, or `cuda:0`: scripts/gpu-check.sh's
+anchor for `kiln-gpu train`, f32 parameters with TF32 products as kiln runs them there; each
+step is timed to the device's completion).
 
 
 A GPT-style decoder-only LM (vocab 256, d_model 256, 4 layers, 4 heads, seq 128, batch 8, 3.3 M params),
@@ -14,6 +17,10 @@ import math, sys, time, statistics
 import torch, torch.nn as nn, torch.nn.functional as F
 
 VOCAB, D_MODEL, N_LAYER, N_HEAD, SEQ, BATCH = (int(v) for v in (sys.argv[3:9] if len(sys.argv) >= 9 else (256, 256, 4, 4, 128, 8)))
+DEVICE = torch.device(sys.argv[9] if len(sys.argv) >= 10 else "cpu")
+if DEVICE.type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 MASK64 = (1 << 64) - 1
 
 class Lcg:
@@ -68,15 +75,18 @@ def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     mode = sys.argv[2] if len(sys.argv) > 2 else "eager"   # eager | sdpa | compile
     torch.manual_seed(0)
-    model = Gpt()
+    model = Gpt().to(DEVICE)
     nparams = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__} threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()} cpu_cap={torch.backends.cpu.get_cpu_capability()} params={nparams} mode={mode}")
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    print(f"torch {torch.__version__} device={DEVICE} threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()} cpu_cap={torch.backends.cpu.get_cpu_capability()} params={nparams} mode={mode}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     sdpa = mode in ("sdpa", "compile")
     fwd = torch.compile(model) if mode == "compile" else model
     rng = Lcg(42); warm = 3; times, losses = [], []
     for step in range(warm + steps):
         x, y = batch(rng)
+        x, y = x.to(DEVICE), y.to(DEVICE)
+        sync()
         t0 = time.perf_counter()
         logits = fwd(x, sdpa)
         loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
@@ -84,6 +94,7 @@ def main():
         loss.backward()
         opt.step()
         l = loss.item()
+        sync()
         dt = time.perf_counter() - t0
         if step >= warm: times.append(dt)
         losses.append(l)

@@ -102,7 +102,7 @@ impl Precision {
     }
 
     /// Tells candle's CUDA backend whether f32 products may use TF32 (a no-op without CUDA).
-    fn select(self) {
+    pub(crate) fn select(self) {
         candle_core::cuda::set_gemm_reduced_precision_f32(self == Precision::Tf32);
     }
 }

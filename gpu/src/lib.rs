@@ -13,6 +13,7 @@ pub mod bandwidth;
 pub mod collectives;
 pub mod gemm;
 pub mod p2p;
+pub mod train;
 
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +71,14 @@ pub mod backend {
             .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
         let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
         gemm::burn(&device, options, info.map(|d| d.name))
+    }
+
+    /// The reference training run on one GPU.
+    pub fn train(options: &crate::train::Options) -> anyhow::Result<crate::train::Report> {
+        let device = candle_core::Device::new_cuda(options.device)
+            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
+        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
+        crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {})
     }
 
     pub fn sweep(options: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
@@ -388,6 +397,10 @@ pub mod backend {
     }
 
     pub fn collectives(_: &crate::collectives::Options) -> anyhow::Result<crate::collectives::Report> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn train(_: &crate::train::Options) -> anyhow::Result<crate::train::Report> {
         anyhow::bail!(NOT_BUILT)
     }
 }

@@ -1,9 +1,9 @@
-//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu burn …`, `kiln-gpu bandwidth …`, `kiln-gpu p2p …`, `kiln-gpu collectives …`: one JSON document on stdout per command, and
+//! `kiln-gpu devices`, `kiln-gpu gemm …`, `kiln-gpu sweep …`, `kiln-gpu burn …`, `kiln-gpu bandwidth …`, `kiln-gpu p2p …`, `kiln-gpu collectives …`, `kiln-gpu train …`: one JSON document on stdout per command, and
 //! `{"error": …}` with exit status 2 when it cannot measure. The library says what it measures.
 
 use std::process::ExitCode;
 
-use kiln_gpu::{backend, bandwidth, collectives, gemm, p2p, SCHEMA_VERSION};
+use kiln_gpu::{backend, bandwidth, collectives, gemm, p2p, train, SCHEMA_VERSION};
 use serde::Serialize;
 
 const USAGE: &str = "usage: kiln-gpu devices
@@ -13,7 +13,8 @@ const USAGE: &str = "usage: kiln-gpu devices
        kiln-gpu bandwidth [--device N] [--mib N] [--reps N] [--cpus LIST]
        kiln-gpu p2p [--devices all|0,1,...] [--mib N] [--reps N]
        kiln-gpu collectives [--devices all|0,1,...] [--ops all_reduce,all_gather,reduce_scatter]
-                            [--min-bytes 8] [--max-bytes 1G] [--iterations N] [--warmup N] [--seconds-per-size S]";
+                            [--min-bytes 8] [--max-bytes 1G] [--iterations N] [--warmup N] [--seconds-per-size S]
+       kiln-gpu train [--device N] [--size gpt2|350m|1b] [--steps N] [--batch N] [--dtype tf32|f32]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -61,6 +62,10 @@ fn run(args: &[String]) -> anyhow::Result<String> {
         "collectives" => {
             let options = collectives::Options::parse(rest)?;
             document(&backend::collectives(&options)?)
+        }
+        "train" => {
+            let options = train::Options::parse(rest)?;
+            document(&backend::train(&options)?)
         }
         "--help" | "-h" | "help" => return Ok(serde_json::json!({ "usage": USAGE }).to_string()),
         "--version" => return Ok(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string()),

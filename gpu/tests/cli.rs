@@ -21,6 +21,9 @@ fn without_cuda_every_gpu_command_says_what_to_build() {
         &["sweep", "--shapes", "64"],
         &["burn", "--seconds", "1"],
         &["bandwidth", "--mib", "1"],
+        &["p2p", "--mib", "1"],
+        &["collectives", "--max-bytes", "1K"],
+        &["train", "--size", "tiny", "--steps", "10"],
     ] {
         let (code, doc) = kiln_gpu(args);
         assert_eq!(code, Some(2), "{doc}");
@@ -36,6 +39,12 @@ fn bad_options_are_refused_with_the_reason() {
     let (code, doc) = kiln_gpu(&["gemm", "--dtype", "fp4"]);
     assert_eq!(code, Some(2));
     assert!(doc["error"].as_str().unwrap().contains("bf16, f16, f32 or tf32"), "{doc}");
+    let (code, doc) = kiln_gpu(&["train", "--size", "7b"]);
+    assert_eq!(code, Some(2));
+    assert!(doc["error"].as_str().unwrap().contains("gpt2, 350m or 1b"), "{doc}");
+    let (code, doc) = kiln_gpu(&["collectives", "--ops", "all_to_all"]);
+    assert_eq!(code, Some(2));
+    assert!(doc["error"].as_str().unwrap().contains("all_reduce, all_gather or reduce_scatter"), "{doc}");
     let (code, doc) = kiln_gpu(&["melt"]);
     assert_eq!(code, Some(2));
     assert!(doc["error"].as_str().unwrap().contains("unknown command"), "{doc}");

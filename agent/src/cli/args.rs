@@ -155,6 +155,30 @@ pub enum GpuBench {
         #[command(flatten)]
         store: Store,
     },
+    /// The reference training run on every chosen GPU at once, each its own replica: tokens/s,
+    /// MFU against the datasheet, and the learning check per GPU
+    Train {
+        /// Model size: gpt2 (124 M), 350m, 1b (or the CPU's tiny, anchor, small)
+        #[arg(long, default_value = "gpt2")]
+        size: String,
+        /// Training steps [default: the size's]
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Sequences per step [default: the size's]
+        #[arg(long)]
+        batch: Option<usize>,
+        /// How the dense products run: tf32 (f32 operands on the tensor cores) or f32
+        #[arg(long, default_value = "tf32")]
+        dtype: String,
+        /// The GPUs to train on (NVML indices, comma-separated), or all
+        #[arg(long, value_delimiter = ',', default_value = "all")]
+        gpus: Vec<String>,
+        /// A GPU's run is stopped and failed after this many seconds
+        #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+        timeout: u64,
+        #[command(flatten)]
+        store: Store,
+    },
 }
 
 // What every benchmark command shares.

@@ -255,6 +255,18 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             );
             ("gpu-collectives", *store, gpus)
         }
+        GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store } => {
+            let options = kiln_gpu::train::Options {
+                device: 0,
+                size: size.clone(),
+                steps: *steps,
+                batch: *batch,
+                precision: kiln_gpu::gemm::Precision::parse(dtype).context("--dtype")?,
+            };
+            options.config()?;
+            anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
+            ("gpu-train", *store, gpus)
+        }
     };
     preflight(ctx, store)?;
     catch_interrupts();
@@ -310,6 +322,10 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
                 timeout_s: timeout,
             };
             runs::gpu::collectives(&inv, &prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Train { size, steps, batch, dtype, timeout, .. } => {
+            let config = runs::gpu::TrainConfig { size, steps, batch, dtype, gpus, timeout_s: timeout };
+            runs::gpu::train(&inv, &prepared, config, &INTERRUPTED)
         }
     };
     anyhow::ensure!(
@@ -514,6 +530,18 @@ fn run_suite(
                         timeout_s: 900,
                     };
                     let measure = || Ok(runs::gpu::collectives(inv, &prepared, config.clone(), &INTERRUPTED));
+                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+                }
+                if !over("gpu train") && !INTERRUPTED.load(Ordering::Relaxed) {
+                    let config = runs::gpu::TrainConfig {
+                        size: "gpt2".into(),
+                        steps: Some(if quick { 10 } else { 20 }),
+                        batch: None,
+                        dtype: "tf32".into(),
+                        gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                        timeout_s: 1800,
+                    };
+                    let measure = || Ok(runs::gpu::train(inv, &prepared, config.clone(), &INTERRUPTED));
                     until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
                 }
             }

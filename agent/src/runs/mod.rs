@@ -114,6 +114,7 @@ pub enum Report {
     GpuBurn(Box<gpu::GpuBurnReport>),
     GpuP2p(Box<gpu::GpuP2pReport>),
     GpuCollectives(Box<gpu::GpuCollectivesReport>),
+    GpuTrain(Box<gpu::GpuTrainReport>),
 }
 
 impl Report {
@@ -128,6 +129,7 @@ impl Report {
             Report::GpuBurn(g) => g.invalid.clone(),
             Report::GpuP2p(g) => g.invalid.clone(),
             Report::GpuCollectives(g) => g.invalid.clone(),
+            Report::GpuTrain(g) => g.invalid.clone(),
             Report::Fabric(f) => {
                 let why: Vec<String> = f.rails.iter().filter_map(|r| r.invalid.clone()).collect();
                 (!why.is_empty()).then(|| why.join("; "))
@@ -151,6 +153,7 @@ impl Report {
             Report::GpuBurn(_) => "gpu-burn",
             Report::GpuP2p(_) => "gpu-p2p",
             Report::GpuCollectives(_) => "gpu-collectives",
+            Report::GpuTrain(_) => "gpu-train",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The GPU benchmarks, measured by `kiln-gpu` (the `gpu/` crate; kiln itself never links CUDA, so
 //! that it starts on a box where the NVIDIA driver is not installed yet): finding that program,
 //! asking it which devices CUDA sees, running it on each GPU alone and on every GPU at once under a
-//! deadline, reading its documents back as `kiln_gpu`'s types; `gemm`, `memory`, `burn`, `p2p` and `collectives` judge them. A
+//! deadline, reading its documents back as `kiln_gpu`'s types; `gemm`, `memory`, `burn`, `p2p`, `collectives` and `train` judge them. A
 //! GPU whose run fails or hangs, or whose result is wrong, fails the run; a figure above its
 //! physical ceiling makes it `invalid`. NVML telemetry (clocks, power, temperature, throttle
 //! reasons) is sampled at 10 Hz meanwhile, so that a slow GPU says why.
@@ -23,12 +23,14 @@ mod collectives;
 mod gemm;
 mod memory;
 mod p2p;
+mod train;
 
 pub use burn::{burn, parse_duration, BurnConfig, GpuBurnReport};
 pub use collectives::{collectives, CollectivesConfig, GpuCollectivesReport};
 pub use gemm::{gemm, GemmConfig, GpuGemmReport};
 pub use memory::{memory, GpuMemoryReport, MemoryConfig};
 pub use p2p::{p2p, GpuP2pReport, P2pConfig};
+pub use train::{train, GpuTrainReport, TrainConfig};
 
 /// How often GPU telemetry is read while a GPU benchmark runs (the issue asks for ≥ 10 Hz).
 pub const TELEMETRY_INTERVAL: Duration = Duration::from_millis(100);

@@ -1,0 +1,309 @@
+//! `kiln bench gpu train`: the reference training run (the model `kiln bench train` trains on the
+//! CPU) on every chosen GPU at once, each GPU its own replica through `kiln-gpu train` — the box
+//! at full power as training holds it, one figure per GPU so that a slow one stands out. Each
+//! GPU's run must learn (the CPU's learning check: a GPU whose loss does not fall computes
+//! wrong), and its model FLOP utilisation is against the datasheet's dense peak for the
+//! precision; above that peak (+5 %) the run is `invalid`. Data-parallel training across the GPUs
+//! (NCCL all-reduce of the gradients) is not built yet.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use kiln_db::{Direction, Metric, RunStatus};
+use kiln_gpu::train::Report as Trained;
+use kiln_gpu::DeviceInfo;
+use serde::{Deserialize, Serialize};
+
+use super::{interpret, judged_status, read_document, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use crate::inventory::Inventory;
+use crate::render::Progress;
+use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
+use crate::telemetry;
+use crate::timefmt::now_rfc3339;
+
+/// What `kiln bench gpu train` runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub size: String,
+    pub steps: Option<usize>,
+    pub batch: Option<usize>,
+    pub dtype: String,
+    pub gpus: Vec<usize>,
+    pub timeout_s: u64,
+}
+
+/// One GPU's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainResult {
+    pub gpu: usize,
+    pub run: Option<Trained>,
+    pub error: Option<String>,
+}
+
+/// `kiln bench gpu train`'s document.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuTrainReport {
+    pub program: String,
+    pub devices: Vec<DeviceInfo>,
+    pub config: TrainConfig,
+    pub results: Vec<TrainResult>,
+    pub failures: Vec<String>,
+    pub invalid: Option<String>,
+    pub status: RunStatus,
+    pub telemetry: Vec<String>,
+}
+
+/// Trains on every GPU of `config` at once.
+pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrupted: &AtomicBool) -> Outcome {
+    let started_at = now_rfc3339();
+    let sampler = sampler(inv, TELEMETRY_INTERVAL);
+    let progress = Progress::new();
+    progress.update(&format!("gpu train {}: {} GPU(s) at once", config.size, config.gpus.len()));
+    let args: Vec<Vec<String>> = config
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let mut a: Vec<String> =
+                ["train", "--device", &gpu.to_string(), "--size", &config.size, "--dtype", &config.dtype]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            for (flag, value) in [("--steps", config.steps), ("--batch", config.batch)] {
+                if let Some(v) = value {
+                    a.extend([flag.to_string(), v.to_string()]);
+                }
+            }
+            a
+        })
+        .collect();
+    let timeout = Duration::from_secs(config.timeout_s);
+    let mut results = Vec::new();
+    for (gpu, ended) in config.gpus.iter().zip(run_all(&prepared.program, &args, timeout, interrupted)) {
+        let (run, error) = read_document::<Trained>(interpret(&ended, timeout), "train");
+        results.push(TrainResult { gpu: *gpu, run, error });
+    }
+    progress.finish();
+    let telemetry = sampler.stop();
+    judge(prepared, config, results, telemetry, started_at)
+}
+
+fn judge(
+    prepared: &Prepared,
+    config: TrainConfig,
+    results: Vec<TrainResult>,
+    telemetry: Vec<telemetry::Sample>,
+    started_at: String,
+) -> Outcome {
+    let mut failures = Vec::new();
+    let mut above = Vec::new();
+    let mut unstable = false;
+    for r in &results {
+        let at = format!("GPU {}", r.gpu);
+        if let Some(e) = &r.error {
+            failures.push(format!("{at}: {e}"));
+        }
+        let Some(t) = &r.run else { continue };
+        let run = &t.run;
+        if !run.learned {
+            failures.push(format!(
+                "{at}: the model did not learn: loss {:.3} -> {:.3}, above the bar of {:.3} for {} steps (a GPU \
+                 that computes wrong, or a broken stack)",
+                run.loss_start, run.loss_end, run.loss_bar, run.config.steps
+            ));
+        }
+        if let Some(mfu) = run.mfu.filter(|m| *m > 1.0 + PEAK_MARGIN) {
+            above.push(format!(
+                "{at}: {:.1} TFLOP/s of model FLOPs, {:.0} % of the datasheet's {} peak of {:.1} TFLOP/s (+{:.0} %)",
+                run.achieved_flops / 1e12,
+                mfu * 100.0,
+                t.precision,
+                t.peak_tflops.unwrap_or(f64::NAN),
+                PEAK_MARGIN * 100.0
+            ));
+        }
+        unstable |= run.step_s.cv > MAX_CV;
+    }
+    let invalid = (!above.is_empty()).then(|| above.join("; "));
+    let status = judged_status(&invalid, &failures, unstable);
+    let (metrics, samples) = metrics_of(&config, &results);
+    let report = GpuTrainReport {
+        program: prepared.program.display().to_string(),
+        devices: prepared.devices.clone(),
+        config,
+        results,
+        failures,
+        invalid,
+        status,
+        telemetry: telemetry::summarize(&telemetry),
+    };
+    Outcome {
+        status,
+        status_reason: None,
+        started_at,
+        config: serde_json::to_value(&report.config).unwrap_or_default(),
+        headline: headline(&report),
+        text: render(&report),
+        metrics,
+        samples,
+        report: Report::GpuTrain(Box::new(report)),
+        telemetry,
+    }
+}
+
+/// `gpu<i>.train.<size>.tokens_per_s`, `….mfu`, `….step_p50_s`, `….loss_end` per GPU (each step's
+/// time and the loss curve as samples), and `gpus.train.<size>.tokens_per_s`, their sum.
+fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
+    let mut metrics = Vec::new();
+    let mut samples = Vec::new();
+    let mut total = None;
+    for r in results {
+        let Some(t) = &r.run else { continue };
+        let run = &t.run;
+        let prefix = format!("gpu{}.train.{}", r.gpu, config.size);
+        let m = |name: &str, value: f64, unit: &str, direction| Metric {
+            name: format!("{prefix}.{name}"),
+            value,
+            unit: unit.into(),
+            direction,
+        };
+        metrics.push(m("tokens_per_s", run.tokens_per_s, "tokens/s", Direction::Higher));
+        metrics.push(m("step_p50_s", run.step_s.median, "s", Direction::Lower));
+        metrics.push(m("loss_end", run.loss_end, "nats", Direction::Lower));
+        if let Some(mfu) = run.mfu {
+            metrics.push(m("mfu", mfu, "ratio", Direction::Higher));
+        }
+        samples.extend(samples_of(&format!("{prefix}.step_s"), &run.step_times_s));
+        samples.extend(samples_of(&format!("{prefix}.loss"), &run.loss_curve));
+        *total.get_or_insert(0.0) += run.tokens_per_s;
+    }
+    if let Some(total) = total {
+        metrics.push(Metric {
+            name: format!("gpus.train.{}.tokens_per_s", config.size),
+            value: total,
+            unit: "tokens/s".into(),
+            direction: Direction::Higher,
+        });
+    }
+    (metrics, samples)
+}
+
+fn headline(r: &GpuTrainReport) -> String {
+    let runs: Vec<&Trained> = r.results.iter().filter_map(|x| x.run.as_ref()).collect();
+    let tokens: f64 = runs.iter().map(|t| t.run.tokens_per_s).sum();
+    let mfu = kiln_bench::stats::summarize(&runs.iter().filter_map(|t| t.run.mfu).collect::<Vec<_>>());
+    format!(
+        "gpu train {}: {} GPU(s), {:.0} tokens/s in all{}{}",
+        r.config.size,
+        runs.len(),
+        tokens,
+        mfu.map(|s| format!(", MFU {:.1} % (median)", s.median * 100.0)).unwrap_or_default(),
+        if r.failures.is_empty() { String::new() } else { format!("; {} failure(s)", r.failures.len()) }
+    )
+}
+
+pub fn render(r: &GpuTrainReport) -> String {
+    let c = &r.config;
+    let mut out = format!(
+        "gpu train {}: each GPU its own replica, all at once, products in {}; {}\n",
+        c.size, c.dtype, r.program
+    );
+    if let Some(t) = r.results.iter().find_map(|x| x.run.as_ref()) {
+        let k = &t.run.config;
+        out.push_str(&format!(
+            "{} layers, d_model {}, {} heads, seq {}, batch {}, {} steps ({} parameters; {})\n",
+            k.layers, k.d_model, k.heads, k.seq, k.batch, k.steps, t.run.parameters, t.run.flops_formula
+        ));
+    }
+    out.push_str(&format!(
+        "{:>4} {:>12} {:>10} {:>10} {:>8} {:>16}  {}\n",
+        "gpu", "tokens/s", "step p50", "step CV", "MFU", "loss", "learned"
+    ));
+    for x in &r.results {
+        match &x.run {
+            Some(t) => {
+                let run = &t.run;
+                out.push_str(&format!(
+                    "{:>4} {:>12.0} {:>8.1}ms {:>9.1}% {:>8} {:>16}  {}\n",
+                    x.gpu,
+                    run.tokens_per_s,
+                    run.step_s.median * 1e3,
+                    run.step_s.cv * 100.0,
+                    run.mfu.map_or_else(|| "-".to_string(), |m| format!("{:.1}%", m * 100.0)),
+                    format!("{:.3} -> {:.3}", run.loss_start, run.loss_end),
+                    if run.learned { "yes" } else { "NO" }
+                ));
+            }
+            None => out.push_str(&format!("{:>4} failed\n", x.gpu)),
+        }
+    }
+    for f in &r.failures {
+        out.push_str(&format!("FAIL {f}\n"));
+    }
+    match &r.invalid {
+        Some(why) => out.push_str(&format!("status invalid: {why}\n")),
+        None => out.push_str(&format!("status {}\n", r.status)),
+    }
+    for line in &r.telemetry {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real run of the reference model on the CPU through kiln-gpu's library, as GPU `gpu`.
+    fn trained(gpu: usize) -> Trained {
+        let o = kiln_gpu::train::Options {
+            device: gpu,
+            size: "tiny".into(),
+            steps: Some(20),
+            batch: None,
+            precision: kiln_gpu::gemm::Precision::Tf32,
+        };
+        kiln_gpu::train::measure(&candle_core::Device::Cpu, &o, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| {})
+            .unwrap()
+    }
+
+    fn judged(results: Vec<TrainResult>) -> Outcome {
+        let prepared = Prepared { program: "/opt/kiln-gpu".into(), devices: Vec::new() };
+        let config = TrainConfig {
+            size: "tiny".into(),
+            steps: Some(20),
+            batch: None,
+            dtype: "tf32".into(),
+            gpus: results.iter().map(|r| r.gpu).collect(),
+            timeout_s: 60,
+        };
+        judge(&prepared, config, results, Vec::new(), "2026-12-05T00:00:00Z".into())
+    }
+
+    #[test]
+    fn every_gpu_is_judged_on_its_own_run() {
+        let good = trained(0);
+        assert!(good.run.learned);
+        let mut stuck = trained(1);
+        stuck.run.learned = false;
+        let mut impossible = trained(2);
+        impossible.run.mfu = Some(1.3);
+        let results = vec![
+            TrainResult { gpu: 0, run: Some(good.clone()), error: None },
+            TrainResult { gpu: 1, run: Some(stuck), error: None },
+            TrainResult { gpu: 3, run: None, error: Some("did not finish within 60 s".into()) },
+        ];
+        let o = judged(results);
+        assert_eq!(o.status, RunStatus::Failed, "{}", o.text);
+        assert!(o.text.contains("FAIL GPU 1: the model did not learn"), "{}", o.text);
+        assert!(o.text.contains("FAIL GPU 3: did not finish within 60 s"), "{}", o.text);
+        assert!(!o.text.contains("FAIL GPU 0"), "{}", o.text);
+        let value = |name: &str| o.metrics.iter().find(|m| m.name == name).map(|m| m.value);
+        assert!((value("gpu0.train.tiny.tokens_per_s").unwrap() - good.run.tokens_per_s).abs() < 1e-9);
+        assert!(value("gpus.train.tiny.tokens_per_s").unwrap() > good.run.tokens_per_s);
+        assert_eq!(o.samples.iter().filter(|s| s.0 == "gpu0.train.tiny.loss").count(), 20);
+
+        let o = judged(vec![TrainResult { gpu: 2, run: Some(impossible), error: None }]);
+        assert_eq!(o.status, RunStatus::Invalid);
+        assert!(o.report.invalid_reason().unwrap().contains("GPU 2:"), "{}", o.text);
+    }
+}

@@ -1,0 +1,127 @@
+//! The reference training run (`kiln_bench::train`, the model `kiln bench train` trains on the
+//! CPU) on one GPU: the same seeded model, corpus and learning check, composed kernels through
+//! candle's CUDA backend, f32 parameters with the dense products in TF32 (or plain f32), its
+//! model FLOP utilisation against the GPU's datasheet peak for that precision. Device-agnostic:
+//! its test trains on the CPU through the same path.
+
+use anyhow::Context;
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::gemm::Precision;
+
+/// What `kiln-gpu train` runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub device: usize,
+    /// A `kiln_bench::train::Config` preset: `gpt2`, `350m`, `1b` (and the CPU's smaller ones).
+    pub size: String,
+    pub steps: Option<usize>,
+    pub batch: Option<usize>,
+    pub precision: Precision,
+}
+
+impl Options {
+    /// `--device N --size S --steps N --batch N --dtype tf32|f32`, each optional.
+    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut o = Options { device: 0, size: "gpt2".into(), steps: None, batch: None, precision: Precision::Tf32 };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
+            match flag.as_str() {
+                "--device" => o.device = number()?,
+                "--size" => o.size = value.clone(),
+                "--steps" => o.steps = Some(number()?),
+                "--batch" => o.batch = Some(number()?),
+                "--dtype" => o.precision = Precision::parse(value)?,
+                other => anyhow::bail!("unknown option {other:?}"),
+            }
+        }
+        o.config()?;
+        Ok(o)
+    }
+
+    /// The run's configuration: the preset with `--steps` and `--batch`.
+    pub fn config(&self) -> anyhow::Result<kiln_bench::train::Config> {
+        anyhow::ensure!(
+            matches!(self.precision, Precision::Tf32 | Precision::F32),
+            "--dtype {}: training runs f32 parameters with tf32 or f32 products (bf16 mixed precision is not built)",
+            self.precision.name()
+        );
+        let mut c = kiln_bench::train::Config::preset(&self.size)
+            .with_context(|| format!("--size {:?}: tiny, anchor, small, gpt2, 350m or 1b", self.size))?;
+        c.steps = self.steps.unwrap_or(c.steps);
+        c.batch = self.batch.unwrap_or(c.batch);
+        c.warmup_steps = (c.steps / 10).max(2).min(c.steps);
+        c.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        anyhow::ensure!(
+            c.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,
+            "--steps {}: at least {} for the learning check",
+            c.steps,
+            kiln_bench::train::MIN_STEPS_FOR_VERDICT
+        );
+        Ok(c)
+    }
+}
+
+/// `kiln-gpu train`'s document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub device: usize,
+    pub name: Option<String>,
+    /// `tf32` or `f32`: how the dense products ran.
+    pub precision: String,
+    /// The datasheet's dense peak for that precision, TFLOP/s (the MFU's denominator).
+    pub peak_tflops: Option<f64>,
+    pub run: kiln_bench::train::Report,
+}
+
+/// Trains on `device` (a CUDA device, or the CPU in tests); `name` is the GPU's, for its peak.
+///
+/// # Errors
+/// A configuration that does not fit, or a candle error (out of memory, a kernel that fails).
+pub fn measure(
+    device: &Device,
+    options: &Options,
+    name: Option<String>,
+    progress: impl FnMut(usize, usize, f64),
+) -> anyhow::Result<Report> {
+    let config = options.config()?;
+    options.precision.select();
+    let key = if options.precision == Precision::F32 { "fp32" } else { "tf32" };
+    let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, key));
+    let run = kiln_bench::train::run_on(device, &config, peak_tflops.map(|t| t * 1e12), progress, None)
+        .map_err(|e| anyhow::anyhow!("training {} on {}: {e}", config.size, kiln_bench::train::device_label(device)))?;
+    Ok(Report { device: options.device, name, precision: options.precision.name().to_string(), peak_tflops, run })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = Options::parse(&args("--device 1 --size 350m --steps 30 --dtype f32")).unwrap();
+        assert_eq!((o.device, o.size.as_str(), o.steps, o.precision), (1, "350m", Some(30), Precision::F32));
+        assert_eq!(o.config().unwrap().d_model, 1024);
+        for bad in ["--size 7b", "--steps 3", "--dtype bf16", "--batch 0", "--what 1"] {
+            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    /// The GPU path, run on the CPU: composed kernels, the learning check, the peak by name.
+    #[test]
+    fn the_reference_model_trains_through_the_device_path() {
+        let o = Options { device: 0, size: "tiny".into(), steps: Some(40), batch: None, precision: Precision::Tf32 };
+        let mut seen = 0;
+        let r = measure(&Device::Cpu, &o, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| seen += 1).unwrap();
+        assert_eq!(seen, 40);
+        assert_eq!(r.run.device, "cpu");
+        assert_eq!(r.run.config.kernels, kiln_bench::train::Kernels::Fused, "the CPU keeps its fused kernels");
+        assert!(r.run.learned, "loss {} -> {}", r.run.loss_start, r.run.loss_end);
+        assert_eq!(r.peak_tflops, kiln_bench::peaks::gpu_peak_tflops("NVIDIA H100 80GB HBM3", "tf32"));
+        assert!(r.run.mfu.is_some_and(|m| m > 0.0 && m < 1e-3), "a CPU against an H100's peak");
+    }
+}
