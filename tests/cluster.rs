@@ -491,3 +491,132 @@ fn a_rank_that_hangs_stops_the_job_within_the_stall_timeout_saying_where_it_wait
     assert!(waited < 30.0, "the job ended {waited:.1} s after the hang, a 4 s limit:\n{err}");
     assert!(stored(dir.path(), 4, "fabric").is_empty(), "nothing of the stopped command is stored");
 }
+
+/// A stand-in for kiln-gpu on every rank: `nccl-id` prints an id made from its pid (and counts its
+/// calls); `collectives` writes down the id and device it was given and prints `collectives-R.json`.
+fn nccl_stand_in(dir: &Path, parts: &[kiln_gpu::collectives::Report]) -> PathBuf {
+    for (rank, part) in parts.iter().enumerate() {
+        let mut doc = serde_json::to_value(part).unwrap();
+        doc["schema_version"] = 1.into();
+        std::fs::write(dir.join(format!("collectives-{rank}.json")), doc.to_string()).unwrap();
+    }
+    let script = dir.join("kiln-gpu");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         dir=$(dirname \"$0\")\n\
+         if [ \"$1\" = nccl-id ]; then echo call >> \"$dir/nccl-id-calls\"; \
+            printf '{\"schema_version\":1,\"nccl_id\":\"%0256x\"}\\n' $$; exit 0; fi\n\
+         shift\n\
+         while [ $# -gt 1 ]; do\n\
+           case \"$1\" in --nccl-id) id=$2;; --rank) rank=$2;; --device) dev=$2;; esac\n\
+           shift 2\n\
+         done\n\
+         echo \"$id $dev\" > \"$dir/seen-$rank\"\n\
+         cat \"$dir/collectives-$rank.json\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// Rank `rank`'s part of an all-reduce over four GPUs at three sizes, at `busbw` GB/s.
+fn nccl_part(rank: usize, busbw: f64, correct: bool) -> kiln_gpu::collectives::Report {
+    use kiln_bench::cluster::{bandwidths, Collective};
+    let rows = [1u64 << 10, 1 << 20, 1 << 26]
+        .into_iter()
+        .map(|bytes| {
+            let seconds = bytes as f64 * 1.5 / (busbw * 1e9);
+            let (algbw_gbs, busbw_gbs) = bandwidths(Collective::AllReduce, 4, bytes, seconds);
+            kiln_gpu::collectives::Row {
+                collective: Collective::AllReduce,
+                bytes,
+                count: bytes / 4,
+                iterations: 20,
+                time_us: seconds * 1e6,
+                algbw_gbs,
+                busbw_gbs,
+                correct,
+            }
+        })
+        .collect();
+    kiln_gpu::collectives::Report {
+        devices: vec![rank],
+        rank: Some(rank),
+        ranks: 4,
+        names: vec!["NVIDIA H100 80GB HBM3".into()],
+        nccl_version: Some(23007),
+        rows,
+    }
+}
+
+#[test]
+fn nccl_collectives_hand_rank_0s_id_to_every_rank_and_keep_the_slowest_ranks_time() {
+    let Some(kiln_mpi) = mpi_kiln("nccl_collectives_hand_rank_0s_id_to_every_rank_and_keep_the_slowest_ranks_time")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stand = tempfile::tempdir().unwrap();
+    // Rank 2 is the slow one: 100 GB/s where the others reach 200.
+    let parts: Vec<_> = (0..4).map(|r| nccl_part(r, if r == 2 { 100.0 } else { 200.0 }, true)).collect();
+    let program = nccl_stand_in(stand.path(), &parts);
+    let args = "cluster collectives --nccl --ops all-reduce --min-bytes 1K --max-bytes 64M --json";
+    let (mut cmd, script) = mpirun_command(&kiln_mpi, 4, dir.path(), args);
+    cmd.env("KILN_GPU", &program).env_remove("CUDA_VISIBLE_DEVICES");
+    let _job = crate::util::machine_to_itself();
+    let run = Run { cmdline: format!("mpirun -np 4 sh -c {script:?}"), output: cmd.output().unwrap() };
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+    // One id, made once by rank 0, reached every rank; each rank took its local rank's GPU.
+    assert_eq!(std::fs::read_to_string(stand.path().join("nccl-id-calls")).unwrap().lines().count(), 1);
+    let seen: Vec<String> =
+        (0..4).map(|r| std::fs::read_to_string(stand.path().join(format!("seen-{r}"))).unwrap()).collect();
+    let id = seen[0].split_whitespace().next().unwrap();
+    assert_eq!(id.len(), 256, "{seen:?}");
+    for (r, s) in seen.iter().enumerate() {
+        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), [id, &r.to_string()], "rank {r}");
+    }
+    let doc = document(&run);
+    let report = &doc["report"];
+    assert_eq!(report["library"], "NCCL 2.30.7");
+    assert_eq!(report["checked"], true);
+    // Every size's time is rank 2's, the slowest: 100 GB/s of bus bandwidth.
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{report}");
+    for r in rows {
+        assert!((r["busbw_gbs"].as_f64().unwrap() - 100.0).abs() < 1e-6, "{r}");
+    }
+    let runs = stored(dir.path(), 4, "collectives");
+    assert_eq!(runs.len(), 4, "every rank stores its part");
+    let shown = kiln(
+        &[
+            "--db",
+            dir.path().join("db3.sqlite").to_str().unwrap(),
+            "show",
+            "run",
+            runs[3].1["id"].as_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    )
+    .success()
+    .json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"coll.nccl.all_reduce.busbw_gbs_max"), "NCCL's figures apart from MPI's: {names:?}");
+
+    // Rank 1's GPU computes wrong: every rank's part says so, the job exits 1.
+    let mut parts = parts;
+    parts[1] = nccl_part(1, 200.0, false);
+    nccl_stand_in(stand.path(), &parts);
+    let (mut cmd, script) = mpirun_command(&kiln_mpi, 4, dir.path(), &format!("{args} --no-save"));
+    cmd.env("KILN_GPU", &program).env_remove("CUDA_VISIBLE_DEVICES");
+    let run = Run { cmdline: format!("mpirun -np 4 sh -c {script:?}"), output: cmd.output().unwrap() };
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    assert_eq!(document(&run)["report"]["checked"], false);
+    // All-to-all is no NCCL call: refused before any rank starts.
+    let refused =
+        Command::new(&kiln_mpi).args(["cluster", "collectives", "--nccl", "--ops", "all-to-all"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("NCCL has no all-to-all call"));
+}

@@ -438,6 +438,8 @@ fn nccl_collectives_are_stored_per_size_and_a_wrong_result_fails_the_run() {
         }
         let doc = kiln_gpu::collectives::Report {
             devices: (0..8).collect(),
+            rank: None,
+            ranks: 8,
             names: vec!["NVIDIA H100 80GB HBM3".into(); 8],
             nccl_version: Some(23007),
             rows,

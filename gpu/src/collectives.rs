@@ -10,11 +10,46 @@ use anyhow::Context;
 use kiln_bench::cluster::{parse_size, Collective};
 use serde::{Deserialize, Serialize};
 
+/// One rank of a job across processes or servers: NCCL joins the ranks through the unique id
+/// rank 0's `kiln-gpu nccl-id` made (kiln passes it on over MPI).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AsRank {
+    /// `ncclUniqueId`'s 128 bytes, as 256 hex digits.
+    pub id: [u8; 128],
+    pub rank: usize,
+    pub ranks: usize,
+    /// This rank's CUDA device.
+    pub device: usize,
+}
+
+/// The 128 bytes of an NCCL unique id from its 256 hex digits.
+pub fn id_from_hex(hex: &str) -> anyhow::Result<[u8; 128]> {
+    anyhow::ensure!(hex.len() == 256 && hex.is_ascii(), "--nccl-id: 256 hex digits (what `kiln-gpu nccl-id` prints)");
+    let mut id = [0u8; 128];
+    for (i, byte) in id.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("--nccl-id: hex digits only")?;
+    }
+    Ok(id)
+}
+
+/// An NCCL unique id as 256 hex digits.
+pub fn id_to_hex(id: &[u8; 128]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `kiln-gpu nccl-id`'s document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NcclId {
+    pub nccl_id: String,
+}
+
 /// What `kiln-gpu collectives` measures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     /// CUDA ordinals; `None`: every device.
     pub devices: Option<Vec<usize>>,
+    /// Set: this process is one rank of a job, on one device.
+    pub as_rank: Option<AsRank>,
     pub collectives: Vec<Collective>,
     pub min_bytes: u64,
     pub max_bytes: u64,
@@ -30,10 +65,13 @@ pub const NCCL_COLLECTIVES: [Collective; 3] = [Collective::AllReduce, Collective
 
 impl Options {
     /// `--devices all|0,1,… --ops all_reduce,… --min-bytes B --max-bytes B --iterations N --warmup N
-    /// --seconds-per-size S`, each optional.
+    /// --seconds-per-size S`, each optional; as one rank of a job, `--nccl-id HEX --rank R --ranks N
+    /// --device D` instead of `--devices`.
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let (mut id, mut rank, mut ranks, mut device) = (None, None, None, None);
         let mut o = Options {
             devices: None,
+            as_rank: None,
             collectives: NCCL_COLLECTIVES.to_vec(),
             min_bytes: 8,
             max_bytes: 1 << 30,
@@ -67,6 +105,10 @@ impl Options {
                         o.collectives.push(c);
                     }
                 }
+                "--nccl-id" => id = Some(id_from_hex(value)?),
+                "--rank" => rank = Some(number()?),
+                "--ranks" => ranks = Some(number()?),
+                "--device" => device = Some(number()?),
                 "--min-bytes" => o.min_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
                 "--max-bytes" => o.max_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
                 "--iterations" => o.iterations = number()?,
@@ -90,6 +132,20 @@ impl Options {
         );
         if let Some(d) = &o.devices {
             anyhow::ensure!(d.len() >= 2, "--devices: collectives need two devices or more");
+        }
+        match (id, rank, ranks) {
+            (Some(id), Some(rank), Some(ranks)) => {
+                anyhow::ensure!(o.devices.is_none(), "--devices: a rank (--nccl-id) uses one --device");
+                anyhow::ensure!(
+                    ranks >= 2 && rank < ranks,
+                    "--rank {rank} of --ranks {ranks}: two ranks or more, rank below ranks"
+                );
+                o.as_rank = Some(AsRank { id, rank, ranks, device: device.unwrap_or(0) });
+            }
+            (None, None, None) => {
+                anyhow::ensure!(device.is_none(), "--device: for a rank of a job (--nccl-id); else --devices")
+            }
+            _ => anyhow::bail!("--nccl-id, --rank and --ranks go together"),
         }
         Ok(o)
     }
@@ -115,7 +171,14 @@ pub struct Row {
 /// `kiln-gpu collectives`' document.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
+    /// This process's devices (one, as a rank of a job).
     pub devices: Vec<usize>,
+    /// As a rank of a job: its rank; the rows' times are then this rank's own.
+    #[serde(default)]
+    pub rank: Option<usize>,
+    /// The ranks (GPUs) every collective ran over.
+    #[serde(default)]
+    pub ranks: usize,
     pub names: Vec<String>,
     /// NCCL's version, as `ncclGetVersion` gives it (2.30.7 is 23007).
     pub nccl_version: Option<i64>,
@@ -171,6 +234,19 @@ mod tests {
         assert_eq!((o.min_bytes, o.max_bytes, o.iterations), (1024, 8 << 30, 5));
         assert_eq!(o.collectives, [Collective::AllReduce]);
         assert_eq!(Options::parse(&[]).unwrap().collectives, NCCL_COLLECTIVES);
+        let id: [u8; 128] = std::array::from_fn(|i| (i * 7) as u8);
+        let hex = id_to_hex(&id);
+        let o = Options::parse(&args(&format!("--nccl-id {hex} --rank 3 --ranks 4 --device 1"))).unwrap();
+        assert_eq!(o.as_rank, Some(AsRank { id, rank: 3, ranks: 4, device: 1 }));
+        for bad in [
+            format!("--nccl-id {hex} --rank 4 --ranks 4"),
+            format!("--nccl-id {hex} --rank 0"),
+            format!("--nccl-id {hex} --rank 0 --ranks 2 --devices 0,1"),
+            format!("--nccl-id {} --rank 0 --ranks 2", &hex[..254]),
+            "--device 1".to_string(),
+        ] {
+            assert!(Options::parse(&args(&bad)).is_err(), "{bad}");
+        }
         for bad in [
             "--devices 3",
             "--ops all_to_all",

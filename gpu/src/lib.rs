@@ -261,28 +261,44 @@ pub mod backend {
             both_ways,
         })
     }
-    /// The collectives over the chosen GPUs through NCCL, each size timed and checked.
+    /// The collectives through NCCL, each size timed and checked: over the chosen GPUs of this
+    /// process (one communicator each, every call issued for all of them in one NCCL group), or
+    /// as one rank of a job on one GPU (`--nccl-id`), each rank timing itself.
     #[cfg(feature = "nccl")]
     pub fn collectives(o: &crate::collectives::Options) -> anyhow::Result<crate::collectives::Report> {
         use crate::collectives::{count, iterations_for, received_right, send_values, Report, Row};
         use candle_core::cuda_backend::cudarc::driver::CudaSlice;
-        use candle_core::cuda_backend::cudarc::nccl::{self, Comm, ReduceOp};
+        use candle_core::cuda_backend::cudarc::nccl::{self, Comm, Id, ReduceOp};
         use kiln_bench::cluster::{bandwidths, sizes, Collective};
         use std::time::Instant;
         let nccl_error = |e: nccl::result::NcclError| anyhow::anyhow!("NCCL: {e:?}");
         let n_cuda = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
-        let devices = o.devices.clone().unwrap_or_else(|| (0..n_cuda).collect());
+        let devices = match (&o.as_rank, &o.devices) {
+            (Some(r), _) => vec![r.device],
+            (None, Some(d)) => d.clone(),
+            (None, None) => (0..n_cuda).collect(),
+        };
         if let Some(&d) = devices.iter().find(|&&d| d >= n_cuda) {
             anyhow::bail!("device {d}: CUDA sees {n_cuda} device(s)");
         }
-        anyhow::ensure!(devices.len() >= 2, "collectives need two devices; CUDA sees {n_cuda}");
-        let n = devices.len();
+        anyhow::ensure!(o.as_rank.is_some() || devices.len() >= 2, "collectives need two devices; CUDA sees {n_cuda}");
         let ctxs = devices
             .iter()
             .map(|&d| CudaContext::new(d).with_context(|| format!("opening CUDA device {d}")))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let streams: Vec<_> = ctxs.iter().map(|c| c.default_stream()).collect();
-        let comms = Comm::from_devices(streams.clone()).map_err(nccl_error).context("NCCL cannot join the devices")?;
+        let comms = match &o.as_rank {
+            Some(r) => {
+                // The id's bytes back as the c_char array NCCL made them from.
+                let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
+                let comm = Comm::from_rank(streams[0].clone(), r.rank, r.ranks, Id::uninit(internal))
+                    .map_err(nccl_error)
+                    .with_context(|| format!("rank {} of {}: NCCL cannot join the job", r.rank, r.ranks))?;
+                vec![comm]
+            }
+            None => Comm::from_devices(streams.clone()).map_err(nccl_error).context("NCCL cannot join the devices")?,
+        };
+        let n = comms[0].world_size();
         let sync = || -> anyhow::Result<()> {
             for s in &streams {
                 s.synchronize()?;
@@ -296,15 +312,15 @@ pub mod backend {
                 if elements == 0 {
                     continue;
                 }
-                let mut send: Vec<CudaSlice<f32>> = Vec::with_capacity(n);
-                let mut recv: Vec<CudaSlice<f32>> = Vec::with_capacity(n);
-                for (rank, stream) in streams.iter().enumerate() {
-                    let (values, recv_len) = send_values(c, elements, rank, n);
-                    let what = || format!("{} of {bytes} B on device {}", c.name(), devices[rank]);
+                let mut send: Vec<CudaSlice<f32>> = Vec::with_capacity(comms.len());
+                let mut recv: Vec<CudaSlice<f32>> = Vec::with_capacity(comms.len());
+                for (comm, stream) in comms.iter().zip(&streams) {
+                    let (values, recv_len) = send_values(c, elements, comm.rank(), n);
+                    let what = || format!("{} of {bytes} B on device {}", c.name(), comm.ordinal());
                     send.push(stream.clone_htod(&values).with_context(what)?);
                     recv.push(stream.alloc_zeros::<f32>(recv_len).with_context(what)?);
                 }
-                // One call on every GPU, inside one NCCL group (one thread drives them all).
+                // One call on every local GPU, inside one NCCL group (one thread drives them all).
                 let mut call = || -> anyhow::Result<()> {
                     nccl::result::group_start().map_err(nccl_error)?;
                     for ((comm, s), r) in comms.iter().zip(&send).zip(recv.iter_mut()) {
@@ -354,9 +370,25 @@ pub mod backend {
         Ok(Report {
             names: ctxs.iter().map(|c| c.name().unwrap_or_default()).collect(),
             devices,
+            rank: o.as_rank.as_ref().map(|r| r.rank),
+            ranks: n,
             nccl_version: nccl::result::get_nccl_version().ok().map(i64::from),
             rows,
         })
+    }
+
+    /// A new NCCL unique id, for rank 0 of a job to hand to every rank.
+    #[cfg(feature = "nccl")]
+    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
+        use candle_core::cuda_backend::cudarc::nccl::Id;
+        let id = Id::new().map_err(|e| anyhow::anyhow!("NCCL cannot make a unique id: {e:?}"))?;
+        let bytes: [u8; 128] = id.internal().map(|c| c as u8);
+        Ok(crate::collectives::NcclId { nccl_id: crate::collectives::id_to_hex(&bytes) })
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
+        anyhow::bail!("kiln-gpu was built without NCCL: build it with `--features cuda,nccl`")
     }
 
     #[cfg(not(feature = "nccl"))]
@@ -401,6 +433,10 @@ pub mod backend {
     }
 
     pub fn train(_: &crate::train::Options) -> anyhow::Result<crate::train::Report> {
+        anyhow::bail!(NOT_BUILT)
+    }
+
+    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
         anyhow::bail!(NOT_BUILT)
     }
 }

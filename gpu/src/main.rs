@@ -14,6 +14,8 @@ const USAGE: &str = "usage: kiln-gpu devices
        kiln-gpu p2p [--devices all|0,1,...] [--mib N] [--reps N]
        kiln-gpu collectives [--devices all|0,1,...] [--ops all_reduce,all_gather,reduce_scatter]
                             [--min-bytes 8] [--max-bytes 1G] [--iterations N] [--warmup N] [--seconds-per-size S]
+                            [--nccl-id HEX --rank R --ranks N --device D]  (one rank of a job)
+       kiln-gpu nccl-id
        kiln-gpu train [--device N] [--size gpt2|350m|1b] [--steps N] [--batch N] [--dtype tf32|f32]";
 
 fn main() -> ExitCode {
@@ -63,6 +65,7 @@ fn run(args: &[String]) -> anyhow::Result<String> {
             let options = collectives::Options::parse(rest)?;
             document(&backend::collectives(&options)?)
         }
+        "nccl-id" => document(&backend::nccl_id()?),
         "train" => {
             let options = train::Options::parse(rest)?;
             document(&backend::train(&options)?)

@@ -905,6 +905,10 @@ pub enum ClusterCmd {
         /// Fewer iterations where a size would take longer than this
         #[arg(long, default_value_t = 0.5, value_name = "SECONDS")]
         seconds_per_size: f64,
+        /// Through NCCL on each rank's GPU (its local rank's, or the one CUDA_VISIBLE_DEVICES
+        /// leaves it), run by kiln-gpu, instead of MPI on its CPUs
+        #[arg(long)]
+        nccl: bool,
         #[command(flatten)]
         store: Store,
     },

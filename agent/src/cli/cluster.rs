@@ -89,7 +89,7 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
             keep(ctx, outcome, store, slow, &job)
         }
         ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, (store, stall), ctx),
-        ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, store } => {
+        ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, nccl, store } => {
             anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
             anyhow::ensure!(
                 iterations >= 1 && seconds_per_size > 0.0,
@@ -97,9 +97,15 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
             );
             anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
             preflight(ctx, store)?;
+            let all = if nccl { kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec() } else { Collective::ALL.to_vec() };
             let collectives: Vec<Collective> =
-                if ops.is_empty() { Collective::ALL.to_vec() } else { ops.into_iter().map(Into::into).collect() };
-            let config = CollectivesConfig { min_bytes, max_bytes, collectives, iterations, warmup, seconds_per_size };
+                if ops.is_empty() { all } else { ops.into_iter().map(Into::into).collect() };
+            anyhow::ensure!(
+                !(nccl && collectives.contains(&Collective::AllToAll)),
+                "--ops all-to-all: NCCL has no all-to-all call; with --nccl: all-reduce, all-gather or reduce-scatter"
+            );
+            let config =
+                CollectivesConfig { min_bytes, max_bytes, collectives, iterations, warmup, seconds_per_size, nccl };
             let started_at = now_rfc3339();
             let (report, job) = cluster::collectives(&config, stall)?;
             let checked = report.checked;

@@ -418,6 +418,21 @@ pub struct CollectivesConfig {
     pub iterations: usize,
     pub warmup: usize,
     pub seconds_per_size: f64,
+    /// Through NCCL on each rank's GPU (kiln-gpu does the work) instead of MPI on its CPUs.
+    #[serde(default)]
+    pub nccl: bool,
+}
+
+impl CollectivesConfig {
+    /// What the metrics and samples are named under: `coll.` over MPI, `coll.nccl.` over NCCL, so
+    /// that a box's CPU and GPU figures never compare as one.
+    pub fn prefix(&self) -> &'static str {
+        if self.nccl {
+            "coll.nccl."
+        } else {
+            "coll."
+        }
+    }
 }
 
 /// One collective at one size, as nccl-tests prints it.
@@ -467,7 +482,8 @@ impl Part for CollectivesReport {
 impl CollectivesReport {
     pub fn render(&self) -> String {
         let mut out = format!(
-            "collectives over MPI, {} ranks, cluster run {} ({})\n",
+            "collectives over {}, {} ranks, cluster run {} ({})\n",
+            if self.config.nccl { "NCCL on each rank's GPU" } else { "MPI" },
             self.job.world_size,
             self.job.cluster_id,
             self.library.lines().next().unwrap_or("")
@@ -499,10 +515,10 @@ impl CollectivesReport {
         self.rows
             .iter()
             .flat_map(|r| {
-                let name = r.collective.name();
+                let (prefix, name) = (self.config.prefix(), r.collective.name());
                 [
-                    (format!("coll.{name}.busbw_gbs"), r.bytes as i64, r.busbw_gbs),
-                    (format!("coll.{name}.time_us"), r.bytes as i64, r.time_us),
+                    (format!("{prefix}{name}.busbw_gbs"), r.bytes as i64, r.busbw_gbs),
+                    (format!("{prefix}{name}.time_us"), r.bytes as i64, r.time_us),
                 ]
             })
             .collect()
@@ -516,13 +532,13 @@ impl CollectivesReport {
             let Some(first) = rows.first() else { continue };
             let best = rows.iter().map(|r| r.busbw_gbs).fold(0.0, f64::max);
             metrics.push(Metric {
-                name: format!("coll.{}.busbw_gbs_max", c.name()),
+                name: format!("{}{}.busbw_gbs_max", self.config.prefix(), c.name()),
                 value: best,
                 unit: "GB/s".into(),
                 direction: Better::Higher,
             });
             metrics.push(Metric {
-                name: format!("coll.{}.time_us_smallest", c.name()),
+                name: format!("{}{}.time_us_smallest", self.config.prefix(), c.name()),
                 value: first.time_us,
                 unit: "us".into(),
                 direction: Better::Lower,

@@ -386,6 +386,18 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     let (world, rank, n) = world_of(&universe, &launch)?;
     let watchdog = Watchdog::start(rank, stall);
     let id = cluster_id(&world);
+    if config.nccl {
+        let (rows, checked, library) = over_nccl(&world, &launch, &watchdog, config, stall)?;
+        let report = CollectivesReport {
+            job: Rank { cluster_id: id, rank, world_size: n, launcher: launch },
+            library,
+            rows,
+            checked,
+            config: config.clone(),
+        };
+        drop(world);
+        return Ok((report, Job { universe, watchdog }));
+    }
     let progress = Progress::new();
     let mut rows = Vec::new();
     let mut correct = true;
@@ -447,6 +459,121 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     };
     drop(world);
     Ok((report, Job { universe, watchdog }))
+}
+
+/// The collectives through NCCL, one GPU per rank: kiln-gpu does the work (CUDA lives only
+/// there), rank 0's `kiln-gpu nccl-id` reaches every rank over MPI, each rank runs its part as
+/// `kiln-gpu collectives --nccl-id … --rank r --ranks n`, and a size's time is the slowest rank's
+/// (as nccl-tests reports across processes). Returns the rows, whether every rank's every result
+/// was right, and NCCL's version.
+fn over_nccl(
+    world: &SimpleCommunicator,
+    launch: &Option<Launch>,
+    watchdog: &Watchdog,
+    config: &CollectivesConfig,
+    stall: Duration,
+) -> Result<(Vec<CollectiveRow>, bool, String)> {
+    use crate::runs::gpu::{interpret, locate, read_document, run_all_seeing, Visible};
+    use kiln_gpu::collectives::{NcclId, Report as Part};
+    let (rank, n) = (world.rank() as usize, world.size() as usize);
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let program = agree(world, locate().map_err(|s| anyhow::anyhow!("{s}")))?;
+    watchdog.at("rank 0 making NCCL's unique id");
+    let made: Result<String> = if rank == 0 {
+        let timeout = Duration::from_secs(120);
+        let ended = run_all_seeing(&program, &[vec!["nccl-id".to_string()]], timeout, &never, Visible::Launcher);
+        let (doc, error) = read_document::<NcclId>(interpret(&ended[0], timeout), "nccl-id");
+        match (doc, error) {
+            (Some(d), _) if d.nccl_id.len() == 256 => Ok(d.nccl_id),
+            (_, e) => Err(anyhow::anyhow!(
+                "{}: nccl-id: {}",
+                program.display(),
+                e.unwrap_or_else(|| "not 256 hex digits".into())
+            )),
+        }
+    } else {
+        Ok(String::new())
+    };
+    // The id, or rank 0's failure, to every rank: a flag byte, then the 256 hex digits.
+    let mut shared = [0u8; 257];
+    if let Ok(hex) = &made {
+        if rank == 0 {
+            shared[0] = 1;
+            shared[1..].copy_from_slice(hex.as_bytes());
+        }
+    }
+    world.process_at_rank(0).broadcast_into(&mut shared[..]);
+    let made = made?;
+    anyhow::ensure!(
+        shared[0] == 1,
+        "rank 0 could not make NCCL's unique id (its own error says why); every rank stopped"
+    );
+    let hex = if rank == 0 { made } else { String::from_utf8_lossy(&shared[1..]).into_owned() };
+    // The GPU: the one the launcher left this rank, else its local rank's.
+    let one_visible = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| !v.is_empty() && !v.contains(','));
+    let device = if one_visible { 0 } else { launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0) };
+    let ops: Vec<&str> = config.collectives.iter().map(|c| c.name()).collect();
+    let mut args: Vec<String> = ["collectives", "--nccl-id", &hex].iter().map(|s| s.to_string()).collect();
+    for (flag, value) in [
+        ("--rank", rank.to_string()),
+        ("--ranks", n.to_string()),
+        ("--device", device.to_string()),
+        ("--ops", ops.join(",")),
+        ("--min-bytes", config.min_bytes.to_string()),
+        ("--max-bytes", config.max_bytes.to_string()),
+        ("--iterations", config.iterations.to_string()),
+        ("--warmup", config.warmup.to_string()),
+        ("--seconds-per-size", config.seconds_per_size.to_string()),
+    ] {
+        args.extend([flag.to_string(), value]);
+    }
+    // A limit per size and a few more for NCCL's set-up: the child is killed first, and this
+    // rank's watchdog allows one limit beyond it.
+    let steps = u32::try_from(config.collectives.len() * sizes(config.min_bytes, config.max_bytes).len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(4);
+    watchdog.waiting(format!("NCCL collectives in kiln-gpu on GPU {device}"), steps.saturating_add(1));
+    let timeout = stall.saturating_mul(steps);
+    let ended = run_all_seeing(&program, &[args], timeout, &never, Visible::Launcher);
+    let (part, error) = read_document::<Part>(interpret(&ended[0], timeout), "collectives");
+    let part = agree(
+        world,
+        part.ok_or_else(|| anyhow::anyhow!("{}: collectives: {}", program.display(), error.unwrap_or_default())),
+    )?;
+    watchdog.at("gathering every rank's times");
+    // Every rank measured the same rows, in the same order; a size's time is the slowest rank's.
+    let rows = part.rows.len() as u64;
+    let (mut fewest, mut most) = (0u64, 0u64);
+    world.all_reduce_into(&rows, &mut fewest, SystemOperation::min());
+    world.all_reduce_into(&rows, &mut most, SystemOperation::max());
+    anyhow::ensure!(fewest == most, "the ranks measured {fewest} to {most} sizes: kiln-gpu differs between nodes");
+    let mine: Vec<f64> = part.rows.iter().map(|r| r.time_us).collect();
+    let mut slowest = vec![0f64; mine.len()];
+    world.all_reduce_into(&mine[..], &mut slowest[..], SystemOperation::max());
+    let right = u8::from(part.rows.iter().all(|r| r.correct));
+    let mut all_right = 0u8;
+    world.all_reduce_into(&right, &mut all_right, SystemOperation::min());
+    let rows = part
+        .rows
+        .iter()
+        .zip(&slowest)
+        .map(|(r, &time_us)| {
+            let (algbw_gbs, busbw_gbs) = bandwidths(r.collective, n, r.bytes, time_us * 1e-6);
+            CollectiveRow {
+                collective: r.collective,
+                bytes: r.bytes,
+                count: r.count,
+                iterations: r.iterations,
+                time_us,
+                algbw_gbs,
+                busbw_gbs,
+            }
+        })
+        .collect();
+    let library = part
+        .nccl_version
+        .map_or_else(|| "NCCL".to_string(), |v| format!("NCCL {}.{}.{}", v / 10_000, v / 100 % 100, v % 100));
+    Ok((rows, all_right == 1, library))
 }
 
 /// The largest of every rank's `seconds`.

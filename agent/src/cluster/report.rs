@@ -144,21 +144,24 @@ fn fabric_sections(runs: &[RunDetail]) -> Vec<Section> {
 fn collectives_section(runs: &[RunDetail]) -> Option<Section> {
     let ranks = by_rank(runs, "collectives");
     let (_, (run, c)) = ranks.iter().next()?;
+    let nccl = c["nccl"] == true;
+    let prefix = if nccl { "coll.nccl." } else { "coll." };
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut rows = Vec::new();
     for s in &run.samples {
-        if let Some(name) = s.0.strip_prefix("coll.").and_then(|m| m.strip_suffix(".busbw_gbs")) {
+        if let Some(name) = s.0.strip_prefix(prefix).and_then(|m| m.strip_suffix(".busbw_gbs")) {
             series.entry(name.to_string()).or_default().push(((s.1 as f64).log2(), s.2));
-            let time = run.samples.iter().find(|t| t.0 == format!("coll.{name}.time_us") && t.1 == s.1).map(|t| t.2);
+            let time = run.samples.iter().find(|t| t.0 == format!("{prefix}{name}.time_us") && t.1 == s.1).map(|t| t.2);
             rows.push(vec![name.to_string(), s.1.to_string(), time.map_or("-".into(), num), num(s.2)]);
         }
     }
     Some(Section {
         heading: "Collectives".into(),
         text: vec![format!(
-            "{} ranks over MPI; bus bandwidth as nccl-tests computes it (all-reduce 2(n-1)/n of the algorithm \
+            "{} ranks over {}; bus bandwidth as nccl-tests computes it (all-reduce 2(n-1)/n of the algorithm \
              bandwidth, the others (n-1)/n).",
-            c["world_size"]
+            c["world_size"],
+            if nccl { "NCCL, one GPU each" } else { "MPI" }
         )],
         table: Some((vec!["collective".into(), "bytes".into(), "time (us)".into(), "bus GB/s".into()], rows)),
         charts: vec![Chart::Curve {

@@ -317,7 +317,7 @@ mod tests {
                 });
             }
         }
-        Rows { devices: (0..n).collect(), names: Vec::new(), nccl_version: Some(23007), rows }
+        Rows { devices: (0..n).collect(), rank: None, ranks: n, names: Vec::new(), nccl_version: Some(23007), rows }
     }
 
     fn judged(run: Option<Rows>, bound: Option<f64>) -> Outcome {

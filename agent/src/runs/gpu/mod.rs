@@ -111,7 +111,7 @@ pub fn interpret(ended: &Ended, timeout: Duration) -> Result<serde_json::Value, 
 
 /// A run's document read as `T` (`what` names it in the error), or why there is none: the pair a
 /// result keeps (`run`, `error`).
-pub(super) fn read_document<T: serde::de::DeserializeOwned>(
+pub(crate) fn read_document<T: serde::de::DeserializeOwned>(
     doc: Result<serde_json::Value, ChildError>,
     what: &str,
 ) -> (Option<T>, Option<String>) {
@@ -170,13 +170,17 @@ struct Running {
     stderr: JoinHandle<String>,
 }
 
-fn spawn(program: &Path, args: &[String]) -> std::io::Result<Running> {
-    let mut child = Command::new(program)
+fn spawn(program: &Path, args: &[String], visible: Visible) -> std::io::Result<Running> {
+    let mut command = Command::new(program);
+    command
         .args(args)
         // CUDA numbers devices fastest first unless told otherwise; NVML (and so kiln's GPU
         // indices and telemetry) numbers them by PCI address.
-        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    if visible == Visible::All {
+        command.env_remove("CUDA_VISIBLE_DEVICES");
+    }
+    let mut child = command
         // A group of its own: a hung run is killed with whatever it started, so that no leftover
         // process holds its output open.
         .process_group(0)
@@ -196,14 +200,35 @@ fn spawn(program: &Path, args: &[String]) -> std::io::Result<Running> {
     Ok(Running { child, stdout, stderr })
 }
 
+/// Which GPUs a run of `kiln-gpu` sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Visible {
+    /// Every GPU, numbered as NVML numbers them (a benchmark of this box).
+    All,
+    /// What the launcher gave this process (`CUDA_VISIBLE_DEVICES` kept: a rank of a job).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Launcher,
+}
+
 /// Runs `kiln-gpu` once per argument list, all at once, and waits for every one: a run past
 /// `timeout`, or every run once `interrupted` is set, is killed.
 pub(super) fn run_all(program: &Path, runs: &[Vec<String>], timeout: Duration, interrupted: &AtomicBool) -> Vec<Ended> {
+    run_all_seeing(program, runs, timeout, interrupted, Visible::All)
+}
+
+/// [`run_all`], the runs seeing the GPUs `visible` says.
+pub(crate) fn run_all_seeing(
+    program: &Path,
+    runs: &[Vec<String>],
+    timeout: Duration,
+    interrupted: &AtomicBool,
+    visible: Visible,
+) -> Vec<Ended> {
     let started = Instant::now();
     let mut running: Vec<Result<Running, Ended>> = runs
         .iter()
         .map(|args| {
-            spawn(program, args).map_err(|e| Ended {
+            spawn(program, args, visible).map_err(|e| Ended {
                 code: None,
                 stderr: format!("cannot run {}: {e}", program.display()),
                 ..Ended::default()
