@@ -169,7 +169,7 @@ def load(path, *keys):
         return None
 gemm, memory = load(sys.argv[1], "report", "results"), load(sys.argv[2], "report", "results")
 sweeps, torch_sweep = load(sys.argv[1], "report", "sweeps"), load(sys.argv[3], "sweep")
-torch_gemm, torch_copy = load(sys.argv[3], "gemm"), load(sys.argv[3], "copy")
+torch_gemm, torch_copy, torch_triad = load(sys.argv[3], "gemm"), load(sys.argv[3], "copy"), load(sys.argv[3], "triad")
 out = []
 by_type = {g["dtype"]: g for g in torch_gemm or []}
 for r in gemm or []:
@@ -182,6 +182,9 @@ for r in memory or []:
         continue
     k, t = r["run"]["device_copy"]["gbps_median"], torch_copy["gbps_median"]
     out.append({"gpu": r["gpu"], "what": "device copy", "kiln": k, "torch": t, "unit": "GB/s", "ratio": k / t})
+    if r["run"].get("triad") and torch_triad:
+        k, t = r["run"]["triad"]["gbps_median"], torch_triad["gbps_median"]
+        out.append({"gpu": r["gpu"], "what": "triad", "kiln": k, "torch": t, "unit": "GB/s", "ratio": k / t})
 if sweeps and torch_sweep:
     theirs = max(t["tflops_median"] for t in torch_sweep)
     for sw in sweeps:

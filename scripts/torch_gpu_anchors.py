@@ -3,7 +3,8 @@
 GEMM: C = A @ B, square n x n, inputs uniform in [-1, 1) rounded to the type, three untimed products,
 then every repetition timed on the host to the device's completion (synchronize), as kiln-gpu does;
 f32 is true f32 (TF32 off, as candle's default), tf32 f32 with TF32 allowed. Copy: dst.copy_(src) on the device, bytes read plus
-written, as the issue's 4.3 TB/s figure counts them.
+written, as the issue's 4.3 TB/s figure counts them. Triad: torch.add(b, c, alpha=3, out=a) (one kernel),
+three arrays' bytes counted, as kiln-gpu's triad kernel counts them.
 
 Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32,tf32]
                                     [--copy-mib 2048] [--sweep SHAPES]
@@ -98,6 +99,15 @@ def main():
     moved = 2 * elements * 4
     doc["copy"] = {
         "bytes_read_and_written": moved,
+        "seconds": seconds,
+        "gbps_median": moved / statistics.median(seconds) / 1e9,
+        "gbps_best": moved / min(seconds) / 1e9,
+    }
+    b, c = src, torch.ones_like(src)
+    seconds = timed(lambda: torch.add(b, c, alpha=3.0, out=dst), a.reps, sync)
+    moved = 3 * elements * 4
+    doc["triad"] = {
+        "bytes_counted": moved,
         "seconds": seconds,
         "gbps_median": moved / statistics.median(seconds) / 1e9,
         "gbps_best": moved / min(seconds) / 1e9,

@@ -227,6 +227,8 @@ fn bandwidth(device: usize, hbm_gbps: f64, link_gbps: f64, intact: bool) -> kiln
         bytes: 1 << 30,
         cpus: None,
         device_copy: copies(2.0 * bytes, hbm_gbps),
+        triad: Some(copies(3.0 * bytes, hbm_gbps)),
+        triad_error: None,
         host_to_device: copies(bytes, link_gbps),
         device_to_host: copies(bytes, link_gbps),
     }

@@ -1,5 +1,6 @@
 //! Memory bandwidth of one GPU: a device-to-device copy in its own memory (HBM: bytes read plus
-//! bytes written, as STREAM and the datasheets' comparisons count them), and host↔device copies
+//! bytes written, as STREAM and the datasheets' comparisons count them), STREAM's triad by a
+//! kernel of kiln's own (three arrays' bytes counted), and host↔device copies
 //! from page-locked host memory (the PCIe or C2C link: bytes moved). Every repetition is timed
 //! with CUDA events around the copy alone; every copy is **checked**: the buffers carry a pattern
 //! from the host, and what arrives (on the device, back on the host) must equal it, so a GPU or
@@ -103,6 +104,13 @@ pub struct Report {
     pub cpus: Option<String>,
     /// Device to device within the GPU's memory: read + write counted.
     pub device_copy: Copies,
+    /// STREAM's triad a = b + s·c by a kernel of kiln's own (`kernels/triad.cu`), `bytes` per
+    /// array: two arrays read and one written counted. Absent from documents of before it.
+    #[serde(default)]
+    pub triad: Option<Copies>,
+    /// Why the triad has no figures, where its kernel could not run.
+    #[serde(default)]
+    pub triad_error: Option<String>,
     pub host_to_device: Copies,
     pub device_to_host: Copies,
 }

@@ -127,6 +127,32 @@ pub mod backend {
         let h2d_intact = intact(&stream.clone_dtoh(&a)?);
         let d2d = timed(&mut || stream.memcpy_dtod(&a, &mut b))?;
         let d2d_intact = intact(&stream.clone_dtoh(&b)?);
+        // The triad: a = b + 3·c over f32 values small enough that every result is exact. Its
+        // failure (a driver too old for the PTX) is reported beside the copies, not instead of them.
+        let triad = (|| -> anyhow::Result<Copies> {
+            use candle_core::cuda_backend::cudarc::driver::{sys::CUdevice_attribute, LaunchConfig, PushKernelArg};
+            use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+            let ptx = include_str!(concat!(env!("OUT_DIR"), "/triad.ptx"));
+            let kernel = ctx.load_module(Ptx::from_src(ptx))?.load_function("kiln_triad")?;
+            let floats = n / 4;
+            let bh: Vec<f32> = (0..floats).map(|i| (i % 1024) as f32).collect();
+            let ch: Vec<f32> = (0..floats).map(|i| (i * 7 % 1024) as f32).collect();
+            let (tb, tc) = (stream.clone_htod(&bh)?, stream.clone_htod(&ch)?);
+            let mut ta = stream.alloc_zeros::<f32>(floats).context("device memory")?;
+            let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let cfg =
+                LaunchConfig { grid_dim: (sms.max(1) as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let (s, n4) = (3.0f32, (floats / 4) as u64);
+            let seconds = timed(&mut || {
+                let mut launch = stream.launch_builder(&kernel);
+                launch.arg(&mut ta).arg(&tb).arg(&tc).arg(&s).arg(&n4);
+                // SAFETY: the arguments are kiln_triad's, in its order; each array holds n4 float4s.
+                unsafe { launch.launch(cfg) }.map(|_| ())
+            })?;
+            let got = stream.clone_dtoh(&ta)?;
+            let right = got.iter().zip(bh.iter().zip(&ch)).all(|(&a, (&b, &c))| a == b + s * c);
+            Ok(Copies::new(3.0 * n as f64, seconds, right))
+        })();
         host.as_mut_slice()?.fill(0);
         let d2h = timed(&mut || stream.memcpy_dtoh(&b, &mut host))?;
         stream.synchronize()?;
@@ -138,6 +164,8 @@ pub mod backend {
             bytes: n,
             cpus: o.cpus.clone(),
             device_copy: Copies::new(2.0 * bytes, d2d, d2d_intact),
+            triad_error: triad.as_ref().err().map(|e| format!("{e:#}")),
+            triad: triad.ok(),
             host_to_device: Copies::new(bytes, h2d, h2d_intact),
             device_to_host: Copies::new(bytes, d2h, d2h_intact),
         })

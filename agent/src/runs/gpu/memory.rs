@@ -188,13 +188,14 @@ fn label(p: &Planned) -> String {
     format!("GPU {}{from}{}", p.gpu, if p.together { ", all GPUs at once" } else { "" })
 }
 
-/// The three copies of a run with their names and ceilings.
-fn copies<'a>(r: &'a Bandwidth, c: Option<&Ceilings>) -> [(&'static str, &'a Copies, Option<f64>); 3] {
-    [
-        ("device copy", &r.device_copy, c.and_then(|c| c.memory_gbps)),
-        ("host to device", &r.host_to_device, c.and_then(|c| c.link_gbps)),
-        ("device to host", &r.device_to_host, c.and_then(|c| c.link_gbps)),
-    ]
+/// The copies of a run (the triad where it was measured) with their names and ceilings.
+fn copies<'a>(r: &'a Bandwidth, c: Option<&Ceilings>) -> Vec<(&'static str, &'a Copies, Option<f64>)> {
+    let memory = c.and_then(|c| c.memory_gbps);
+    let mut out = vec![("device copy", &r.device_copy, memory)];
+    out.extend(r.triad.as_ref().map(|t| ("triad", t, memory)));
+    out.push(("host to device", &r.host_to_device, c.and_then(|c| c.link_gbps)));
+    out.push(("device to host", &r.device_to_host, c.and_then(|c| c.link_gbps)));
+    out
 }
 
 fn judge(
@@ -214,6 +215,9 @@ fn judge(
             failures.push(format!("{at}: {e}"));
         }
         let Some(run) = &r.run else { continue };
+        if let Some(e) = &run.triad_error {
+            failures.push(format!("{at}: the triad kernel could not run: {e}"));
+        }
         let ceiling = ceilings.iter().find(|c| c.gpu == r.planned.gpu);
         for (what, c, most) in copies(run, ceiling) {
             if !c.intact {
@@ -257,7 +261,7 @@ fn judge(
     }
 }
 
-/// `gpu{i}.hbm_copy_gbps`, `.h2d_gbps`, `.d2h_gbps` (alone, from the GPU's own node or unpinned);
+/// `gpu{i}.hbm_copy_gbps`, `.hbm_triad_gbps`, `.h2d_gbps`, `.d2h_gbps` (alone, from the GPU's own node or unpinned);
 /// `.h2d_remote_gbps`, `.d2h_remote_gbps` (from another node); `.hbm_copy_all_gbps`,
 /// `.h2d_all_gbps`, `.d2h_all_gbps` (all GPUs at once) and `gpus.h2d_gbps`, `gpus.d2h_gbps`
 /// (their sums): medians, with every copy's rate as samples.
@@ -272,9 +276,12 @@ fn metrics_of(results: &[MemoryResult]) -> (Vec<Metric>, Vec<(String, i64, f64)>
             (false, Placement::Remote) => "_remote",
             (false, _) => "",
         };
-        for (kind, c) in [("hbm_copy", &run.device_copy), ("h2d", &run.host_to_device), ("d2h", &run.device_to_host)] {
-            if kind == "hbm_copy" && suffix == "_remote" {
-                continue; // the device copy does not touch the host
+        let mut kinds = vec![("hbm_copy", &run.device_copy)];
+        kinds.extend(run.triad.as_ref().map(|t| ("hbm_triad", t)));
+        kinds.extend([("h2d", &run.host_to_device), ("d2h", &run.device_to_host)]);
+        for (kind, c) in kinds {
+            if kind.starts_with("hbm_") && suffix == "_remote" {
+                continue; // the device's own memory does not touch the host
             }
             let name = format!("gpu{}.{kind}{suffix}_gbps", r.planned.gpu);
             let rates: Vec<f64> = c.seconds.iter().map(|s| c.bytes_counted / s / 1e9).collect();
@@ -338,8 +345,8 @@ pub fn render(r: &GpuMemoryReport) -> String {
         ));
     }
     out.push_str(&format!(
-        "{:>4} {:<9} {:>5} {:<9} {:>16} {:>10} {:>10}  {}\n",
-        "gpu", "host side", "node", "when", "device copy GB/s", "H2D GB/s", "D2H GB/s", "data"
+        "{:>4} {:<9} {:>5} {:<9} {:>16} {:>16} {:>10} {:>10}  {}\n",
+        "gpu", "host side", "node", "when", "device copy GB/s", "triad GB/s", "H2D GB/s", "D2H GB/s", "data"
     ));
     for x in &r.results {
         let p = &x.planned;
@@ -349,20 +356,20 @@ pub fn render(r: &GpuMemoryReport) -> String {
         match &x.run {
             Some(b) => {
                 let ceiling = r.ceilings.iter().find(|c| c.gpu == p.gpu).and_then(|c| c.memory_gbps);
-                let copy = match ceiling {
-                    Some(m) => {
-                        format!("{:.0} ({:.0} %)", b.device_copy.gbps_median, 100.0 * b.device_copy.gbps_median / m)
-                    }
-                    None => format!("{:.0}", b.device_copy.gbps_median),
+                let share = |c: &Copies| match ceiling {
+                    Some(m) => format!("{:.0} ({:.0} %)", c.gbps_median, 100.0 * c.gbps_median / m),
+                    None => format!("{:.0}", c.gbps_median),
                 };
-                let intact = [&b.device_copy, &b.host_to_device, &b.device_to_host].iter().all(|c| c.intact);
+                let triad = b.triad.as_ref().map_or_else(|| "-".to_string(), share);
+                let intact = copies(b, None).iter().all(|(_, c, _)| c.intact);
                 out.push_str(&format!(
-                    "{:>4} {:<9} {:>5} {:<9} {:>16} {:>10.1} {:>10.1}  {}\n",
+                    "{:>4} {:<9} {:>5} {:<9} {:>16} {:>16} {:>10.1} {:>10.1}  {}\n",
                     p.gpu,
                     placement,
                     node,
                     when,
-                    copy,
+                    share(&b.device_copy),
+                    triad,
                     b.host_to_device.gbps_median,
                     b.device_to_host.gbps_median,
                     if intact { "intact" } else { "CHANGED" }
@@ -397,6 +404,8 @@ mod tests {
             bytes: 1 << 30,
             cpus: None,
             device_copy: copies(2.0 * bytes, hbm),
+            triad: Some(copies(3.0 * bytes, hbm * 1.02)),
+            triad_error: None,
             host_to_device: copies(bytes, link),
             device_to_host: copies(bytes, link),
         }
@@ -443,6 +452,8 @@ mod tests {
         assert!((value("gpu0.h2d_remote_gbps").unwrap() - 30.0).abs() < 1e-6);
         assert_eq!(value("gpu0.hbm_copy_remote_gbps"), None, "a device copy never touches the host");
         assert!((value("gpus.h2d_gbps").unwrap() - 100.0).abs() < 1e-6);
+        assert!((value("gpu0.hbm_triad_gbps").unwrap() - 4386.0).abs() < 1e-6);
+        assert_eq!(value("gpu0.hbm_triad_remote_gbps"), None);
         assert!(o.text.contains("4300 (90 %)"), "{}", o.text);
 
         // 70 GB/s over a PCIe 5.0 x16 link (63 GB/s): impossible, so invalid; changed data fails.
@@ -456,6 +467,13 @@ mod tests {
         assert_eq!(o.status, RunStatus::Failed);
         assert!(o.text.contains("FAIL GPU 0: the device copy arrived changed"), "{}", o.text);
         assert!(o.text.contains("FAIL GPU 1: did not finish within 60 s"), "{}", o.text);
+        // A triad kernel the driver cannot load fails the run, the copies' figures kept.
+        let mut old_driver = bandwidth(0, 4300.0, 55.0, true);
+        (old_driver.triad, old_driver.triad_error) = (None, Some("CUDA_ERROR_UNSUPPORTED_PTX_VERSION".into()));
+        let o = judged(vec![(at(0, Placement::Unpinned, false), Some(old_driver))]);
+        assert_eq!(o.status, RunStatus::Failed);
+        assert!(o.text.contains("FAIL GPU 0: the triad kernel could not run: CUDA_ERROR_UNSUPPORTED_PTX_VERSION"));
+        assert!(o.metrics.iter().any(|m| m.name == "gpu0.hbm_copy_gbps"), "the copies are kept");
     }
 }
 
