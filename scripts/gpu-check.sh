@@ -137,8 +137,9 @@ fi
 step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
     --sweep "$sweep"
 # Training (KILN_CHECK_TRAIN: a size, default gpt2, or none; KILN_CHECK_TRAIN_STEPS, default 20):
-# kiln on GPU 0, then PyTorch's eager run of the same model's shapes on the same GPU
-# (benches/anchors/torch_train.py, TF32 products as kiln's); both go into summary.json.
+# kiln on GPU 0 (bf16 products, f32 parameters), then PyTorch's eager run of the same model's
+# shapes on the same GPU under bf16 autocast (benches/anchors/torch_train.py); both go into
+# summary.json.
 train=${KILN_CHECK_TRAIN:-gpt2}
 train_steps=${KILN_CHECK_TRAIN_STEPS:-20}
 if [ "$train" != none ]; then
@@ -150,7 +151,7 @@ print(c["vocab"], c["d_model"], c["layers"], c["heads"], c["seq"], c["batch"])' 
     if [ -n "$dims" ]; then
         # shellcheck disable=SC2086 # the six sizes, as separate arguments
         step torch-train 240 "$work/torch-train.txt" "$python" "$here/../benches/anchors/torch_train.py" \
-            "$train_steps" eager $dims cuda:0
+            "$train_steps" eager $dims cuda:0 bf16
     else
         summary+=("{\"step\":\"torch-train\",\"status\":\"skipped\",\"why\":\"kiln's training left no model shapes\"}")
     fi

@@ -45,6 +45,30 @@ pub struct Config {
     /// What the fused path's dense layers multiply with (absent in runs from before: candle).
     #[serde(default)]
     pub gemm: Gemm,
+    /// How the products (the dense layers and attention's two) run: in f32, or with bf16 operands
+    /// as mixed precision does (parameters, optimiser and every other op stay f32; each product's
+    /// operands are rounded to bf16 and its result widened back). bf16 runs composed kernels.
+    #[serde(default)]
+    pub products: Products,
+}
+
+/// The number format of the model's products.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Products {
+    #[default]
+    F32,
+    Bf16,
+}
+
+/// `a · b` with both operands rounded to bf16 where `bf16`, the result widened to f32 (the
+/// rounding is differentiable: gradients pass through it in both directions).
+fn product(a: &Tensor, b: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
+    if bf16 {
+        a.to_dtype(DType::BF16)?.matmul(&b.to_dtype(DType::BF16)?)?.to_dtype(DType::F32)
+    } else {
+        a.matmul(b)
+    }
 }
 
 /// What the dense layers (the linear projections, forward and backward) multiply with on the
@@ -234,6 +258,7 @@ impl Config {
             seed: 1234,
             kernels: Kernels::Fused,
             gemm: Gemm::Candle,
+            products: Products::F32,
         })
     }
 
@@ -382,6 +407,8 @@ struct Dense {
     bias: Option<Tensor>,
     /// The library the fused path multiplies through; `None`: candle's matmul.
     library: Option<&'static crate::blas::Library>,
+    /// Products with bf16 operands (composed path).
+    bf16: bool,
 }
 
 impl Dense {
@@ -391,7 +418,7 @@ impl Dense {
         outputs: usize,
         bias: bool,
         vb: VarBuilder,
-        library: Option<&'static crate::blas::Library>,
+        (library, bf16): (Option<&'static crate::blas::Library>, bool),
     ) -> candle_core::Result<Dense> {
         let bound = 1.0 / (inputs as f64).sqrt();
         let init = candle_nn::Init::Uniform { lo: -bound, up: bound };
@@ -399,6 +426,7 @@ impl Dense {
             weight: vb.get_with_hints((inputs, outputs), "weight", init)?,
             bias: if bias { Some(vb.get_with_hints(outputs, "bias", init)?) } else { None },
             library,
+            bf16,
         })
     }
 
@@ -406,7 +434,7 @@ impl Dense {
     fn matmul(&self, x: &Tensor, k: Kernels) -> candle_core::Result<Tensor> {
         match (self.library, k) {
             (Some(lib), Kernels::Fused) => fused::library_matmul(x, &self.weight, lib),
-            _ => x.matmul(&self.weight),
+            _ => product(x, &self.weight, self.bf16),
         }
     }
 
@@ -445,6 +473,8 @@ struct Block {
     fc: Dense,
     out: Dense,
     heads: usize,
+    /// Attention's products with bf16 operands (composed path).
+    bf16: bool,
 }
 
 impl Block {
@@ -452,16 +482,17 @@ impl Block {
         d: usize,
         heads: usize,
         vb: VarBuilder,
-        library: Option<&'static crate::blas::Library>,
+        how: (Option<&'static crate::blas::Library>, bool),
     ) -> candle_core::Result<Block> {
         Ok(Block {
             ln1: Norm::new(d, vb.pp("ln1"))?,
-            qkv: Dense::new(d, 3 * d, true, vb.pp("qkv"), library)?,
-            proj: Dense::new(d, d, true, vb.pp("proj"), library)?,
+            qkv: Dense::new(d, 3 * d, true, vb.pp("qkv"), how)?,
+            proj: Dense::new(d, d, true, vb.pp("proj"), how)?,
             ln2: Norm::new(d, vb.pp("ln2"))?,
-            fc: Dense::new(d, 4 * d, true, vb.pp("fc"), library)?,
-            out: Dense::new(4 * d, d, true, vb.pp("out"), library)?,
+            fc: Dense::new(d, 4 * d, true, vb.pp("fc"), how)?,
+            out: Dense::new(4 * d, d, true, vb.pp("out"), how)?,
             heads,
+            bf16: how.1,
         })
     }
 
@@ -480,10 +511,10 @@ impl Block {
         let qkv = qkv.reshape((b, t, 3, self.heads, hd))?;
         let part = |i| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
         let (q, key, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = (q.matmul(&key.t()?)? * scale)?.broadcast_add(mask)?;
+        let scores = (product(&q, &key.t()?, self.bf16)? * scale)?.broadcast_add(mask)?;
         // The composed softmax: the fused softmax_last_dim has no backward pass in candle 0.11.
         let attn = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let y = attn.matmul(&v)?.transpose(1, 2)?.reshape((b * t, d))?;
+        let y = product(&attn, &v, self.bf16)?.transpose(1, 2)?.reshape((b * t, d))?;
         let x = (x + self.proj.forward(&y, k)?)?;
         let h = self.fc.forward_gelu(&self.ln2.forward(&x, k)?, k)?;
         x + self.out.forward(&h, k)?
@@ -502,7 +533,8 @@ pub struct Gpt {
 
 impl Gpt {
     pub fn new(c: &Config, vb: VarBuilder, device: &Device) -> candle_core::Result<Gpt> {
-        let fused = device.is_cpu() && c.kernels == Kernels::Fused;
+        let bf16 = c.products == Products::Bf16;
+        let fused = device.is_cpu() && c.kernels == Kernels::Fused && !bf16;
         let library = if fused { c.gemm.library().map_err(|e| candle_core::Error::Msg(e.to_string()))? } else { None };
         let mask: Vec<f32> = (0..c.seq).flat_map(|i| (0..c.seq).map(move |j| if j > i { -1e9 } else { 0.0 })).collect();
         Ok(Gpt {
@@ -513,12 +545,12 @@ impl Gpt {
                 candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 },
             )?,
             blocks: (0..c.layers)
-                .map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}")), library))
+                .map(|i| Block::new(c.d_model, c.heads, vb.pp(format!("block{i}")), (library, bf16)))
                 .collect::<candle_core::Result<_>>()?,
             ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
-            head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"), library)?,
+            head: Dense::new(c.d_model, c.vocab, false, vb.pp("head"), (library, bf16))?,
             mask: Tensor::from_vec(mask, (c.seq, c.seq), device)?,
-            kernels: if device.is_cpu() { c.kernels } else { Kernels::Composed },
+            kernels: if fused { Kernels::Fused } else { Kernels::Composed },
         })
     }
 
@@ -844,9 +876,10 @@ pub fn device_label(device: &Device) -> String {
     }
 }
 
-/// [`run_parallel`] on `device`. Off the CPU the model runs composed kernels through candle's own
-/// matmul (the fused kernels and the BLAS libraries are CPU code; the report's configuration
-/// says so): a configuration naming a BLAS library is refused there, `Gemm::Auto` means candle.
+/// [`run_parallel`] on `device`. Off the CPU, and with bf16 products anywhere, the model runs
+/// composed kernels through candle's own matmul (the fused kernels and the BLAS libraries are the
+/// CPU's f32 code; the report's configuration says so): a configuration naming a BLAS library is
+/// refused there, `Gemm::Auto` means candle.
 ///
 /// # Errors
 /// A candle error, or a configuration that does not validate or does not fit the device.
@@ -860,14 +893,16 @@ pub fn run_on(
 ) -> candle_core::Result<Report> {
     let (rank, ranks) = dp.as_ref().map_or((0, 1), |d| (d.rank(), d.ranks()));
     config.validate().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    let (gemm, gemm_trials, kernels) = if device.is_cpu() {
+    let bf16 = config.products == Products::Bf16;
+    let (gemm, gemm_trials, kernels) = if device.is_cpu() && !bf16 {
         let (gemm, trials) = Gemm::choose(config)?;
         (gemm, trials, config.kernels)
     } else {
         if !matches!(config.gemm, Gemm::Candle | Gemm::Auto) {
             candle_core::bail!(
-                "on {}: the dense layers multiply through candle (the BLAS libraries run on the CPU)",
-                device_label(device)
+                "on {}{}: the products run through candle (the BLAS libraries are the CPU's f32 path)",
+                device_label(device),
+                if bf16 { " with bf16 products" } else { "" }
             )
         }
         (Gemm::Candle, Vec::new(), Kernels::Composed)
@@ -1129,6 +1164,32 @@ mod tests {
                 assert!(norm > 0.0 && norm.is_finite(), "{kernels:?}: {name}: gradient norm {norm}");
             }
         }
+    }
+
+    /// bf16 products: every parameter still gets a gradient (through the roundings), the loss and
+    /// gradients stay within bf16's rounding of f32's, and a run learns as the f32 one does.
+    #[test]
+    fn bf16_products_pass_gradients_and_learn() {
+        let c = micro();
+        let (f32_loss, f32_grads) = loss_and_grads(&c, Kernels::Composed);
+        let (bf16_loss, bf16_grads) =
+            loss_and_grads(&Config { products: Products::Bf16, ..c.clone() }, Kernels::Composed);
+        assert!((f32_loss - bf16_loss).abs() < 0.02 * f32_loss, "loss {f32_loss} against {bf16_loss}");
+        assert_eq!(f32_grads.len(), bf16_grads.len());
+        for ((name, a), (_, b)) in f32_grads.iter().zip(&bf16_grads) {
+            let norm = |g: &[f32]| g.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let diff: Vec<f32> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+            assert!(norm(b) > 0.0, "{name}: no gradient through the bf16 products");
+            assert!(norm(&diff) < 0.05 * norm(a), "{name}: {} against {}", norm(b), norm(a));
+        }
+        let r = run(
+            &Config { steps: 20, seq: 32, products: Products::Bf16, ..Config::preset("tiny").unwrap() },
+            None,
+            |_, _, _| {},
+        )
+        .unwrap();
+        assert!(r.learned, "loss {} -> {} against {}", r.loss_start, r.loss_end, r.loss_bar);
+        assert_eq!((r.config.kernels, r.config.gemm), (Kernels::Composed, Gemm::Candle), "bf16 runs composed");
     }
 
     /// Every fused kernel's forward value and hand-written backward pass against candle's

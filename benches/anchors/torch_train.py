@@ -4,8 +4,9 @@ A copy of ../shared/anchors/torch_train.py (the anchor the issue measured, fixed
 size) whose only change is that the sizes come from the command line, so that benches/train.rs
 can compare every named size: python torch_train.py STEPS MODE VOCAB D_MODEL LAYERS HEADS SEQ BATCH,
 and, as a tenth argument, the device (`cpu`, the default, or `cuda:0`: scripts/gpu-check.sh's
-anchor for `kiln-gpu train`, f32 parameters with TF32 products as kiln runs them there; each
-step is timed to the device's completion).
+anchor for `kiln-gpu train`; each step is timed to the device's completion), and as an eleventh
+the products' precision on a GPU: `bf16` (torch.autocast, f32 parameters, as kiln's mixed
+precision), `tf32` or `f32`.
 
 
 A GPT-style decoder-only LM (vocab 256, d_model 256, 4 layers, 4 heads, seq 128, batch 8, 3.3 M params),
@@ -18,9 +19,10 @@ import torch, torch.nn as nn, torch.nn.functional as F
 
 VOCAB, D_MODEL, N_LAYER, N_HEAD, SEQ, BATCH = (int(v) for v in (sys.argv[3:9] if len(sys.argv) >= 9 else (256, 256, 4, 4, 128, 8)))
 DEVICE = torch.device(sys.argv[9] if len(sys.argv) >= 10 else "cpu")
+PRODUCTS = sys.argv[10] if len(sys.argv) >= 11 else "f32"
 if DEVICE.type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = PRODUCTS == "tf32"
+    torch.backends.cudnn.allow_tf32 = PRODUCTS == "tf32"
 MASK64 = (1 << 64) - 1
 
 class Lcg:
@@ -78,7 +80,7 @@ def main():
     model = Gpt().to(DEVICE)
     nparams = sum(p.numel() for p in model.parameters())
     sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
-    print(f"torch {torch.__version__} device={DEVICE} threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()} cpu_cap={torch.backends.cpu.get_cpu_capability()} params={nparams} mode={mode}")
+    print(f"torch {torch.__version__} device={DEVICE} products={PRODUCTS} threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()} cpu_cap={torch.backends.cpu.get_cpu_capability()} params={nparams} mode={mode}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     sdpa = mode in ("sdpa", "compile")
     fwd = torch.compile(model) if mode == "compile" else model
@@ -88,8 +90,9 @@ def main():
         x, y = x.to(DEVICE), y.to(DEVICE)
         sync()
         t0 = time.perf_counter()
-        logits = fwd(x, sdpa)
-        loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=PRODUCTS == "bf16"):
+            logits = fwd(x, sdpa)
+        loss = F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

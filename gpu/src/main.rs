@@ -16,7 +16,7 @@ const USAGE: &str = "usage: kiln-gpu devices
                             [--min-bytes 8] [--max-bytes 1G] [--iterations N] [--warmup N] [--seconds-per-size S]
                             [--nccl-id HEX --rank R --ranks N --device D]  (one rank of a job)
        kiln-gpu nccl-id
-       kiln-gpu train [--device N] [--size gpt2|350m|1b] [--steps N] [--batch N] [--dtype tf32|f32]";
+       kiln-gpu train [--device N] [--size gpt2|350m|1b] [--steps N] [--batch N] [--dtype bf16|tf32|f32]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,8 +1,9 @@
 //! The reference training run (`kiln_bench::train`, the model `kiln bench train` trains on the
 //! CPU) on one GPU: the same seeded model, corpus and learning check, composed kernels through
-//! candle's CUDA backend, f32 parameters with the dense products in TF32 (or plain f32), its
-//! model FLOP utilisation against the GPU's datasheet peak for that precision. Device-agnostic:
-//! its test trains on the CPU through the same path.
+//! candle's CUDA backend, f32 parameters with the products in bf16 (mixed precision: operands
+//! rounded to bf16, results widened back), TF32 or plain f32, its model FLOP utilisation against
+//! the GPU's datasheet peak for that precision. Device-agnostic: its test trains on the CPU
+//! through the same path.
 
 use anyhow::Context;
 use candle_core::Device;
@@ -22,9 +23,9 @@ pub struct Options {
 }
 
 impl Options {
-    /// `--device N --size S --steps N --batch N --dtype tf32|f32`, each optional.
+    /// `--device N --size S --steps N --batch N --dtype bf16|tf32|f32`, each optional.
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, size: "gpt2".into(), steps: None, batch: None, precision: Precision::Tf32 };
+        let mut o = Options { device: 0, size: "gpt2".into(), steps: None, batch: None, precision: Precision::Bf16 };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -45,15 +46,17 @@ impl Options {
     /// The run's configuration: the preset with `--steps` and `--batch`.
     pub fn config(&self) -> anyhow::Result<kiln_bench::train::Config> {
         anyhow::ensure!(
-            matches!(self.precision, Precision::Tf32 | Precision::F32),
-            "--dtype {}: training runs f32 parameters with tf32 or f32 products (bf16 mixed precision is not built)",
-            self.precision.name()
+            self.precision != Precision::F16,
+            "--dtype f16: training runs f32 parameters with bf16, tf32 or f32 products (f16 would need loss scaling)"
         );
         let mut c = kiln_bench::train::Config::preset(&self.size)
             .with_context(|| format!("--size {:?}: tiny, anchor, small, gpt2, 350m or 1b", self.size))?;
         c.steps = self.steps.unwrap_or(c.steps);
         c.batch = self.batch.unwrap_or(c.batch);
         c.warmup_steps = (c.steps / 10).max(2).min(c.steps);
+        if self.precision == Precision::Bf16 {
+            c.products = kiln_bench::train::Products::Bf16;
+        }
         c.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         anyhow::ensure!(
             c.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,
@@ -70,11 +73,20 @@ impl Options {
 pub struct Report {
     pub device: usize,
     pub name: Option<String>,
-    /// `tf32` or `f32`: how the dense products ran.
+    /// `bf16`, `tf32` or `f32`: how the products ran.
     pub precision: String,
     /// The datasheet's dense peak for that precision, TFLOP/s (the MFU's denominator).
     pub peak_tflops: Option<f64>,
     pub run: kiln_bench::train::Report,
+}
+
+/// The datasheet column a run's MFU is against.
+fn peak_key(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "fp32",
+        Precision::Tf32 => "tf32",
+        Precision::Bf16 | Precision::F16 => "bf16",
+    }
 }
 
 /// Trains on `device` (a CUDA device, or the CPU in tests); `name` is the GPU's, for its peak.
@@ -89,8 +101,7 @@ pub fn measure(
 ) -> anyhow::Result<Report> {
     let config = options.config()?;
     options.precision.select();
-    let key = if options.precision == Precision::F32 { "fp32" } else { "tf32" };
-    let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, key));
+    let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, peak_key(options.precision)));
     let run = kiln_bench::train::run_on(device, &config, peak_tflops.map(|t| t * 1e12), progress, None)
         .map_err(|e| anyhow::anyhow!("training {} on {}: {e}", config.size, kiln_bench::train::device_label(device)))?;
     Ok(Report { device: options.device, name, precision: options.precision.name().to_string(), peak_tflops, run })
@@ -106,7 +117,9 @@ mod tests {
         let o = Options::parse(&args("--device 1 --size 350m --steps 30 --dtype f32")).unwrap();
         assert_eq!((o.device, o.size.as_str(), o.steps, o.precision), (1, "350m", Some(30), Precision::F32));
         assert_eq!(o.config().unwrap().d_model, 1024);
-        for bad in ["--size 7b", "--steps 3", "--dtype bf16", "--batch 0", "--what 1"] {
+        assert_eq!(Options::parse(&[]).unwrap().config().unwrap().products, kiln_bench::train::Products::Bf16);
+        assert_eq!([Precision::Bf16, Precision::Tf32, Precision::F32].map(peak_key), ["bf16", "tf32", "fp32"]);
+        for bad in ["--size 7b", "--steps 3", "--dtype f16", "--batch 0", "--what 1"] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }

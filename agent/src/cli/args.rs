@@ -167,8 +167,9 @@ pub enum GpuBench {
         /// Sequences per step [default: the size's]
         #[arg(long)]
         batch: Option<usize>,
-        /// How the dense products run: tf32 (f32 operands on the tensor cores) or f32
-        #[arg(long, default_value = "tf32")]
+        /// How the products run: bf16 (mixed precision: f32 parameters, bf16 operands), tf32 (f32
+        /// operands on the tensor cores) or f32
+        #[arg(long, default_value = "bf16")]
         dtype: String,
         /// The GPUs to train on (NVML indices, comma-separated), or all
         #[arg(long, value_delimiter = ',', default_value = "all")]

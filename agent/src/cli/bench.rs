@@ -537,7 +537,7 @@ fn run_suite(
                         size: "gpt2".into(),
                         steps: Some(if quick { 10 } else { 20 }),
                         batch: None,
-                        dtype: "tf32".into(),
+                        dtype: "bf16".into(),
                         gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
                         timeout_s: 1800,
                     };
