@@ -211,7 +211,31 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
 
 /// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
 fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
-    let (benchmark, store, gpus) = match &what {
+    let (benchmark, store, gpus) = checked_gpu_options(&what)?;
+    preflight(ctx, store)?;
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(gpus, &inv)? };
+    let prepared = match runs::gpu::prepare(&inv, &INTERRUPTED) {
+        Ok(p) => p,
+        Err(skip) => return skipped(ctx, benchmark, skip),
+    };
+    let pair_needed = matches!(what, GpuBench::P2p { .. } | GpuBench::Collectives { .. });
+    if pair_needed && gpus.len() < 2 {
+        let why = format!("{benchmark} needs two GPUs or more; given {gpus:?}");
+        return skipped(ctx, benchmark, runs::gpu::Skip(why));
+    }
+    let outcome = run_gpu(what, &inv, &prepared, gpus)?;
+    anyhow::ensure!(
+        !INTERRUPTED.load(Ordering::Relaxed),
+        "interrupted before the GPU benchmark finished; nothing stored"
+    );
+    finish(ctx, &inv, outcome, store)
+}
+
+/// A GPU benchmark's options checked before anything runs: its name, how it stores, its `--gpus`.
+fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &Vec<String>)> {
+    Ok(match what {
         GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, sweep, burn, store } => {
             if let Some(duration) = burn {
                 runs::gpu::parse_duration(duration).context("--burn")?;
@@ -267,16 +291,12 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
             anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
             ("gpu-train", *store, gpus)
         }
-    };
-    preflight(ctx, store)?;
-    catch_interrupts();
-    let inv = live_inventory()?;
-    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(gpus, &inv)? };
-    let prepared = match runs::gpu::prepare(&inv, &INTERRUPTED) {
-        Ok(p) => p,
-        Err(skip) => return skipped(ctx, benchmark, skip),
-    };
-    let outcome = match what {
+    })
+}
+
+/// Runs a GPU benchmark whose options are checked on `gpus`.
+fn run_gpu(what: GpuBench, inv: &Inventory, prepared: &runs::gpu::Prepared, gpus: Vec<usize>) -> Result<Outcome> {
+    Ok(match what {
         GpuBench::Gemm { dtypes, n, samples, burn: Some(duration), .. } => {
             let config = runs::gpu::BurnConfig {
                 dtype: dtypes[0].clone(),
@@ -285,29 +305,21 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
                 samples,
                 gpus,
             };
-            runs::gpu::burn(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::burn(inv, prepared, config, &INTERRUPTED)
         }
         GpuBench::Gemm { dtypes, n, reps, samples, timeout, sweep, burn: None, .. } => {
             let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout, sweep };
-            runs::gpu::gemm(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::gemm(inv, prepared, config, &INTERRUPTED)
         }
         GpuBench::Memory { mib, reps, timeout, .. } => {
             let config = runs::gpu::MemoryConfig { mib, reps, gpus, timeout_s: timeout };
-            runs::gpu::memory(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::memory(inv, prepared, config, &INTERRUPTED)
         }
         GpuBench::P2p { mib, reps, timeout, .. } => {
-            if gpus.len() < 2 {
-                let why = format!("peer to peer needs two GPUs or more; measuring {gpus:?}");
-                return skipped(ctx, benchmark, runs::gpu::Skip(why));
-            }
             let config = runs::gpu::P2pConfig { mib, reps, gpus, timeout_s: timeout };
-            runs::gpu::p2p(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::p2p(inv, prepared, config, &INTERRUPTED)
         }
         GpuBench::Collectives { min_bytes, max_bytes, ops, iterations, timeout, .. } => {
-            if gpus.len() < 2 {
-                let why = format!("collectives need two GPUs or more; using {gpus:?}");
-                return skipped(ctx, benchmark, runs::gpu::Skip(why));
-            }
             let collectives = if ops.is_empty() {
                 kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec()
             } else {
@@ -321,18 +333,13 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
                 gpus,
                 timeout_s: timeout,
             };
-            runs::gpu::collectives(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::collectives(inv, prepared, config, &INTERRUPTED)
         }
         GpuBench::Train { size, steps, batch, dtype, timeout, .. } => {
             let config = runs::gpu::TrainConfig { size, steps, batch, dtype, gpus, timeout_s: timeout };
-            runs::gpu::train(&inv, &prepared, config, &INTERRUPTED)
+            runs::gpu::train(inv, prepared, config, &INTERRUPTED)
         }
-    };
-    anyhow::ensure!(
-        !INTERRUPTED.load(Ordering::Relaxed),
-        "interrupted before the GPU benchmark finished; nothing stored"
-    );
-    finish(ctx, &inv, outcome, store)
+    })
 }
 
 /// `--gpus`: `all` (every GPU NVML sees), or NVML indices it sees.
