@@ -4,7 +4,8 @@
 #
 #   scripts/gpu-check.sh target/gpu-check/bundle.tar.gz OUTDIR
 #
-# Steps, each under its own time limit, each result a file in OUTDIR (eight files in all, the most a
+# Steps, each under its own time limit and all within KILN_CHECK_BUDGET (480 s), each result a
+# file in OUTDIR (eight files in all, the most a
 # GPU machine's call returns):
 #   nvidia-smi.txt   `nvidia-smi -q`, to compare kiln's inventory with
 #   inventory.json   `kiln inventory --json` (real NVML)
@@ -42,13 +43,25 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 summary=()
 failed=0
+# The whole check's time (KILN_CHECK_BUDGET seconds, default 480: a GPU machine's call allows
+# 600): each step gets at most what is left, and a step with under 10 s left is not started.
+budget=${KILN_CHECK_BUDGET:-480}
+begun=$(date +%s)
 
 # step NAME LIMIT_S FILE COMMAND...: runs COMMAND with stdout to FILE, stderr to the log; exit
 # statuses in OK (space-separated, default "0") count as success, those in SKIPPED as skipped.
 step() {
     local name=$1 limit=$2 file=$3
     shift 3
-    local ok=${OK:-0} skipped=${SKIPPED:-} started rc status
+    local ok=${OK:-0} skipped=${SKIPPED:-} started rc status left
+    left=$((budget - ($(date +%s) - begun)))
+    if [ "$left" -lt 10 ]; then
+        summary+=("{\"step\":\"$name\",\"status\":\"skipped\",\"why\":\"the check's $budget s were spent\"}")
+        echo "== $name: skipped: the check's $budget s were spent" >>"$log"
+        failed=1
+        return
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
     echo "== $name: $*" >>"$log"
     started=$(date +%s.%N)
     timeout -k 5 "$limit" "$@" >"$file" 2>>"$log"

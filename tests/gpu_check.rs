@@ -101,3 +101,34 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     }
     assert!(summary["kiln_over_torch"].is_array());
 }
+
+/// With its time budget spent, the check starts no further step and says why in `summary.json`.
+#[test]
+fn the_gpu_check_starts_no_step_past_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // A bundle of two programs that only print an empty document: nothing here needs a build.
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    for name in ["kiln", "kiln-gpu"] {
+        std::fs::write(bundle.join(name), "#!/bin/sh\necho '{}'\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bundle.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = dir.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check.sh");
+    let run = Command::new("bash")
+        .arg(&script)
+        .args([&bundle, &out])
+        .env("KILN_CHECK_BUDGET", "5")
+        .env("KILN_CHECK_PYTHON", "/nonexistent/python3")
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(out.join("log.txt")).unwrap_or_default();
+    assert_eq!(run.status.code(), Some(1), "{}\n{log}", String::from_utf8_lossy(&run.stderr));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let steps = summary["steps"].as_array().unwrap();
+    let inventory = steps.iter().find(|s| s["step"] == "inventory").unwrap();
+    assert_eq!(inventory["status"], "skipped", "{summary}");
+    assert!(inventory["why"].as_str().unwrap().contains("5 s were spent"), "{summary}");
+}
