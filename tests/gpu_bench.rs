@@ -494,9 +494,11 @@ fn gpu_training_is_stored_per_gpu_and_a_gpu_whose_model_does_not_learn_fails_the
         steps: Some(20),
         batch: None,
         precision: kiln_gpu::gemm::Precision::Tf32,
+        as_rank: None,
     };
     let trained =
-        kiln_gpu::train::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| {}).unwrap();
+        kiln_gpu::train::measure(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| {}, None)
+            .unwrap();
     assert!(trained.run.learned);
     for (device, learned) in [(0, true), (1, false)] {
         let mut doc = trained.clone();
@@ -520,6 +522,45 @@ fn gpu_training_is_stored_per_gpu_and_a_gpu_whose_model_does_not_learn_fails_the
     let failures = bad.json()["report"]["failures"].to_string();
     assert!(failures.contains("GPU 1: the model did not learn"), "{failures}");
     assert!(!failures.contains("GPU 0"), "{failures}");
+    // Data-parallel over GPUs 0 and 1: one NCCL id, made once, reaches both ranks, each on its GPU.
+    let script = std::fs::read_to_string(&program).unwrap();
+    std::fs::write(&program, script.replacen("\n", "\necho \"$*\" >> \"$(dirname \"$0\")/args.log\"\n", 1)).unwrap();
+    std::fs::write(stand.path().join("nccl-id-0.json"), format!("{{\"nccl_id\":\"{}\"}}", "5a".repeat(128))).unwrap();
+    for device in [0, 1] {
+        let mut doc = trained.clone();
+        doc.device = device;
+        doc.run.parallel = Some(kiln_bench::train::ParallelStats {
+            rank: device,
+            ranks: 2,
+            gradient_values: doc.run.parameters,
+            comm_s: kiln_bench::stats::summarize(&[0.002, 0.002]).unwrap(),
+            comm_share: 0.1 + 0.1 * device as f64,
+        });
+        std::fs::write(stand.path().join(format!("train-{device}.json")), serde_json::to_string(&doc).unwrap())
+            .unwrap();
+    }
+    let dp = run(&["--gpus", "0,1", "--data-parallel"]);
+    assert_eq!(dp.code(), Some(0), "{}", dp.describe());
+    let log = std::fs::read_to_string(stand.path().join("args.log")).unwrap();
+    let calls: Vec<&str> = log.lines().filter(|l| !l.starts_with("devices")).collect();
+    assert_eq!(calls.iter().filter(|l| l.starts_with("nccl-id")).count(), 1, "{log}");
+    let id = "5a".repeat(128);
+    for rank in [0, 1] {
+        let mine = format!("--device {rank} ");
+        let call = calls.iter().find(|l| l.starts_with("train") && l.contains(&mine)).expect("a train call per GPU");
+        assert!(call.contains(&format!("--nccl-id {id} --rank {rank} --ranks 2")), "{call}");
+    }
+    let shown =
+        kiln(&["show", "run", dp.json()["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for name in ["gpu1.train_dp.tiny.comm_share", "gpus.train_dp.tiny.tokens_per_s"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    assert_eq!(shown["config"]["data_parallel"], true);
+    // Data-parallel on one GPU is no data parallelism.
+    let one = run(&["--gpus", "0", "--data-parallel", "--no-save"]);
+    assert_eq!(one.code(), Some(3), "{}", one.describe());
+
     // Sizes and precisions are checked before anything runs.
     let refused = run(&["--dtype", "f16", "--no-save"]);
     assert_eq!(refused.code(), Some(2), "{}", refused.describe());

@@ -788,13 +788,16 @@ fn reuse_freed_memory() {
     }
 }
 
-/// What a data-parallel run needs of its communicator (MPI's, in the agent): the training loop
-/// itself knows no collective library.
+/// What a data-parallel run needs of its communicator (MPI's in the agent, NCCL's in kiln-gpu):
+/// the training loop itself knows no collective library.
 pub trait DataParallel {
     fn rank(&self) -> usize;
     fn ranks(&self) -> usize;
     /// Sums `values` over the ranks, in place, on every rank.
-    fn all_reduce_sum(&mut self, values: &mut [f32]);
+    ///
+    /// # Errors
+    /// The communicator failed (a rank gone, a device error).
+    fn all_reduce_sum(&mut self, values: &mut [f32]) -> candle_core::Result<()>;
 }
 
 /// Data parallelism's share of a run.
@@ -840,7 +843,7 @@ fn average_gradients(
         }
     }
     buffer.push(loss as f32);
-    dp.all_reduce_sum(buffer);
+    dp.all_reduce_sum(buffer)?;
     let scale = 1.0 / dp.ranks() as f32;
     let mut at = 0;
     for v in vars {
@@ -1041,7 +1044,7 @@ mod tests {
         fn ranks(&self) -> usize {
             self.ranks
         }
-        fn all_reduce_sum(&mut self, values: &mut [f32]) {
+        fn all_reduce_sum(&mut self, values: &mut [f32]) -> candle_core::Result<()> {
             let (sum, barrier) = &*self.shared;
             {
                 let mut sum = sum.lock().unwrap();
@@ -1062,6 +1065,7 @@ mod tests {
                 self.shared.0.lock().unwrap().iter_mut().for_each(|s| *s = 0.0);
             }
             barrier.wait();
+            Ok(())
         }
     }
 

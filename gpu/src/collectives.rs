@@ -22,6 +22,29 @@ pub struct AsRank {
     pub device: usize,
 }
 
+/// One rank of a job from `--nccl-id`, `--rank`, `--ranks` (all or none) and `--device`.
+///
+/// # Errors
+/// Some of the three without the others, or a rank outside the job.
+pub fn as_rank(
+    id: Option<[u8; 128]>,
+    rank: Option<usize>,
+    ranks: Option<usize>,
+    device: usize,
+) -> anyhow::Result<Option<AsRank>> {
+    match (id, rank, ranks) {
+        (Some(id), Some(rank), Some(ranks)) => {
+            anyhow::ensure!(
+                ranks >= 2 && rank < ranks,
+                "--rank {rank} of --ranks {ranks}: two ranks or more, rank below ranks"
+            );
+            Ok(Some(AsRank { id, rank, ranks, device }))
+        }
+        (None, None, None) => Ok(None),
+        _ => anyhow::bail!("--nccl-id, --rank and --ranks go together"),
+    }
+}
+
 /// The 128 bytes of an NCCL unique id from its 256 hex digits.
 pub fn id_from_hex(hex: &str) -> anyhow::Result<[u8; 128]> {
     anyhow::ensure!(hex.len() == 256 && hex.is_ascii(), "--nccl-id: 256 hex digits (what `kiln-gpu nccl-id` prints)");
@@ -133,19 +156,10 @@ impl Options {
         if let Some(d) = &o.devices {
             anyhow::ensure!(d.len() >= 2, "--devices: collectives need two devices or more");
         }
-        match (id, rank, ranks) {
-            (Some(id), Some(rank), Some(ranks)) => {
-                anyhow::ensure!(o.devices.is_none(), "--devices: a rank (--nccl-id) uses one --device");
-                anyhow::ensure!(
-                    ranks >= 2 && rank < ranks,
-                    "--rank {rank} of --ranks {ranks}: two ranks or more, rank below ranks"
-                );
-                o.as_rank = Some(AsRank { id, rank, ranks, device: device.unwrap_or(0) });
-            }
-            (None, None, None) => {
-                anyhow::ensure!(device.is_none(), "--device: for a rank of a job (--nccl-id); else --devices")
-            }
-            _ => anyhow::bail!("--nccl-id, --rank and --ranks go together"),
+        o.as_rank = as_rank(id, rank, ranks, device.unwrap_or(0))?;
+        match &o.as_rank {
+            Some(_) => anyhow::ensure!(o.devices.is_none(), "--devices: a rank (--nccl-id) uses one --device"),
+            None => anyhow::ensure!(device.is_none(), "--device: for a rank of a job (--nccl-id); else --devices"),
         }
         Ok(o)
     }

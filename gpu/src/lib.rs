@@ -78,7 +78,58 @@ pub mod backend {
         let device = candle_core::Device::new_cuda(options.device)
             .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
         let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
-        crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {})
+        match &options.as_rank {
+            None => crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {}, None),
+            Some(rank) => {
+                let mut dp = nccl_gradients(&device, rank)?;
+                crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {}, Some(&mut *dp))
+            }
+        }
+    }
+
+    /// Gradients summed over the job's ranks through NCCL, staged through this GPU's memory.
+    #[cfg(feature = "nccl")]
+    fn nccl_gradients(
+        device: &candle_core::Device,
+        r: &crate::collectives::AsRank,
+    ) -> anyhow::Result<Box<dyn kiln_bench::train::DataParallel>> {
+        use candle_core::cuda_backend::cudarc::driver::CudaStream;
+        use candle_core::cuda_backend::cudarc::nccl::{Comm, Id, ReduceOp};
+        struct Nccl {
+            comm: Comm,
+            stream: std::sync::Arc<CudaStream>,
+        }
+        impl kiln_bench::train::DataParallel for Nccl {
+            fn rank(&self) -> usize {
+                self.comm.rank()
+            }
+            fn ranks(&self) -> usize {
+                self.comm.world_size()
+            }
+            fn all_reduce_sum(&mut self, values: &mut [f32]) -> candle_core::Result<()> {
+                let failed = |what: &str, e: String| candle_core::Error::Msg(format!("NCCL all-reduce: {what}: {e}"));
+                let mut buffer = self.stream.clone_htod(values).map_err(|e| failed("to the GPU", e.to_string()))?;
+                self.comm
+                    .all_reduce_in_place(&mut buffer, &ReduceOp::Sum)
+                    .map_err(|e| failed("the reduction", format!("{e:?}")))?;
+                self.stream.memcpy_dtoh(&buffer, values).map_err(|e| failed("back from the GPU", e.to_string()))?;
+                self.stream.synchronize().map_err(|e| failed("waiting", e.to_string()))
+            }
+        }
+        let candle_core::Device::Cuda(cuda) = device else { anyhow::bail!("NCCL needs a CUDA device") };
+        let stream = cuda.cuda_stream();
+        let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
+        let comm = Comm::from_rank(stream.clone(), r.rank, r.ranks, Id::uninit(internal))
+            .map_err(|e| anyhow::anyhow!("rank {} of {}: NCCL cannot join the job: {e:?}", r.rank, r.ranks))?;
+        Ok(Box::new(Nccl { comm, stream }))
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn nccl_gradients(
+        _: &candle_core::Device,
+        _: &crate::collectives::AsRank,
+    ) -> anyhow::Result<Box<dyn kiln_bench::train::DataParallel>> {
+        anyhow::bail!("kiln-gpu was built without NCCL: build it with `--features cuda,nccl`")
     }
 
     pub fn sweep(options: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {

@@ -20,12 +20,23 @@ pub struct Options {
     pub steps: Option<usize>,
     pub batch: Option<usize>,
     pub precision: Precision,
+    /// Set: one rank of data-parallel training, its gradients all-reduced through NCCL.
+    pub as_rank: Option<crate::collectives::AsRank>,
 }
 
 impl Options {
-    /// `--device N --size S --steps N --batch N --dtype bf16|tf32|f32`, each optional.
+    /// `--device N --size S --steps N --batch N --dtype bf16|tf32|f32`, each optional; as one rank
+    /// of data-parallel training, `--nccl-id HEX --rank R --ranks N` besides.
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, size: "gpt2".into(), steps: None, batch: None, precision: Precision::Bf16 };
+        let (mut id, mut rank, mut ranks) = (None, None, None);
+        let mut o = Options {
+            device: 0,
+            size: "gpt2".into(),
+            steps: None,
+            batch: None,
+            precision: Precision::Bf16,
+            as_rank: None,
+        };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -36,9 +47,13 @@ impl Options {
                 "--steps" => o.steps = Some(number()?),
                 "--batch" => o.batch = Some(number()?),
                 "--dtype" => o.precision = Precision::parse(value)?,
+                "--nccl-id" => id = Some(crate::collectives::id_from_hex(value)?),
+                "--rank" => rank = Some(number()?),
+                "--ranks" => ranks = Some(number()?),
                 other => anyhow::bail!("unknown option {other:?}"),
             }
         }
+        o.as_rank = crate::collectives::as_rank(id, rank, ranks, o.device)?;
         o.config()?;
         Ok(o)
     }
@@ -98,11 +113,12 @@ pub fn measure(
     options: &Options,
     name: Option<String>,
     progress: impl FnMut(usize, usize, f64),
+    dp: Option<&mut dyn kiln_bench::train::DataParallel>,
 ) -> anyhow::Result<Report> {
     let config = options.config()?;
     options.precision.select();
     let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, peak_key(options.precision)));
-    let run = kiln_bench::train::run_on(device, &config, peak_tflops.map(|t| t * 1e12), progress, None)
+    let run = kiln_bench::train::run_on(device, &config, peak_tflops.map(|t| t * 1e12), progress, dp)
         .map_err(|e| anyhow::anyhow!("training {} on {}: {e}", config.size, kiln_bench::train::device_label(device)))?;
     Ok(Report { device: options.device, name, precision: options.precision.name().to_string(), peak_tflops, run })
 }
@@ -119,7 +135,10 @@ mod tests {
         assert_eq!(o.config().unwrap().d_model, 1024);
         assert_eq!(Options::parse(&[]).unwrap().config().unwrap().products, kiln_bench::train::Products::Bf16);
         assert_eq!([Precision::Bf16, Precision::Tf32, Precision::F32].map(peak_key), ["bf16", "tf32", "fp32"]);
-        for bad in ["--size 7b", "--steps 3", "--dtype f16", "--batch 0", "--what 1"] {
+        let hex = "0a".repeat(128);
+        let o = Options::parse(&args(&format!("--device 2 --nccl-id {hex} --rank 1 --ranks 4"))).unwrap();
+        assert_eq!(o.as_rank.map(|r| (r.rank, r.ranks, r.device)), Some((1, 4, 2)));
+        for bad in ["--size 7b", "--steps 3", "--dtype f16", "--batch 0", "--what 1", "--rank 1"] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }
@@ -127,9 +146,16 @@ mod tests {
     /// The GPU path, run on the CPU: composed kernels, the learning check, the peak by name.
     #[test]
     fn the_reference_model_trains_through_the_device_path() {
-        let o = Options { device: 0, size: "tiny".into(), steps: Some(40), batch: None, precision: Precision::Tf32 };
+        let o = Options {
+            device: 0,
+            size: "tiny".into(),
+            steps: Some(40),
+            batch: None,
+            precision: Precision::Tf32,
+            as_rank: None,
+        };
         let mut seen = 0;
-        let r = measure(&Device::Cpu, &o, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| seen += 1).unwrap();
+        let r = measure(&Device::Cpu, &o, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| seen += 1, None).unwrap();
         assert_eq!(seen, 40);
         assert_eq!(r.run.device, "cpu");
         assert_eq!(r.run.config.kernels, kiln_bench::train::Kernels::Fused, "the CPU keeps its fused kernels");

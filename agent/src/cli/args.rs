@@ -177,6 +177,10 @@ pub enum GpuBench {
         /// A GPU's run is stopped and failed after this many seconds
         #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
         timeout: u64,
+        /// One model over the GPUs, each training on its slice of every step's batch, the
+        /// gradients all-reduced through NCCL (instead of a replica per GPU)
+        #[arg(long)]
+        data_parallel: bool,
         #[command(flatten)]
         store: Store,
     },

@@ -220,7 +220,10 @@ fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
         Ok(p) => p,
         Err(skip) => return skipped(ctx, benchmark, skip),
     };
-    let pair_needed = matches!(what, GpuBench::P2p { .. } | GpuBench::Collectives { .. });
+    let pair_needed = matches!(
+        what,
+        GpuBench::P2p { .. } | GpuBench::Collectives { .. } | GpuBench::Train { data_parallel: true, .. }
+    );
     if pair_needed && gpus.len() < 2 {
         let why = format!("{benchmark} needs two GPUs or more; given {gpus:?}");
         return skipped(ctx, benchmark, runs::gpu::Skip(why));
@@ -279,13 +282,14 @@ fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &V
             );
             ("gpu-collectives", *store, gpus)
         }
-        GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store } => {
+        GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store, .. } => {
             let options = kiln_gpu::train::Options {
                 device: 0,
                 size: size.clone(),
                 steps: *steps,
                 batch: *batch,
                 precision: kiln_gpu::gemm::Precision::parse(dtype).context("--dtype")?,
+                as_rank: None,
             };
             options.config()?;
             anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
@@ -335,8 +339,8 @@ fn run_gpu(what: GpuBench, inv: &Inventory, prepared: &runs::gpu::Prepared, gpus
             };
             runs::gpu::collectives(inv, prepared, config, &INTERRUPTED)
         }
-        GpuBench::Train { size, steps, batch, dtype, timeout, .. } => {
-            let config = runs::gpu::TrainConfig { size, steps, batch, dtype, gpus, timeout_s: timeout };
+        GpuBench::Train { size, steps, batch, dtype, timeout, data_parallel, .. } => {
+            let config = runs::gpu::TrainConfig { size, steps, batch, dtype, gpus, timeout_s: timeout, data_parallel };
             runs::gpu::train(inv, prepared, config, &INTERRUPTED)
         }
     })
@@ -547,6 +551,7 @@ fn run_suite(
                         dtype: "bf16".into(),
                         gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
                         timeout_s: 1800,
+                        data_parallel: false,
                     };
                     let measure = || Ok(runs::gpu::train(inv, &prepared, config.clone(), &INTERRUPTED));
                     until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;

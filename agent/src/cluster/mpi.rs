@@ -596,10 +596,11 @@ impl DataParallel for Gradients<'_> {
     fn ranks(&self) -> usize {
         self.comm.size() as usize
     }
-    fn all_reduce_sum(&mut self, values: &mut [f32]) {
+    fn all_reduce_sum(&mut self, values: &mut [f32]) -> candle_core::Result<()> {
         self.send.clear();
         self.send.extend_from_slice(values);
         self.comm.all_reduce_into(&self.send[..], values, SystemOperation::sum());
+        Ok(())
     }
 }
 

@@ -3,8 +3,9 @@
 //! at full power as training holds it, one figure per GPU so that a slow one stands out. Each
 //! GPU's run must learn (the CPU's learning check: a GPU whose loss does not fall computes
 //! wrong), and its model FLOP utilisation is against the datasheet's dense peak for the
-//! precision; above that peak (+5 %) the run is `invalid`. Data-parallel training across the GPUs
-//! (NCCL all-reduce of the gradients) is not built yet.
+//! precision; above that peak (+5 %) the run is `invalid`. `--data-parallel`: the GPUs train one
+//! model instead, each on its slice of every step's global batch, the gradients all-reduced through
+//! NCCL (one `kiln-gpu train` per GPU as a rank of the job, joined by the id of `kiln-gpu nccl-id`).
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -30,6 +31,20 @@ pub struct TrainConfig {
     pub dtype: String,
     pub gpus: Vec<usize>,
     pub timeout_s: u64,
+    /// One model over the GPUs (NCCL) instead of a replica each.
+    #[serde(default)]
+    pub data_parallel: bool,
+}
+
+impl TrainConfig {
+    /// `train` (replicas) or `train_dp` (data-parallel): what the metrics are named under.
+    fn kind(&self) -> &'static str {
+        if self.data_parallel {
+            "train_dp"
+        } else {
+            "train"
+        }
+    }
 }
 
 /// One GPU's run.
@@ -59,10 +74,32 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
     let sampler = sampler(inv, TELEMETRY_INTERVAL);
     let progress = Progress::new();
     progress.update(&format!("gpu train {}: {} GPU(s) at once", config.size, config.gpus.len()));
+    let timeout = Duration::from_secs(config.timeout_s);
+    // Data-parallel: the ranks' NCCL id first, from one run of its own.
+    let id = match config.data_parallel {
+        false => Ok(None),
+        true => {
+            let ended = run_all(&prepared.program, &[vec!["nccl-id".to_string()]], timeout, interrupted).remove(0);
+            match read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended, timeout), "nccl-id") {
+                (Some(id), _) => Ok(Some(id.nccl_id)),
+                (None, e) => Err(format!("kiln-gpu nccl-id: {}", e.unwrap_or_default())),
+            }
+        }
+    };
+    let id = match id {
+        Ok(id) => id,
+        Err(e) => {
+            progress.finish();
+            let results =
+                config.gpus.iter().map(|&gpu| TrainResult { gpu, run: None, error: Some(e.clone()) }).collect();
+            return judge(prepared, config, results, sampler.stop(), started_at);
+        }
+    };
     let args: Vec<Vec<String>> = config
         .gpus
         .iter()
-        .map(|gpu| {
+        .enumerate()
+        .map(|(rank, gpu)| {
             let mut a: Vec<String> =
                 ["train", "--device", &gpu.to_string(), "--size", &config.size, "--dtype", &config.dtype]
                     .iter()
@@ -73,10 +110,13 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
                     a.extend([flag.to_string(), v.to_string()]);
                 }
             }
+            if let Some(id) = &id {
+                let n = config.gpus.len().to_string();
+                a.extend(["--nccl-id".to_string(), id.clone(), "--rank".into(), rank.to_string(), "--ranks".into(), n]);
+            }
             a
         })
         .collect();
-    let timeout = Duration::from_secs(config.timeout_s);
     let mut results = Vec::new();
     for (gpu, ended) in config.gpus.iter().zip(run_all(&prepared.program, &args, timeout, interrupted)) {
         let (run, error) = read_document::<Trained>(interpret(&ended, timeout), "train");
@@ -151,7 +191,8 @@ fn judge(
 }
 
 /// `gpu<i>.train.<size>.tokens_per_s`, `….mfu`, `….step_p50_s`, `….loss_end` per GPU (each step's
-/// time and the loss curve as samples), and `gpus.train.<size>.tokens_per_s`, their sum.
+/// time and the loss curve as samples), and `gpus.train.<size>.tokens_per_s`, their sum; under
+/// `train_dp` for data-parallel runs, with each rank's `….comm_share`.
 fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
     let mut metrics = Vec::new();
     let mut samples = Vec::new();
@@ -159,7 +200,7 @@ fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Ve
     for r in results {
         let Some(t) = &r.run else { continue };
         let run = &t.run;
-        let prefix = format!("gpu{}.train.{}", r.gpu, config.size);
+        let prefix = format!("gpu{}.{}.{}", r.gpu, config.kind(), config.size);
         let m = |name: &str, value: f64, unit: &str, direction| Metric {
             name: format!("{prefix}.{name}"),
             value,
@@ -172,13 +213,16 @@ fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Ve
         if let Some(mfu) = run.mfu {
             metrics.push(m("mfu", mfu, "ratio", Direction::Higher));
         }
+        if let Some(p) = &run.parallel {
+            metrics.push(m("comm_share", p.comm_share, "ratio", Direction::Lower));
+        }
         samples.extend(samples_of(&format!("{prefix}.step_s"), &run.step_times_s));
         samples.extend(samples_of(&format!("{prefix}.loss"), &run.loss_curve));
         *total.get_or_insert(0.0) += run.tokens_per_s;
     }
     if let Some(total) = total {
         metrics.push(Metric {
-            name: format!("gpus.train.{}.tokens_per_s", config.size),
+            name: format!("gpus.{}.{}.tokens_per_s", config.kind(), config.size),
             value: total,
             unit: "tokens/s".into(),
             direction: Direction::Higher,
@@ -191,22 +235,27 @@ fn headline(r: &GpuTrainReport) -> String {
     let runs: Vec<&Trained> = r.results.iter().filter_map(|x| x.run.as_ref()).collect();
     let tokens: f64 = runs.iter().map(|t| t.run.tokens_per_s).sum();
     let mfu = kiln_bench::stats::summarize(&runs.iter().filter_map(|t| t.run.mfu).collect::<Vec<_>>());
+    let comm = runs.iter().filter_map(|t| t.run.parallel.as_ref()).map(|p| p.comm_share).reduce(f64::max);
     format!(
-        "gpu train {}: {} GPU(s), {:.0} tokens/s in all{}{}",
+        "gpu train {}{}: {} GPU(s), {:.0} tokens/s in all{}{}{}",
         r.config.size,
+        if r.config.data_parallel { " data-parallel" } else { "" },
         runs.len(),
         tokens,
         mfu.map(|s| format!(", MFU {:.1} % (median)", s.median * 100.0)).unwrap_or_default(),
+        comm.map(|c| format!(", {:.0} % of a step in the all-reduce", c * 100.0)).unwrap_or_default(),
         if r.failures.is_empty() { String::new() } else { format!("; {} failure(s)", r.failures.len()) }
     )
 }
 
 pub fn render(r: &GpuTrainReport) -> String {
     let c = &r.config;
-    let mut out = format!(
-        "gpu train {}: each GPU its own replica, all at once, products in {}; {}\n",
-        c.size, c.dtype, r.program
-    );
+    let how = if c.data_parallel {
+        "one model data-parallel over the GPUs, gradients all-reduced through NCCL"
+    } else {
+        "each GPU its own replica, all at once"
+    };
+    let mut out = format!("gpu train {}: {how}, products in {}; {}\n", c.size, c.dtype, r.program);
     if let Some(t) = r.results.iter().find_map(|x| x.run.as_ref()) {
         let k = &t.run.config;
         out.push_str(&format!(
@@ -261,9 +310,16 @@ mod tests {
             steps: Some(20),
             batch: None,
             precision: kiln_gpu::gemm::Precision::Tf32,
+            as_rank: None,
         };
-        kiln_gpu::train::measure(&candle_core::Device::Cpu, &o, Some("NVIDIA H100 80GB HBM3".into()), |_, _, _| {})
-            .unwrap()
+        kiln_gpu::train::measure(
+            &candle_core::Device::Cpu,
+            &o,
+            Some("NVIDIA H100 80GB HBM3".into()),
+            |_, _, _| {},
+            None,
+        )
+        .unwrap()
     }
 
     fn judged(results: Vec<TrainResult>) -> Outcome {
@@ -275,6 +331,7 @@ mod tests {
             dtype: "tf32".into(),
             gpus: results.iter().map(|r| r.gpu).collect(),
             timeout_s: 60,
+            data_parallel: false,
         };
         judge(&prepared, config, results, Vec::new(), "2026-12-05T00:00:00Z".into())
     }
