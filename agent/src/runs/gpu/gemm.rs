@@ -9,7 +9,10 @@ use kiln_gpu::gemm::Report as GemmRun;
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{interpret, judged_status, read_document, run_all, ChildError, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use super::{
+    interpret, judged_status, read_document, render_verdict, run_all, ChildError, Prepared, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
+};
 use crate::inventory::Inventory;
 use crate::render::Progress;
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
@@ -468,17 +471,7 @@ pub fn render(r: &GpuGemmReport) -> String {
             ))
         ));
     }
-    for f in &r.failures {
-        out.push_str(&format!("FAIL {f}\n"));
-    }
-    if let Some(why) = &r.invalid {
-        out.push_str(&format!("status invalid: {why}\n"));
-    } else {
-        out.push_str(&format!("status {}\n", r.status));
-    }
-    for line in &r.telemetry {
-        out.push_str(&format!("  {line}\n"));
-    }
+    render_verdict(&mut out, &r.failures, r.invalid.as_deref(), r.status, &r.telemetry);
     out
 }
 

@@ -136,6 +136,27 @@ pub(super) fn judged_status(invalid: &Option<String>, failures: &[String], unsta
     }
 }
 
+/// The lines every GPU benchmark's text ends with: each failure, the status (with why it is
+/// `invalid`), then the telemetry's summary lines.
+pub(super) fn render_verdict(
+    out: &mut String,
+    failures: &[String],
+    invalid: Option<&str>,
+    status: kiln_db::RunStatus,
+    telemetry: &[String],
+) {
+    for f in failures {
+        out.push_str(&format!("FAIL {f}\n"));
+    }
+    match invalid {
+        Some(why) => out.push_str(&format!("status invalid: {why}\n")),
+        None => out.push_str(&format!("status {status}\n")),
+    }
+    for line in telemetry {
+        out.push_str(&format!("  {line}\n"));
+    }
+}
+
 /// `kiln-gpu`: `KILN_GPU` when set, else the one beside this kiln, else the first on `PATH`.
 pub fn locate() -> Result<PathBuf, Skip> {
     if let Some(path) = std::env::var_os("KILN_GPU").filter(|p| !p.is_empty()) {

@@ -17,7 +17,9 @@ use kiln_gpu::p2p::Report as Matrix;
 use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{interpret, judged_status, read_document, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL};
+use super::{
+    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+};
 use crate::inventory::Inventory;
 use crate::render::Progress;
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
@@ -408,16 +410,7 @@ pub fn render(r: &GpuP2pReport) -> String {
             ));
         }
     }
-    for f in &r.failures {
-        out.push_str(&format!("FAIL {f}\n"));
-    }
-    match &r.invalid {
-        Some(why) => out.push_str(&format!("status invalid: {why}\n")),
-        None => out.push_str(&format!("status {}\n", r.status)),
-    }
-    for line in &r.telemetry {
-        out.push_str(&format!("  {line}\n"));
-    }
+    render_verdict(&mut out, &r.failures, r.invalid.as_deref(), r.status, &r.telemetry);
     out
 }
 
