@@ -206,7 +206,7 @@ fn main() {
     let _ = std::fs::remove_file(&bare_db);
     let secs = time(&["import", bare_file.to_str().unwrap()], &bare_db, &[0]);
     let bare_rate = bare_metrics as f64 / secs;
-    println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x; {:.2}x the batched anchor, where the issue's figures put the target at 500/810 = 0.62x)", bare_rate / 1e3, bare_rate / 500e3, bare_rate / batched);
+    println!("import, metrics only: {bare_metrics} metric rows in {secs:.2} s = {:.0} k rows/s (target >= 500 k/s: {:.2}x; {:.2}x the batched anchor; goal >= 1.0x)", bare_rate / 1e3, bare_rate / 500e3, bare_rate / batched);
     postgres(&file, &bare_file, metrics, all_rows, bare_metrics, hosts);
 
     let report = |name: &str, args: &[&str], codes: &[i32], target: f64, n: usize| {

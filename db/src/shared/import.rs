@@ -452,7 +452,7 @@ struct NewRunRef<'r> {
     host: String,
     inventory: Option<&'r str>,
     software: Option<String>,
-    rec: &'r RunRec,
+    rec: &'r RunRec<'r>,
 }
 
 /// The file's runs that are not here yet, checked (their host, software and inventory must be
@@ -464,7 +464,7 @@ async fn fresh_runs<'r>(
     malformed: &dyn Fn(usize, String) -> ImportError,
     stats: &mut ImportStats,
 ) -> std::result::Result<Vec<NewRunRef<'r>>, Failed> {
-    let runs: Vec<(usize, &RunRec)> =
+    let runs: Vec<(usize, &RunRec<'_>)> =
         records.iter().filter_map(|(n, r)| if let Record::Run(r) = r { Some((*n, r)) } else { None }).collect();
     let ids: Vec<&str> = runs.iter().map(|(_, r)| r.id.as_str()).collect();
     let mut known_runs = existing_ids(tx, "runs", &ids).await?;
