@@ -516,6 +516,13 @@ fn gpu_training_is_stored_per_gpu_and_a_gpu_whose_model_does_not_learn_fails_the
     };
     assert!((metric("gpu0.train.tiny.tokens_per_s").unwrap() - trained.run.tokens_per_s).abs() < 1e-6);
     assert!(metric("gpu0.train.tiny.mfu").is_some(), "{}", shown["metrics"]);
+    // The GEMM ceiling at the model's own products, measured by kiln-gpu after the run, and the
+    // utilisation against it.
+    let ceiling = trained.ceiling.as_ref().expect("kiln-gpu train measures the model's products");
+    for (name, want) in [("gemm_ceiling_tflops", ceiling.tflops.unwrap()), ("mfu_of_gemm", ceiling.mfu.unwrap())] {
+        let got = metric(&format!("gpu0.train.tiny.{name}")).unwrap_or_else(|| panic!("{name}: {}", shown["metrics"]));
+        assert!((got - want).abs() <= 1e-9 * want.abs(), "{name}: {got} against {want}");
+    }
 
     let bad = run(&["--gpus", "0,1"]);
     assert_eq!(bad.code(), Some(1), "{}", bad.describe());

@@ -93,6 +93,62 @@ pub struct Report {
     /// The datasheet's dense peak for that precision, TFLOP/s (the MFU's denominator).
     pub peak_tflops: Option<f64>,
     pub run: kiln_bench::train::Report,
+    /// What this GPU's GEMM reaches at the model's own dense products, measured after the run.
+    #[serde(default)]
+    pub ceiling: Option<Ceiling>,
+}
+
+/// The measured ceiling a run's model FLOPs are held to besides the datasheet: each of the
+/// model's dense products of one step (attention's projection in, its projection out, the MLP's
+/// two, the head: `tokens × in → out`) timed alone in the run's precision and checked, the fastest
+/// right one the ceiling. A run at 40 % of the datasheet whose products reach only 50 % of it is
+/// using its GPU well; one whose products reach 90 % is not.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ceiling {
+    pub products: Vec<crate::gemm::Report>,
+    /// The best median TFLOP/s among the products that passed their check.
+    pub tflops: Option<f64>,
+    /// The run's model FLOP/s over that ceiling.
+    pub mfu: Option<f64>,
+}
+
+/// The model's dense products of one step (per rank): `m` the tokens of a step, each `k → n`.
+pub fn dense_products(c: &kiln_bench::train::Config) -> Vec<crate::gemm::Shape> {
+    let tokens = c.batch * c.seq;
+    let d = c.d_model;
+    let mut shapes: Vec<crate::gemm::Shape> = [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d), (d, c.vocab)]
+        .into_iter()
+        .map(|(k, n)| crate::gemm::Shape { m: tokens, n, k })
+        .collect();
+    shapes.dedup();
+    shapes
+}
+
+/// Times each of the model's dense products on `device` (`reps` each) and derives the ceiling.
+///
+/// # Errors
+/// The device fails an operation (out of memory, a lost device).
+pub fn ceiling(
+    device: &Device,
+    options: &Options,
+    config: &kiln_bench::train::Config,
+    achieved_flops: f64,
+    reps: usize,
+) -> anyhow::Result<Ceiling> {
+    let mut products = Vec::new();
+    for shape in dense_products(config) {
+        let o = crate::gemm::Options {
+            device: options.device,
+            dtype: options.precision,
+            shape,
+            reps,
+            samples: 8.min(shape.m).min(shape.n),
+        };
+        products.push(crate::gemm::measure(device, &o, None)?);
+    }
+    let tflops = products.iter().filter(|p| p.check.ok).map(|p| p.tflops_median).reduce(f64::max);
+    let mfu = tflops.filter(|t| *t > 0.0).map(|t| achieved_flops / (t * 1e12));
+    Ok(Ceiling { products, tflops, mfu })
 }
 
 /// The datasheet column a run's MFU is against.
@@ -103,6 +159,9 @@ fn peak_key(p: Precision) -> &'static str {
         Precision::Bf16 | Precision::F16 => "bf16",
     }
 }
+
+/// Timed repetitions of each product for the ceiling (after three untimed ones).
+const CEILING_REPS: usize = 10;
 
 /// Trains on `device` (a CUDA device, or the CPU in tests); `name` is the GPU's, for its peak.
 ///
@@ -120,7 +179,16 @@ pub fn measure(
     let peak_tflops = name.as_deref().and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, peak_key(options.precision)));
     let run = kiln_bench::train::run_on(device, &config, peak_tflops.map(|t| t * 1e12), progress, dp)
         .map_err(|e| anyhow::anyhow!("training {} on {}: {e}", config.size, kiln_bench::train::device_label(device)))?;
-    Ok(Report { device: options.device, name, precision: options.precision.name().to_string(), peak_tflops, run })
+    let ceiling = ceiling(device, options, &config, run.achieved_flops, CEILING_REPS)
+        .with_context(|| format!("the model's products on {}", kiln_bench::train::device_label(device)))?;
+    Ok(Report {
+        device: options.device,
+        name,
+        precision: options.precision.name().to_string(),
+        peak_tflops,
+        run,
+        ceiling: Some(ceiling),
+    })
 }
 
 #[cfg(test)]
@@ -162,5 +230,27 @@ mod tests {
         assert!(r.run.learned, "loss {} -> {}", r.run.loss_start, r.run.loss_end);
         assert_eq!(r.peak_tflops, kiln_bench::peaks::gpu_peak_tflops("NVIDIA H100 80GB HBM3", "tf32"));
         assert!(r.run.mfu.is_some_and(|m| m > 0.0 && m < 1e-3), "a CPU against an H100's peak");
+        // The measured ceiling: the model's five dense products, each checked; against it the
+        // same run's utilisation is far above its share of a datasheet it never had.
+        let c = r.ceiling.as_ref().expect("a ceiling");
+        let k = &r.run.config;
+        let tokens = k.batch * k.seq;
+        let shapes: Vec<(usize, usize, usize)> = c.products.iter().map(|p| (p.shape.m, p.shape.k, p.shape.n)).collect();
+        assert_eq!(
+            shapes,
+            [
+                (k.d_model, 3 * k.d_model),
+                (k.d_model, k.d_model),
+                (k.d_model, 4 * k.d_model),
+                (4 * k.d_model, k.d_model),
+                (k.d_model, k.vocab)
+            ]
+            .map(|(kk, n)| (tokens, kk, n))
+        );
+        assert!(c.products.iter().all(|p| p.check.ok && p.seconds.len() == CEILING_REPS));
+        let best = c.products.iter().map(|p| p.tflops_median).fold(0.0, f64::max);
+        assert_eq!(c.tflops, Some(best));
+        assert!((c.mfu.unwrap() - r.run.achieved_flops / (best * 1e12)).abs() < 1e-12);
+        assert!(c.mfu.unwrap() > 100.0 * r.run.mfu.unwrap(), "{:?} against {:?}", c.mfu, r.run.mfu);
     }
 }

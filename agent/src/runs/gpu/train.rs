@@ -163,6 +163,22 @@ fn judge(
                 PEAK_MARGIN * 100.0
             ));
         }
+        for p in t.ceiling.iter().flat_map(|c| &c.products).filter(|p| !p.check.ok) {
+            failures.push(format!(
+                "{at}: the model's product {} in {} computed wrong ({:.1}× the allowed error at row {}, column {})",
+                p.shape, p.dtype, p.check.worst_ratio, p.check.worst_at.0, p.check.worst_at.1
+            ));
+        }
+        if let (Some(c), Some(peak)) = (t.ceiling.as_ref().and_then(|c| c.tflops), t.peak_tflops) {
+            if c > peak * (1.0 + PEAK_MARGIN) {
+                above.push(format!(
+                    "{at}: the model's products reached {c:.1} TFLOP/s, above the datasheet's {} peak of {peak:.1} \
+                     TFLOP/s (+{:.0} %)",
+                    t.precision,
+                    PEAK_MARGIN * 100.0
+                ));
+            }
+        }
         unstable |= run.step_s.cv > MAX_CV;
     }
     let invalid = (!above.is_empty()).then(|| above.join("; "));
@@ -193,7 +209,8 @@ fn judge(
 }
 
 /// `gpu<i>.train.<size>.tokens_per_s`, `….mfu`, `….step_p50_s`, `….loss_end` per GPU (each step's
-/// time and the loss curve as samples), and `gpus.train.<size>.tokens_per_s`, their sum; under
+/// time and the loss curve as samples), the GEMM ceiling at the model's products and the MFU
+/// against it (`….gemm_ceiling_tflops`, `….mfu_of_gemm`), and `gpus.train.<size>.tokens_per_s`, their sum; under
 /// `train_dp` for data-parallel runs, with each rank's `….comm_share`.
 fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Vec<(String, i64, f64)>) {
     let mut metrics = Vec::new();
@@ -217,6 +234,14 @@ fn metrics_of(config: &TrainConfig, results: &[TrainResult]) -> (Vec<Metric>, Ve
         }
         if let Some(p) = &run.parallel {
             metrics.push(m("comm_share", p.comm_share, "ratio", Direction::Lower));
+        }
+        if let Some(c) = &t.ceiling {
+            if let Some(tflops) = c.tflops {
+                metrics.push(m("gemm_ceiling_tflops", tflops, "TFLOP/s", Direction::Higher));
+            }
+            if let Some(mfu) = c.mfu {
+                metrics.push(m("mfu_of_gemm", mfu, "ratio", Direction::Higher));
+            }
         }
         samples.extend(samples_of(&format!("{prefix}.step_s"), &run.step_times_s));
         samples.extend(samples_of(&format!("{prefix}.loss"), &run.loss_curve));
@@ -266,20 +291,25 @@ pub fn render(r: &GpuTrainReport) -> String {
         ));
     }
     out.push_str(&format!(
-        "{:>4} {:>12} {:>10} {:>10} {:>8} {:>16}  {}\n",
-        "gpu", "tokens/s", "step p50", "step CV", "MFU", "loss", "learned"
+        "{:>4} {:>12} {:>10} {:>10} {:>8} {:>20} {:>16}  {}\n",
+        "gpu", "tokens/s", "step p50", "step CV", "MFU", "of GEMM (TFLOP/s)", "loss", "learned"
     ));
     for x in &r.results {
         match &x.run {
             Some(t) => {
                 let run = &t.run;
+                let of_gemm = match t.ceiling.as_ref().map(|c| (c.mfu, c.tflops)) {
+                    Some((Some(m), Some(c))) => format!("{:.1}% ({c:.1})", m * 100.0),
+                    _ => "-".to_string(),
+                };
                 out.push_str(&format!(
-                    "{:>4} {:>12.0} {:>8.1}ms {:>9.1}% {:>8} {:>16}  {}\n",
+                    "{:>4} {:>12.0} {:>8.1}ms {:>9.1}% {:>8} {:>20} {:>16}  {}\n",
                     x.gpu,
                     run.tokens_per_s,
                     run.step_s.median * 1e3,
                     run.step_s.cv * 100.0,
                     run.mfu.map_or_else(|| "-".to_string(), |m| format!("{:.1}%", m * 100.0)),
+                    of_gemm,
                     format!("{:.3} -> {:.3}", run.loss_start, run.loss_end),
                     if run.learned { "yes" } else { "NO" }
                 ));
@@ -351,6 +381,27 @@ mod tests {
         assert!((value("gpu0.train.tiny.tokens_per_s").unwrap() - good.run.tokens_per_s).abs() < 1e-9);
         assert!(value("gpus.train.tiny.tokens_per_s").unwrap() > good.run.tokens_per_s);
         assert_eq!(o.samples.iter().filter(|s| s.0 == "gpu0.train.tiny.loss").count(), 20);
+        let ceiling = good.ceiling.as_ref().unwrap();
+        assert_eq!(value("gpu0.train.tiny.gemm_ceiling_tflops"), ceiling.tflops);
+        assert_eq!(value("gpu0.train.tiny.mfu_of_gemm"), ceiling.mfu);
+        assert!(
+            o.text.contains(&format!("{:.1}% ({:.1})", ceiling.mfu.unwrap() * 100.0, ceiling.tflops.unwrap())),
+            "{}",
+            o.text
+        );
+
+        let mut wrong = trained(5);
+        wrong.ceiling.as_mut().unwrap().products[1].check.ok = false;
+        let o = judged(vec![TrainResult { gpu: 5, run: Some(wrong), error: None }]);
+        assert_eq!(o.status, RunStatus::Failed, "{}", o.text);
+        assert!(o.text.contains("FAIL GPU 5: the model's product"), "{}", o.text);
+
+        // Products measured above the datasheet: the run is invalid, the GPU named.
+        let mut fast = trained(4);
+        fast.ceiling.as_mut().unwrap().tflops = Some(fast.peak_tflops.unwrap() * 1.2);
+        let o = judged(vec![TrainResult { gpu: 4, run: Some(fast), error: None }]);
+        assert_eq!(o.status, RunStatus::Invalid, "{}", o.text);
+        assert!(o.report.invalid_reason().unwrap().contains("GPU 4: the model's products reached"), "{}", o.text);
 
         let o = judged(vec![TrainResult { gpu: 2, run: Some(impossible), error: None }]);
         assert_eq!(o.status, RunStatus::Invalid);
