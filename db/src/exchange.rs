@@ -69,9 +69,9 @@ pub(crate) struct SoftwareRec<'a> {
 }
 
 /// A string of an export line, borrowed from the file's text unless it holds JSON escapes. A run's
-/// values carry millions of them (names, units, directions); owning each one was a fifth of a
-/// fleet import's CPU time in the allocator, and dropping them after the commit another tenth of
-/// a second.
+/// values carry millions of them (names, units, directions); owning each one (an allocation, and
+/// a free after the commit) kept a fleet import of 2.4 M metric rows at 2.66 s, against 2.14 s
+/// borrowed.
 #[derive(Deserialize)]
 #[serde(transparent)]
 pub(crate) struct Text<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
