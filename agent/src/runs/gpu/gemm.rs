@@ -10,7 +10,7 @@ use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, ChildError, Prepared, PEAK_MARGIN,
+    interpret, judged_status, read_document, render_verdict, run_all, wrong_by, ChildError, Prepared, PEAK_MARGIN,
     TELEMETRY_INTERVAL,
 };
 use crate::inventory::Inventory;
@@ -268,10 +268,7 @@ fn judge(
         }
         let Some(g) = &r.run else { continue };
         if !g.check.ok {
-            failures.push(format!(
-                "{at} computed wrong: C[{}][{}] is off by {:.3e} times its allowed error",
-                g.check.worst_at.0, g.check.worst_at.1, g.check.worst_ratio
-            ));
+            failures.push(format!("{at} computed wrong: {}", wrong_by(&g.check)));
         }
         if let Some(p) = r.peak_tflops.filter(|p| g.tflops_best > p * (1.0 + PEAK_MARGIN)) {
             above.push(format!(
@@ -290,10 +287,7 @@ fn judge(
         let peak = prepared_peak(&results, sw.gpu, &sw.dtype);
         for g in sw.sweep.iter().flat_map(|s| &s.results) {
             if !g.check.ok {
-                failures.push(format!(
-                    "{at} computed wrong at {}: C[{}][{}] is off by {:.3e} times its allowed error",
-                    g.shape, g.check.worst_at.0, g.check.worst_at.1, g.check.worst_ratio
-                ));
+                failures.push(format!("{at} computed wrong at {}: {}", g.shape, wrong_by(&g.check)));
             }
             if let Some(p) = peak.filter(|p| g.tflops_best > p * (1.0 + PEAK_MARGIN)) {
                 above.push(format!(

@@ -136,6 +136,12 @@ pub(super) fn judged_status(invalid: &Option<String>, failures: &[String], unsta
     }
 }
 
+/// Where a checked product went wrong, in words: "C[1][2] is off by 4.000e1 times its allowed
+/// error" (the GEMM benchmark, its sweep, and the training run's own products say it alike).
+pub(super) fn wrong_by(check: &kiln_gpu::gemm::Check) -> String {
+    format!("C[{}][{}] is off by {:.3e} times its allowed error", check.worst_at.0, check.worst_at.1, check.worst_ratio)
+}
+
 /// The lines every GPU benchmark's text ends with: each failure, the status (with why it is
 /// `invalid`), then the telemetry's summary lines.
 pub(super) fn render_verdict(

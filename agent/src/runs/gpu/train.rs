@@ -16,7 +16,8 @@ use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+    interpret, judged_status, read_document, render_verdict, run_all, wrong_by, Prepared, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
 };
 use crate::inventory::Inventory;
 use crate::render::Progress;
@@ -165,8 +166,10 @@ fn judge(
         }
         for p in t.ceiling.iter().flat_map(|c| &c.products).filter(|p| !p.check.ok) {
             failures.push(format!(
-                "{at}: the model's product {} in {} computed wrong ({:.1}× the allowed error at row {}, column {})",
-                p.shape, p.dtype, p.check.worst_ratio, p.check.worst_at.0, p.check.worst_at.1
+                "{at}: the model's product {} in {} computed wrong: {}",
+                p.shape,
+                p.dtype,
+                wrong_by(&p.check)
             ));
         }
         if let (Some(c), Some(peak)) = (t.ceiling.as_ref().and_then(|c| c.tflops), t.peak_tflops) {
