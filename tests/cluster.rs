@@ -620,3 +620,198 @@ fn nccl_collectives_hand_rank_0s_id_to_every_rank_and_keep_the_slowest_ranks_tim
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("NCCL has no all-to-all call"));
 }
+
+/// A stand-in for kiln-gpu's `train` on every rank: `nccl-id` prints an id made from its pid
+/// (counting its calls); `train` writes its arguments down and prints `train-RANK-RANKS.json`
+/// (`--rank`/`--ranks` absent: 0 of 1), exiting with the status in `train-RANK-RANKS.status`.
+fn train_stand_in(dir: &Path) -> PathBuf {
+    let script = dir.join("kiln-gpu");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         dir=$(dirname \"$0\")\n\
+         if [ \"$1\" = nccl-id ]; then echo call >> \"$dir/nccl-id-calls\"; \
+            printf '{\"schema_version\":1,\"nccl_id\":\"%0256x\"}\\n' $$; exit 0; fi\n\
+         echo \"$*\" >> \"$dir/train-calls\"\n\
+         shift\n\
+         rank=0; ranks=1\n\
+         while [ $# -gt 1 ]; do\n\
+           case \"$1\" in --rank) rank=$2;; --ranks) ranks=$2;; esac\n\
+           shift 2\n\
+         done\n\
+         cat \"$dir/train-$rank-$ranks.json\"\n\
+         exit $(cat \"$dir/train-$rank-$ranks.status\" 2>/dev/null || echo 0)\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// Rank `rank` of `ranks`: `trained` at `tokens_per_s`, with the all-reduce's share where it had
+/// peers.
+fn train_part(trained: &kiln_gpu::train::Report, rank: usize, ranks: usize, tokens_per_s: f64) -> Value {
+    let mut doc = trained.clone();
+    doc.device = rank;
+    doc.run.tokens_per_s = tokens_per_s;
+    doc.run.mfu = Some(tokens_per_s * doc.run.flops_per_token / 989e12);
+    doc.run.parallel = (ranks > 1).then(|| kiln_bench::train::ParallelStats {
+        rank,
+        ranks,
+        gradient_values: doc.run.parameters,
+        comm_s: kiln_bench::stats::summarize(&[0.002, 0.002]).unwrap(),
+        comm_share: 0.05 * ranks as f64 + 0.01 * rank as f64,
+    });
+    let mut doc = serde_json::to_value(doc).unwrap();
+    doc["schema_version"] = 1.into();
+    doc
+}
+
+#[test]
+// Long: one job's whole story — the ids, the curve, the stored metrics, then a rank that fails and one that does not learn.
+fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_world() {
+    let Some(kiln_mpi) = mpi_kiln("nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_world")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stand = tempfile::tempdir().unwrap();
+    let program = train_stand_in(stand.path());
+    // One real run of the tiny model through kiln-gpu's own training path (on the CPU), each
+    // rank's document that run at its own speed: 1000 tokens/s alone, less with peers.
+    let options = kiln_gpu::train::Options {
+        device: 0,
+        size: "tiny".into(),
+        steps: Some(20),
+        batch: None,
+        precision: kiln_gpu::gemm::Precision::Bf16,
+        as_rank: None,
+    };
+    let trained = kiln_gpu::train::measure(
+        &candle_core::Device::Cpu,
+        &options,
+        Some("NVIDIA H100 80GB HBM3".into()),
+        |_, _, _| {},
+        None,
+    )
+    .unwrap();
+    assert!(trained.run.learned);
+    let speed =
+        |rank: usize, ranks: usize| 1000.0 - if ranks > 1 { 40.0 * ranks as f64 + 10.0 * rank as f64 } else { 0.0 };
+    let write = |rank: usize, ranks: usize, doc: &Value, status: u8| {
+        std::fs::write(stand.path().join(format!("train-{rank}-{ranks}.json")), doc.to_string()).unwrap();
+        std::fs::write(stand.path().join(format!("train-{rank}-{ranks}.status")), status.to_string()).unwrap();
+    };
+    for ranks in [1, 2, 4] {
+        for rank in 0..ranks {
+            write(rank, ranks, &train_part(&trained, rank, ranks, speed(rank, ranks)), 0);
+        }
+    }
+    let args = "cluster train --nccl --size tiny --steps 20 --json";
+    let run_job = |extra: &str| {
+        let (mut cmd, script) = mpirun_command(&kiln_mpi, 4, dir.path(), &format!("{args}{extra}"));
+        cmd.env("KILN_GPU", &program).env_remove("CUDA_VISIBLE_DEVICES");
+        let _job = crate::util::machine_to_itself();
+        Run { cmdline: format!("mpirun -np 4 sh -c {script:?}"), output: cmd.output().unwrap() }
+    };
+    let run = run_job("");
+    assert_eq!(run.code(), Some(0), "{}", run.describe());
+
+    // Alone, rank 0 trains without NCCL; each group of 2 and 4 gets an id of its own, made once
+    // by rank 0, and each rank of it trains on its local rank's GPU as rank r of the group.
+    assert_eq!(std::fs::read_to_string(stand.path().join("nccl-id-calls")).unwrap().lines().count(), 2);
+    let log = std::fs::read_to_string(stand.path().join("train-calls")).unwrap();
+    let calls: Vec<&str> = log.lines().collect();
+    assert_eq!(calls.len(), 1 + 2 + 4, "{log}");
+    let alone: Vec<&&str> = calls.iter().filter(|c| !c.contains("--nccl-id")).collect();
+    assert_eq!(alone.len(), 1, "{log}");
+    assert!(alone[0].contains("--device 0 --size tiny --dtype bf16 --steps 20"), "{log}");
+    let id_of = |call: &str| call.split("--nccl-id ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let mut ids = std::collections::BTreeSet::new();
+    for ranks in [2usize, 4] {
+        let group: Vec<&&str> = calls.iter().filter(|c| c.ends_with(&format!("--ranks {ranks}"))).collect();
+        assert_eq!(group.len(), ranks, "{log}");
+        let id = id_of(group[0]);
+        assert_eq!(id.len(), 256);
+        for rank in 0..ranks {
+            let mine = format!("--device {rank} ");
+            let call = group.iter().find(|c| c.contains(&mine)).unwrap_or_else(|| panic!("rank {rank}: {log}"));
+            assert!(call.contains(&format!("--nccl-id {id} --rank {rank} --ranks {ranks}")), "{call}");
+        }
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 2, "a fresh id per group");
+
+    let doc = document(&run);
+    let report = &doc["report"];
+    assert_eq!(report["library"], "NCCL");
+    assert_eq!(report["gpu"], "NVIDIA H100 80GB HBM3");
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["ranks"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 4]);
+    for r in rows {
+        let k = r["ranks"].as_u64().unwrap() as usize;
+        let per_rank = (0..k).map(|rank| speed(rank, k)).sum::<f64>() / k as f64;
+        let near = |field: &str, want: f64| {
+            let got = r[field].as_f64().unwrap();
+            assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "{field} at {k}: {got} against {want}");
+        };
+        near("tokens_per_s_per_rank", per_rank);
+        near("efficiency", per_rank / 1000.0);
+        // The largest rank's share: the slowest to leave the all-reduce.
+        near("comm_share", if k > 1 { 0.05 * k as f64 + 0.01 * (k - 1) as f64 } else { 0.0 });
+        near("mfu", per_rank * trained.run.flops_per_token / 989e12);
+        assert_eq!(r["learned"], true);
+    }
+    let runs = stored(dir.path(), 4, "scaling");
+    assert_eq!(runs.len(), 4, "every rank stores its part");
+    let shown = kiln(
+        &[
+            "--db",
+            dir.path().join("db0.sqlite").to_str().unwrap(),
+            "show",
+            "run",
+            runs[0].1["id"].as_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    )
+    .success()
+    .json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for name in
+        ["cluster.train.nccl.tokens_per_s_per_rank", "cluster.train.nccl.scaling_efficiency", "cluster.train.nccl.mfu"]
+    {
+        assert!(names.contains(&name), "the GPUs' figures apart from the CPUs': {name} in {names:?}");
+    }
+
+    // Rank 3's GPU fails at the full world: it says why, and the job stops.
+    write(3, 4, &serde_json::json!({"schema_version": 1, "error": "CUDA_ERROR_OUT_OF_MEMORY"}), 2);
+    let failed = run_job(" --no-save");
+    assert_eq!(failed.code(), Some(2), "{}", failed.describe());
+    let err = failed.stderr();
+    // Whichever rank's message mpirun lets out before it stops the rest, it names rank 3 and why.
+    assert!(
+        err.contains("rank 3 could not train on 4 ranks (rank 3: ") && err.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{err}"
+    );
+    // Rank 1's model does not learn with four: the run fails its check, exit 1.
+    write(3, 4, &train_part(&trained, 3, 4, speed(3, 4)), 0);
+    let mut lazy = train_part(&trained, 1, 4, speed(1, 4));
+    lazy["run"]["learned"] = false.into();
+    write(1, 4, &lazy, 0);
+    let unlearned = run_job(" --no-save");
+    assert_eq!(unlearned.code(), Some(1), "{}", unlearned.describe());
+    assert_eq!(document(&unlearned)["report"]["rows"][2]["learned"], false);
+    // --dtype belongs to --nccl, and f16 is refused before any rank starts.
+    for (extra, says) in [("--dtype bf16", "--nccl"), ("--nccl --dtype f16", "f16 would need loss scaling")] {
+        let mut all = vec!["cluster", "train"];
+        all.extend(extra.split(' '));
+        let refused = Command::new(&kiln_mpi).args(&all).output().unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{extra}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains(says),
+            "{extra}: {}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+}

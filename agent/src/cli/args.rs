@@ -886,6 +886,13 @@ pub enum ClusterCmd {
         /// Sequences per step per rank [default: the preset's]
         #[arg(long)]
         batch: Option<usize>,
+        /// Train on each rank's GPU through kiln-gpu, NCCL summing the gradients (rank 0's NCCL id
+        /// handed to every rank over MPI), instead of on the CPUs over MPI
+        #[arg(long)]
+        nccl: bool,
+        /// With --nccl: how the products run, bf16 (mixed precision), tf32 or f32 [default: bf16]
+        #[arg(long, requires = "nccl")]
+        dtype: Option<String>,
         #[command(flatten)]
         store: Store,
     },

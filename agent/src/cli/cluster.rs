@@ -88,7 +88,10 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
             }
             keep(ctx, outcome, store, slow, &job)
         }
-        ClusterCmd::Train { size, steps, batch, store } => train(size, steps, batch, (store, stall), ctx),
+        ClusterCmd::Train { size, steps, batch, nccl, dtype, store } => {
+            let gpu = nccl.then(|| dtype.unwrap_or_else(|| "bf16".into()));
+            train(size, (steps, batch), gpu, (store, stall), ctx)
+        }
         ClusterCmd::Collectives { min_bytes, max_bytes, ops, iterations, warmup, seconds_per_size, nccl, store } => {
             anyhow::ensure!(min_bytes <= max_bytes, "--min-bytes is above --max-bytes");
             anyhow::ensure!(
@@ -167,22 +170,38 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
     Ok(ctx.output(&view)?.with_exit(exit))
 }
 
-/// `kiln cluster train`: the weak-scaling curve, each rank storing its part.
+/// `kiln cluster train`: the weak-scaling curve, each rank storing its part; `gpu`: on the GPUs
+/// through kiln-gpu and NCCL, the products in that precision.
 fn train(
     size: args::Size,
-    steps: Option<usize>,
-    batch: Option<usize>,
+    (steps, batch): (Option<usize>, Option<usize>),
+    gpu: Option<String>,
     (store, stall): (args::Store, std::time::Duration),
     ctx: &Ctx,
 ) -> Result<Output> {
     anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
     preflight(ctx, store)?;
-    let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
-    train.steps = steps.unwrap_or(train.steps);
-    train.batch = batch.unwrap_or(train.batch);
-    train.warmup_steps = (train.steps / 10).max(2).min(train.steps);
-    train.validate()?;
-    let config = TrainConfig { train };
+    let train = match &gpu {
+        // kiln-gpu's own reading of the options, so that every rank refuses what it would.
+        Some(dtype) => kiln_gpu::train::Options {
+            device: 0,
+            size: size.name().to_string(),
+            steps,
+            batch,
+            precision: kiln_gpu::gemm::Precision::parse(dtype)?,
+            as_rank: None,
+        }
+        .config()?,
+        None => {
+            let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
+            train.steps = steps.unwrap_or(train.steps);
+            train.batch = batch.unwrap_or(train.batch);
+            train.warmup_steps = (train.steps / 10).max(2).min(train.steps);
+            train.validate()?;
+            train
+        }
+    };
+    let config = TrainConfig { train, nccl: gpu.is_some(), dtype: gpu };
     let started_at = now_rfc3339();
     let (report, job) = cluster::train(&config, stall)?;
     let learned = report.rows.iter().all(|r| r.learned);

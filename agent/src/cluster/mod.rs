@@ -552,6 +552,25 @@ impl CollectivesReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainConfig {
     pub train: kiln_bench::train::Config,
+    /// On each rank's GPU through kiln-gpu, the gradients all-reduced by NCCL (else on the CPUs
+    /// over MPI).
+    #[serde(default)]
+    pub nccl: bool,
+    /// With `nccl`: how the products run (`bf16`, `tf32`, `f32`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+}
+
+impl TrainConfig {
+    /// What the metrics are named under: `cluster.train.` on CPUs over MPI, `cluster.train.nccl.`
+    /// on GPUs (a different machine's figures, never compared with the CPUs').
+    pub fn prefix(&self) -> &'static str {
+        if self.nccl {
+            "cluster.train.nccl."
+        } else {
+            "cluster.train."
+        }
+    }
 }
 
 /// The rank counts a weak-scaling curve is measured at: 1, 2, 4 … below `world`, then `world`.
@@ -576,6 +595,47 @@ pub struct ScalingRow {
     /// The mean loss of the last steps (the same on every rank: the loss is averaged too).
     pub loss_end: f64,
     pub learned: bool,
+    /// Model FLOP utilisation, the mean over the ranks, where the device's peak is known (GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+}
+
+/// What each rank of a `k`-rank group measured, for [`ScalingRow::of`]: tokens/s, the
+/// all-reduce's share of a step, the end loss, whether it learned (1 or 0), MFU (NaN: unknown).
+pub const ROW_VALUES: usize = 5;
+
+impl ScalingRow {
+    /// This rank's values for the gather ([`ROW_VALUES`] of them); NaN where it did not train.
+    pub fn mine(report: Option<&kiln_bench::train::Report>) -> [f64; ROW_VALUES] {
+        match report {
+            None => [f64::NAN; ROW_VALUES],
+            Some(r) => [
+                r.tokens_per_s,
+                r.parallel.as_ref().map_or(0.0, |p| p.comm_share),
+                r.loss_end,
+                f64::from(u8::from(r.learned)),
+                r.mfu.unwrap_or(f64::NAN),
+            ],
+        }
+    }
+
+    /// The point of `k` ranks from every rank's gathered values (the first `k` ranks trained);
+    /// efficiency against `single`, the one-rank point's tokens/s (none: this is that point).
+    pub fn of(k: usize, gathered: &[f64], single: Option<f64>) -> ScalingRow {
+        let members: Vec<&[f64]> = gathered.chunks(ROW_VALUES).take(k).collect();
+        let per_rank = members.iter().map(|m| m[0]).sum::<f64>() / k as f64;
+        let mfu: Vec<f64> = members.iter().map(|m| m[4]).filter(|v| v.is_finite()).collect();
+        ScalingRow {
+            ranks: k,
+            tokens_per_s_per_rank: per_rank,
+            tokens_per_s_total: per_rank * k as f64,
+            efficiency: per_rank / single.unwrap_or(per_rank),
+            comm_share: members.iter().map(|m| m[1]).fold(0.0, f64::max),
+            loss_end: members[0][2],
+            learned: members.iter().all(|m| m[3] == 1.0),
+            mfu: (mfu.len() == members.len()).then(|| mfu.iter().sum::<f64>() / mfu.len() as f64),
+        }
+    }
 }
 
 /// `kiln cluster train`.
@@ -586,6 +646,12 @@ pub struct TrainScalingReport {
     pub rows: Vec<ScalingRow>,
     /// This rank's run at the full world size (its loss curve is the job's).
     pub run: kiln_bench::train::Report,
+    /// What summed the gradients: the MPI library's description, or NCCL.
+    #[serde(default)]
+    pub library: String,
+    /// The GPU this rank trained on (`nccl`), as kiln-gpu named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
     pub config: TrainConfig,
 }
 
@@ -607,9 +673,21 @@ impl Part for TrainScalingReport {
 impl TrainScalingReport {
     pub fn render(&self) -> String {
         let c = &self.config.train;
+        let on = match (&self.config.dtype, &self.gpu) {
+            (Some(dtype), gpu) if self.config.nccl => {
+                format!(
+                    "on GPUs ({}, {dtype} products{}), ",
+                    self.library,
+                    gpu.as_ref().map_or(String::new(), |g| format!("; rank {}: {g}", self.job.rank))
+                )
+            }
+            _ if !self.library.is_empty() => format!("on CPUs ({}), ", self.library.lines().next().unwrap_or_default()),
+            _ => String::new(),
+        };
+        let mfu = self.rows.iter().any(|r| r.mfu.is_some());
         let mut out = format!(
-            "data-parallel training, weak scaling: {} ({} layers, d_model {}), batch {} x seq {} per rank, {} steps; \
-             cluster run {}\n{:>6} {:>14} {:>14} {:>10} {:>10} {:>10}\n",
+            "data-parallel training, weak scaling, {on}{} ({} layers, d_model {}), batch {} x seq {} per rank, {} steps; \
+             cluster run {}\n{:>6} {:>14} {:>14} {:>10} {:>10} {:>10}{}\n",
             c.size,
             c.layers,
             c.d_model,
@@ -622,17 +700,23 @@ impl TrainScalingReport {
             "tok/s total",
             "efficiency",
             "comm",
-            "loss end"
+            "loss end",
+            if mfu { format!(" {:>7}", "MFU") } else { String::new() }
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "{:>6} {:>14.0} {:>14.0} {:>9.1}% {:>9.1}% {:>10.3}{}\n",
+                "{:>6} {:>14.0} {:>14.0} {:>9.1}% {:>9.1}% {:>10.3}{}{}\n",
                 r.ranks,
                 r.tokens_per_s_per_rank,
                 r.tokens_per_s_total,
                 100.0 * r.efficiency,
                 100.0 * r.comm_share,
                 r.loss_end,
+                match (mfu, r.mfu) {
+                    (true, Some(m)) => format!(" {:>6.1}%", 100.0 * m),
+                    (true, None) => format!(" {:>7}", "-"),
+                    _ => String::new(),
+                },
                 if r.learned { "" } else { "  DID NOT LEARN" }
             ));
         }
@@ -647,6 +731,9 @@ impl TrainScalingReport {
             out.push(("scaling.tokens_per_s_per_rank".to_string(), k, r.tokens_per_s_per_rank));
             out.push(("scaling.efficiency".to_string(), k, r.efficiency));
             out.push(("scaling.comm_share".to_string(), k, r.comm_share));
+            if let Some(mfu) = r.mfu {
+                out.push(("scaling.mfu".to_string(), k, mfu));
+            }
         }
         out.extend(self.run.loss_curve.iter().enumerate().map(|(i, l)| ("scaling.loss".to_string(), i as i64, *l)));
         out
@@ -661,11 +748,16 @@ impl TrainScalingReport {
             unit: unit.into(),
             direction,
         };
-        vec![
-            m("cluster.train.tokens_per_s_per_rank", last.tokens_per_s_per_rank, "tokens/s", Better::Higher),
-            m("cluster.train.scaling_efficiency", last.efficiency, "ratio", Better::Higher),
-            m("cluster.train.comm_share", last.comm_share, "ratio", Better::Lower),
-        ]
+        let p = self.config.prefix();
+        let mut out = vec![
+            m(&format!("{p}tokens_per_s_per_rank"), last.tokens_per_s_per_rank, "tokens/s", Better::Higher),
+            m(&format!("{p}scaling_efficiency"), last.efficiency, "ratio", Better::Higher),
+            m(&format!("{p}comm_share"), last.comm_share, "ratio", Better::Lower),
+        ];
+        if let Some(mfu) = last.mfu {
+            out.push(m(&format!("{p}mfu"), mfu, "ratio", Better::Higher));
+        }
+        out
     }
 }
 

@@ -18,7 +18,7 @@ use mpi::traits::*;
 use super::{
     above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
     CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, Rank, ScalingRow,
-    TrainConfig, TrainScalingReport, Watchdog,
+    TrainConfig, TrainScalingReport, Watchdog, ROW_VALUES,
 };
 use crate::render::Progress;
 
@@ -84,18 +84,40 @@ fn world_of(
 
 /// Every rank says whether its setup worked; all stop if one did not, naming it.
 fn agree<T>(world: &SimpleCommunicator, mine: Result<T>) -> Result<T> {
+    agree_on(world, "set up", mine)
+}
+
+/// Every rank says whether it could `what`; all stop if one could not, naming it with its reason
+/// (the failing ranks' errors are gathered, so that whichever rank's message the launcher shows
+/// before it stops the others says why: `mpirun` kills the rest when one rank exits with an error).
+fn agree_on<T>(world: &SimpleCommunicator, what: &str, mine: Result<T>) -> Result<T> {
     let failed = u8::from(mine.is_err());
     let mut all = vec![0u8; world.size() as usize];
     world.all_gather_into(&failed, &mut all[..]);
-    let bad: Vec<String> = all.iter().enumerate().filter(|(_, &f)| f == 1).map(|(r, _)| r.to_string()).collect();
-    match mine {
-        Err(e) => Err(e.context(format!("rank {} could not set up", world.rank()))),
-        Ok(_) if !bad.is_empty() => {
-            anyhow::bail!("rank(s) {} could not set up (their own error says why); every rank stopped", bad.join(", "))
-        }
-        Ok(v) => Ok(v),
+    let bad: Vec<usize> = all.iter().enumerate().filter(|(_, &f)| f == 1).map(|(r, _)| r).collect();
+    if bad.is_empty() {
+        return mine;
     }
+    // One line per failing rank, cut at a character boundary to what the gather carries.
+    let mut reason = mine.as_ref().err().map(|e| format!("{e:#}").replace('\n', " ")).unwrap_or_default();
+    let mut cut = reason.len().min(REASON_BYTES);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    reason.truncate(cut);
+    let reasons = gather_strings(world, &reason, REASON_BYTES);
+    let said: Vec<String> = bad.iter().map(|&r| format!("rank {r}: {}", reasons[r])).collect();
+    let who: Vec<String> = bad.iter().map(usize::to_string).collect();
+    anyhow::bail!(
+        "rank{} {} could not {what} ({}); every rank stopped",
+        if bad.len() > 1 { "s" } else { "" },
+        who.join(", "),
+        said.join("; ")
+    )
 }
+
+/// How much of a failing rank's error [`agree_on`] hands to the others.
+const REASON_BYTES: usize = 512;
 
 /// Every rank's `text`, at most `width` bytes each.
 fn gather_strings(world: &SimpleCommunicator, text: &str, width: usize) -> Vec<String> {
@@ -461,27 +483,17 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     Ok((report, Job { universe, watchdog }))
 }
 
-/// The collectives through NCCL, one GPU per rank: kiln-gpu does the work (CUDA lives only
-/// there), rank 0's `kiln-gpu nccl-id` reaches every rank over MPI, each rank runs its part as
-/// `kiln-gpu collectives --nccl-id … --rank r --ranks n`, and a size's time is the slowest rank's
-/// (as nccl-tests reports across processes). Returns the rows, whether every rank's every result
-/// was right, and NCCL's version.
-fn over_nccl(
-    world: &SimpleCommunicator,
-    launch: &Option<Launch>,
-    watchdog: &Watchdog,
-    config: &CollectivesConfig,
-    stall: Duration,
-) -> Result<(Vec<CollectiveRow>, bool, String)> {
-    use crate::runs::gpu::{interpret, locate, read_document, run_all_seeing, Visible};
-    use kiln_gpu::collectives::{NcclId, Report as Part};
-    let (rank, n) = (world.rank() as usize, world.size() as usize);
+/// NCCL's unique id for a job over `world`: rank 0 runs `kiln-gpu nccl-id`, and the id (or rank
+/// 0's failure) reaches every rank over MPI.
+fn shared_nccl_id(world: &SimpleCommunicator, program: &Path, watchdog: &Watchdog) -> Result<String> {
+    use crate::runs::gpu::{interpret, read_document, run_all_seeing, Visible};
+    use kiln_gpu::collectives::NcclId;
+    let rank = world.rank() as usize;
     let never = std::sync::atomic::AtomicBool::new(false);
-    let program = agree(world, locate().map_err(|s| anyhow::anyhow!("{s}")))?;
     watchdog.at("rank 0 making NCCL's unique id");
     let made: Result<String> = if rank == 0 {
         let timeout = Duration::from_secs(120);
-        let ended = run_all_seeing(&program, &[vec!["nccl-id".to_string()]], timeout, &never, Visible::Launcher);
+        let ended = run_all_seeing(program, &[vec!["nccl-id".to_string()]], timeout, &never, Visible::Launcher);
         let (doc, error) = read_document::<NcclId>(interpret(&ended[0], timeout), "nccl-id");
         match (doc, error) {
             (Some(d), _) if d.nccl_id.len() == 256 => Ok(d.nccl_id),
@@ -508,10 +520,39 @@ fn over_nccl(
         shared[0] == 1,
         "rank 0 could not make NCCL's unique id (its own error says why); every rank stopped"
     );
-    let hex = if rank == 0 { made } else { String::from_utf8_lossy(&shared[1..]).into_owned() };
-    // The GPU: the one the launcher left this rank, else its local rank's.
+    Ok(if rank == 0 { made } else { String::from_utf8_lossy(&shared[1..]).into_owned() })
+}
+
+/// This rank's GPU, as CUDA numbers what it sees: the one the launcher left it
+/// (`CUDA_VISIBLE_DEVICES` of one GPU), else its local rank's.
+fn rank_gpu(launch: &Option<Launch>) -> usize {
     let one_visible = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| !v.is_empty() && !v.contains(','));
-    let device = if one_visible { 0 } else { launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0) };
+    if one_visible {
+        0
+    } else {
+        launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0)
+    }
+}
+
+/// The collectives through NCCL, one GPU per rank: kiln-gpu does the work (CUDA lives only
+/// there), rank 0's `kiln-gpu nccl-id` reaches every rank over MPI, each rank runs its part as
+/// `kiln-gpu collectives --nccl-id … --rank r --ranks n`, and a size's time is the slowest rank's
+/// (as nccl-tests reports across processes). Returns the rows, whether every rank's every result
+/// was right, and NCCL's version.
+fn over_nccl(
+    world: &SimpleCommunicator,
+    launch: &Option<Launch>,
+    watchdog: &Watchdog,
+    config: &CollectivesConfig,
+    stall: Duration,
+) -> Result<(Vec<CollectiveRow>, bool, String)> {
+    use crate::runs::gpu::{interpret, locate, read_document, run_all_seeing, Visible};
+    use kiln_gpu::collectives::Report as Part;
+    let (rank, n) = (world.rank() as usize, world.size() as usize);
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let program = agree(world, locate().map_err(|s| anyhow::anyhow!("{s}")))?;
+    let hex = shared_nccl_id(world, &program, watchdog)?;
+    let device = rank_gpu(launch);
     let ops: Vec<&str> = config.collectives.iter().map(|c| c.name()).collect();
     let mut args: Vec<String> = ["collectives", "--nccl-id", &hex].iter().map(|s| s.to_string()).collect();
     for (flag, value) in [
@@ -605,10 +646,11 @@ impl DataParallel for Gradients<'_> {
 }
 
 /// The reference training run, data-parallel, on 1, 2, 4 … N ranks (the first k of the world; the
-/// others wait), each with the same per-rank batch. The training ranks' watchdog counts from each
-/// step; a waiting rank's allows what the training ranks' own watchdogs allow them (setting up,
-/// every step and summing up, a limit each), so it stops too where a training rank hangs and the
-/// launcher lets the others run on.
+/// others wait), each with the same per-rank batch: on the CPUs with MPI summing the gradients, or
+/// (`config.nccl`) on each rank's GPU through `kiln-gpu train`, NCCL summing them. The training
+/// ranks' watchdog counts from each step; a waiting rank's allows what the training ranks' own
+/// watchdogs allow them (setting up, every step and summing up, a limit each), so it stops too
+/// where a training rank hangs and the launcher lets the others run on.
 ///
 /// # Errors
 /// MPI cannot start, the launcher and MPI disagree, or training fails.
@@ -622,58 +664,129 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     let progress = Progress::new();
     let mut rows: Vec<ScalingRow> = Vec::new();
     let mut last = None;
+    // With NCCL: kiln-gpu, found on every rank before any trains.
+    let program = match config.nccl {
+        true => Some(agree(&world, crate::runs::gpu::locate().map_err(|s| anyhow::anyhow!("{s}")))?),
+        false => None,
+    };
+    let mut gpu = None;
     for k in super::scaling_steps(size) {
         let member = rank < k;
-        let color = if member { Color::with_value(0) } else { Color::undefined() };
-        let mut mine = [f64::NAN; 4]; // tokens/s, comm share, loss end, learned
-        watchdog.at(format!("forming the {k}-rank group"));
-        let group = world.split_by_color(color);
-        if group.is_none() {
-            // The group's ranks stop by themselves after a limit without a step, so the whole
-            // phase takes at most a limit per step plus setting up, summing up and the gather.
-            let bound = u32::try_from(config.train.steps).unwrap_or(u32::MAX).saturating_add(3);
-            watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1), bound);
+        let report = match &program {
+            Some(program) => {
+                if rank == 0 {
+                    progress.update(&format!("{k} ranks: training in kiln-gpu"));
+                }
+                let part = nccl_group(&world, (program, &launch), &watchdog, config, (k, stall))?;
+                if let Some(p) = &part {
+                    gpu.clone_from(&p.name);
+                }
+                part.map(|p| p.run)
+            }
+            None => mpi_group(&world, &watchdog, config, k, &progress)?,
+        };
+        let mine = ScalingRow::mine(report.as_ref());
+        if member {
+            last = report;
         }
-        if let Some(comm) = group {
-            let mut dp = Gradients { comm: &comm, send: Vec::new() };
-            let report = kiln_bench::train::run_parallel(
-                &config.train,
-                None,
-                |step, steps, loss| {
-                    watchdog.at(format!("training on {k} ranks, step {step}/{steps}"));
-                    if rank == 0 {
-                        progress.update(&format!("{k} ranks: step {step}/{steps}, loss {loss:.3}"));
-                    }
-                },
-                (k > 1).then_some(&mut dp as &mut dyn DataParallel),
-            )
-            .map_err(|e| anyhow::anyhow!("training on {k} ranks: {e}"))?;
-            let share = report.parallel.as_ref().map_or(0.0, |p| p.comm_share);
-            mine = [report.tokens_per_s, share, report.loss_end, f64::from(u8::from(report.learned))];
-            last = Some(report);
-        }
-        let mut all = vec![0f64; 4 * size];
+        let mut all = vec![0f64; ROW_VALUES * size];
         world.all_gather_into(&mine[..], &mut all[..]);
-        let members: Vec<&[f64]> = all.chunks(4).take(k).collect();
-        let per_rank = members.iter().map(|m| m[0]).sum::<f64>() / k as f64;
-        let single = rows.first().map_or(per_rank, |r| r.tokens_per_s_per_rank);
-        rows.push(ScalingRow {
-            ranks: k,
-            tokens_per_s_per_rank: per_rank,
-            tokens_per_s_total: per_rank * k as f64,
-            efficiency: per_rank / single,
-            comm_share: members.iter().map(|m| m[1]).fold(0.0, f64::max),
-            loss_end: members[0][2],
-            learned: members.iter().all(|m| m[3] == 1.0),
-        });
+        rows.push(ScalingRow::of(k, &all, rows.first().map(|r| r.tokens_per_s_per_rank)));
     }
     progress.finish();
+    let library = match config.nccl {
+        true => "NCCL".to_string(),
+        false => library_version().unwrap_or_else(|| "MPI".into()),
+    };
     let report = TrainScalingReport {
         job: Rank { cluster_id: id, rank, world_size: size, launcher: launch },
         rows,
         run: last.context("every rank trains at the full world size")?,
+        library,
+        gpu,
         config: config.clone(),
     };
     drop(world);
     Ok((report, Job { universe, watchdog }))
+}
+
+/// One point of the CPU curve: the first `k` ranks train over a communicator of their own, MPI
+/// summing the gradients; the others wait. This rank's run, if it trained.
+fn mpi_group(
+    world: &SimpleCommunicator,
+    watchdog: &Watchdog,
+    config: &TrainConfig,
+    k: usize,
+    progress: &Progress,
+) -> Result<Option<kiln_bench::train::Report>> {
+    let rank = world.rank() as usize;
+    let color = if rank < k { Color::with_value(0) } else { Color::undefined() };
+    watchdog.at(format!("forming the {k}-rank group"));
+    let Some(comm) = world.split_by_color(color) else {
+        // The group's ranks stop by themselves after a limit without a step, so the whole
+        // phase takes at most a limit per step plus setting up, summing up and the gather.
+        let bound = u32::try_from(config.train.steps).unwrap_or(u32::MAX).saturating_add(3);
+        watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1), bound);
+        return Ok(None);
+    };
+    let mut dp = Gradients { comm: &comm, send: Vec::new() };
+    let report = kiln_bench::train::run_parallel(
+        &config.train,
+        None,
+        |step, steps, loss| {
+            watchdog.at(format!("training on {k} ranks, step {step}/{steps}"));
+            if rank == 0 {
+                progress.update(&format!("{k} ranks: step {step}/{steps}, loss {loss:.3}"));
+            }
+        },
+        (k > 1).then_some(&mut dp as &mut dyn DataParallel),
+    )
+    .map_err(|e| anyhow::anyhow!("training on {k} ranks: {e}"))?;
+    Ok(Some(report))
+}
+
+/// One point of the GPU curve: for more than one rank a fresh NCCL id from rank 0, then the first
+/// `k` ranks each run `kiln-gpu train` on their GPU as rank r of `k` (the others wait), every rank
+/// agreeing that each run worked — one that did not is named and every rank stops. kiln-gpu says
+/// nothing until it ends, so its limit is a stall limit per step and four more for CUDA's and
+/// NCCL's set-up and the GEMM ceiling it measures after the run. This rank's document, if it trained.
+fn nccl_group(
+    world: &SimpleCommunicator,
+    (program, launch): (&Path, &Option<Launch>),
+    watchdog: &Watchdog,
+    config: &TrainConfig,
+    (k, stall): (usize, Duration),
+) -> Result<Option<kiln_gpu::train::Report>> {
+    use crate::runs::gpu::{interpret, read_document, run_all_seeing, Visible};
+    let rank = world.rank() as usize;
+    let hex = if k > 1 { Some(shared_nccl_id(world, program, watchdog)?) } else { None };
+    let limits = u32::try_from(config.train.steps).unwrap_or(u32::MAX).saturating_add(4);
+    let part = if rank < k {
+        let device = rank_gpu(launch);
+        let c = &config.train;
+        let mut args: Vec<String> = vec!["train".into()];
+        for (flag, value) in [
+            ("--device", device.to_string()),
+            ("--size", c.size.clone()),
+            ("--dtype", config.dtype.clone().unwrap_or_else(|| "bf16".into())),
+            ("--steps", c.steps.to_string()),
+            ("--batch", c.batch.to_string()),
+        ] {
+            args.extend([flag.to_string(), value]);
+        }
+        if let Some(hex) = &hex {
+            args.extend(["--nccl-id".into(), hex.clone(), "--rank".into(), rank.to_string()]);
+            args.extend(["--ranks".into(), k.to_string()]);
+        }
+        watchdog.waiting(format!("training on {k} ranks in kiln-gpu on GPU {device}"), limits.saturating_add(1));
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let timeout = stall.saturating_mul(limits);
+        let ended = run_all_seeing(program, &[args], timeout, &never, Visible::Launcher);
+        let (doc, error) = read_document::<kiln_gpu::train::Report>(interpret(&ended[0], timeout), "train");
+        doc.map(Some).ok_or_else(|| anyhow::anyhow!("{}: train: {}", program.display(), error.unwrap_or_default()))
+    } else {
+        watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1), limits.saturating_add(2));
+        Ok(None)
+    };
+    agree_on(world, &format!("train on {k} ranks"), part)
 }

@@ -182,24 +182,31 @@ fn scaling_section(runs: &[RunDetail]) -> Option<Section> {
         |name: &str| -> Vec<(i64, f64)> { run.samples.iter().filter(|s| s.0 == name).map(|s| (s.1, s.2)).collect() };
     let (tps, eff, comm) =
         (pick("scaling.tokens_per_s_per_rank"), pick("scaling.efficiency"), pick("scaling.comm_share"));
+    // On GPUs (`--nccl`), the MFU against the datasheet too.
+    let mfu = pick("scaling.mfu");
     let rows = tps
         .iter()
         .map(|(k, t)| {
             let find = |v: &[(i64, f64)]| v.iter().find(|x| x.0 == *k).map_or(f64::NAN, |x| x.1);
-            vec![
+            let mut row = vec![
                 k.to_string(),
                 num(*t),
                 num(t * *k as f64),
                 format!("{:.1} %", 100.0 * find(&eff)),
                 format!("{:.1} %", 100.0 * find(&comm)),
-            ]
+            ];
+            if !mfu.is_empty() {
+                row.push(format!("{:.1} %", 100.0 * find(&mfu)));
+            }
+            row
         })
         .collect();
     let loss: Vec<(f64, f64)> = pick("scaling.loss").into_iter().map(|(i, l)| (i as f64, l)).collect();
     let train = &c["train"]["train"];
     Some(Section {
         heading: "Data-parallel training".into(),
-        text: vec![format!(
+        text: vec![
+            format!(
             "The reference training run ({}, batch {} x seq {} per rank, {} steps) on 1, 2, 4 ... {} ranks, gradients \
              all-reduced every step (weak scaling).",
             train["size"].as_str().unwrap_or("?"),
@@ -207,15 +214,14 @@ fn scaling_section(runs: &[RunDetail]) -> Option<Section> {
             train["seq"],
             train["steps"],
             c["world_size"]
-        )],
+        ) + if c["train"]["nccl"] == true { " On each rank's GPU, NCCL summing the gradients." } else { "" },
+        ],
         table: Some((
-            vec![
-                "ranks".into(),
-                "tokens/s per rank".into(),
-                "tokens/s".into(),
-                "efficiency".into(),
-                "all-reduce".into(),
-            ],
+            ["ranks", "tokens/s per rank", "tokens/s", "efficiency", "all-reduce", "MFU"]
+                .into_iter()
+                .take(if mfu.is_empty() { 5 } else { 6 })
+                .map(String::from)
+                .collect(),
             rows,
         )),
         charts: vec![
