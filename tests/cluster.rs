@@ -815,3 +815,159 @@ fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_worl
         );
     }
 }
+
+/// `n` ranks of `kiln --db DIR/dbRANK.sqlite ARGS…` as torchrun starts them (RANK, WORLD_SIZE,
+/// LOCAL_RANK, GROUP_RANK, MASTER_ADDR 127.0.0.1, MASTER_PORT), the default build (no MPI), each
+/// run to its end or killed after `limit`; `absent` ranks are never started. Their outputs, by
+/// rank (absent ones `None`), and how long the slowest took.
+fn torchrun(
+    n: usize,
+    dir: &Path,
+    args: &str,
+    env: &[(&str, &str)],
+    absent: &[usize],
+    limit: Duration,
+) -> (Vec<Option<Run>>, f64) {
+    use std::process::Stdio;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _job = crate::util::machine_to_itself();
+    let started = Instant::now();
+    let children: Vec<Option<(String, std::process::Child)>> = (0..n)
+        .map(|rank| {
+            if absent.contains(&rank) {
+                return None;
+            }
+            let db = dir.join(format!("db{rank}.sqlite"));
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+            cmd.arg("--db").arg(&db).args(args.split_whitespace());
+            for var in ["KILN_DB", "KILN_LOG", "KILN_SERVER", "KILN_TOKEN", "KILN_CA_CERT", "CUDA_VISIBLE_DEVICES"] {
+                cmd.env_remove(var);
+            }
+            for var in ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"] {
+                cmd.env_remove(var);
+            }
+            cmd.env("KILN_AGENT_CONFIG", "/nonexistent/kiln-agent.toml")
+                .env("KILN_MAX_CONTENTION", "100")
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("GROUP_RANK", "0")
+                .env("WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .envs(env.iter().map(|(k, v)| (k.to_string(), v.replace("{port}", &port.to_string()))))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let line = format!("RANK={rank} WORLD_SIZE={n} MASTER_PORT={port} kiln --db {} {args}", db.display());
+            Some((line, cmd.spawn().unwrap()))
+        })
+        .collect();
+    let runs = children
+        .into_iter()
+        .map(|child| {
+            let (cmdline, mut child) = child?;
+            while child.try_wait().unwrap().is_none() && started.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            Some(Run { cmdline, output: child.wait_with_output().unwrap() })
+        })
+        .collect();
+    (runs, started.elapsed().as_secs_f64())
+}
+
+#[test]
+// Long: the two NCCL commands under torchrun, then torchrun's own store on the port, a rank that never comes, a CPU command.
+fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() {
+    let dir = tempfile::tempdir().unwrap();
+    let stand = tempfile::tempdir().unwrap();
+    // The collectives: rank 2 the slow one; every size's time is its.
+    let parts: Vec<_> = (0..4).map(|r| nccl_part(r, if r == 2 { 100.0 } else { 200.0 }, true)).collect();
+    let program = nccl_stand_in(stand.path(), &parts);
+    let gpu = program.to_str().unwrap();
+    let limit = Duration::from_secs(60);
+    let args = "cluster collectives --nccl --ops all-reduce --min-bytes 1K --max-bytes 64M --json";
+    let (runs, _) = torchrun(4, dir.path(), args, &[("KILN_GPU", gpu)], &[], limit);
+    let runs: Vec<Run> = runs.into_iter().flatten().collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code(), Some(0), "rank {r}: {}", run.describe());
+    }
+    assert!(runs[1..].iter().all(|r| r.stdout().is_empty()), "rank 0 alone prints the job's result");
+    assert_eq!(std::fs::read_to_string(stand.path().join("nccl-id-calls")).unwrap().lines().count(), 1);
+    let seen: Vec<String> =
+        (0..4).map(|r| std::fs::read_to_string(stand.path().join(format!("seen-{r}"))).unwrap()).collect();
+    let id = seen[0].split_whitespace().next().unwrap();
+    for (r, s) in seen.iter().enumerate() {
+        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), [id, &r.to_string()], "rank {r}: one id, its GPU");
+    }
+    let report = &document(&runs[0])["report"];
+    assert_eq!(report["launcher"]["launcher"], "torchrun", "{report}");
+    assert_eq!(report["checked"], true);
+    for r in report["rows"].as_array().unwrap() {
+        assert!((r["busbw_gbs"].as_f64().unwrap() - 100.0).abs() < 1e-6, "the slowest rank's time: {r}");
+    }
+    assert_eq!(stored(dir.path(), 4, "collectives").len(), 4, "every rank stores its part");
+
+    // Training, with torchrun's own store holding MASTER_PORT: kiln meets one port above it.
+    let trained = kiln_gpu::train::measure(
+        &candle_core::Device::Cpu,
+        &kiln_gpu::train::Options {
+            device: 0,
+            size: "tiny".into(),
+            steps: Some(20),
+            batch: None,
+            precision: kiln_gpu::gemm::Precision::Bf16,
+            as_rank: None,
+        },
+        Some("NVIDIA H100 80GB HBM3".into()),
+        |_, _, _| {},
+        None,
+    )
+    .unwrap();
+    let program = train_stand_in(stand.path());
+    for ranks in [1, 2] {
+        for rank in 0..ranks {
+            let doc = train_part(&trained, rank, ranks, 1000.0 - 50.0 * (ranks - 1) as f64);
+            std::fs::write(stand.path().join(format!("train-{rank}-{ranks}.json")), doc.to_string()).unwrap();
+        }
+    }
+    let agent = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let held = agent.local_addr().unwrap().port().to_string();
+    let (runs, _) = torchrun(
+        2,
+        dir.path(),
+        "cluster train --nccl --size tiny --steps 20 --json",
+        &[("KILN_GPU", program.to_str().unwrap()), ("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_PORT", &held)],
+        &[],
+        limit,
+    );
+    let runs: Vec<Run> = runs.into_iter().flatten().collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code(), Some(0), "rank {r}: {}", run.describe());
+    }
+    let rows = document(&runs[0])["report"]["rows"].clone();
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+    assert!((rows[1]["efficiency"].as_f64().unwrap() - 0.95).abs() < 1e-9, "{rows}");
+    drop(agent);
+
+    // Rank 3 never comes: rank 0 says it waited for it, and every started rank stops.
+    let (runs, waited) = torchrun(
+        4,
+        dir.path(),
+        &format!("{} --no-save", args.replacen("cluster ", "cluster --stall-timeout 3 ", 1)),
+        &[("KILN_GPU", gpu)],
+        &[3],
+        limit,
+    );
+    assert!(waited < 20.0, "the job ended {waited:.1} s in, a 3 s limit");
+    let zero = runs[0].as_ref().unwrap();
+    assert_eq!(zero.code(), Some(2), "{}", zero.describe());
+    assert!(zero.stderr().contains("waiting for rank 3 to join kiln's rendezvous"), "{}", zero.describe());
+    for run in runs[1..3].iter().flatten() {
+        assert_eq!(run.code(), Some(2), "{}", run.describe());
+    }
+    // What needs MPI says so under torchrun, before anything starts.
+    let (runs, _) = torchrun(2, dir.path(), "cluster fabric --no-save", &[], &[1], limit);
+    let zero = runs[0].as_ref().unwrap();
+    assert_eq!(zero.code(), Some(2), "{}", zero.describe());
+    assert!(zero.stderr().contains("launched by torchrun, whose processes MPI cannot join"), "{}", zero.describe());
+}

@@ -20,6 +20,9 @@ pub struct Placement {
     pub launch: Option<Launch>,
     pub mpi_built: bool,
     pub mpi_library: Option<String>,
+    /// Under torchrun: where kiln's own rendezvous meets rank 0, or why it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rendezvous: Option<String>,
 }
 
 impl View for Placement {
@@ -40,6 +43,9 @@ impl View for Placement {
             (true, None) => out.push_str("MPI: built in\n"),
             (false, _) => out.push_str(&format!("MPI: not built in — {}\n", cluster::NOT_BUILT)),
         }
+        if let Some(r) = &self.rendezvous {
+            out.push_str(&format!("kiln's rendezvous (the --nccl commands under torchrun): {r}\n"));
+        }
         out
     }
 }
@@ -53,10 +59,19 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
     let stall = std::time::Duration::from_secs_f64(stall_timeout);
     match what {
         ClusterCmd::Env => {
+            let launch = cluster::launch_from_env()?;
+            let rendezvous = cluster::over_tcp(&launch).then(|| {
+                match cluster::rendezvous::Tcp::address(|k| std::env::var(k).ok()) {
+                    Ok((text, addr)) if text == addr.to_string() => format!("rank 0 at {addr}"),
+                    Ok((text, addr)) => format!("rank 0 at {text} ({addr})"),
+                    Err(e) => format!("none: {e:#}"),
+                }
+            });
             let view = Placement {
-                launch: cluster::launch_from_env()?,
+                launch,
                 mpi_built: cluster::MPI_BUILT,
                 mpi_library: cluster::library_version(),
+                rendezvous,
             };
             ctx.output(&view)
         }
@@ -65,7 +80,7 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
                 streams >= 1 && repetitions >= 1 && seconds > 0.0,
                 "--streams, --repetitions and --seconds must be positive"
             );
-            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+            can_run(false)?;
             preflight(ctx, store)?;
             let config = FabricConfig { streams, seconds, repetitions, interfaces, netns, floor_gbps: min_gbps };
             let started_at = now_rfc3339();
@@ -98,7 +113,7 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
                 iterations >= 1 && seconds_per_size > 0.0,
                 "--iterations and --seconds-per-size must be positive"
             );
-            anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+            can_run(nccl)?;
             preflight(ctx, store)?;
             let all = if nccl { kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec() } else { Collective::ALL.to_vec() };
             let collectives: Vec<Collective> =
@@ -122,6 +137,17 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
             keep(ctx, outcome, store, false, &job)
         }
     }
+}
+
+/// Whether this kiln can run the command in this job, before anything starts: under torchrun only
+/// the `--nccl` commands (kiln's own rendezvous), else MPI must be built in.
+fn can_run(nccl: bool) -> Result<()> {
+    if cluster::over_tcp(&cluster::launch_from_env()?) {
+        anyhow::ensure!(nccl, cluster::TORCHRUN_CPU);
+        return Ok(());
+    }
+    anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+    Ok(())
 }
 
 /// A rank's part as a run: its job in the configuration (beside what was asked, under `key`),
@@ -161,7 +187,7 @@ fn keep(ctx: &Ctx, outcome: Outcome, store: args::Store, slow: bool, job: &clust
         let saved = store_inventory(ctx, &inv)?;
         Some(store_outcome(ctx, &inv, &saved, &outcome)?)
     };
-    job.barrier();
+    job.barrier()?;
     if outcome.config["rank"].as_u64() != Some(0) {
         return Ok(Output::empty(Exit::Ok));
     }
@@ -179,7 +205,7 @@ fn train(
     (store, stall): (args::Store, std::time::Duration),
     ctx: &Ctx,
 ) -> Result<Output> {
-    anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);
+    can_run(gpu.is_some())?;
     preflight(ctx, store)?;
     let train = match &gpu {
         // kiln-gpu's own reading of the options, so that every rank refuses what it would.

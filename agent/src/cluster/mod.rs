@@ -8,6 +8,8 @@
 
 #[cfg(feature = "mpi")]
 mod mpi;
+mod nccl;
+pub mod rendezvous;
 pub mod report;
 
 use std::collections::BTreeSet;
@@ -769,22 +771,91 @@ pub fn netns_path(pattern: &str, rank: usize, local_rank: usize) -> String {
 }
 
 #[cfg(feature = "mpi")]
-pub use mpi::{collectives, fabric, library_version, train};
+pub use mpi::{fabric, library_version};
+
+/// Whether this job's ranks meet through kiln's TCP rendezvous rather than MPI: `torchrun` starts
+/// processes that MPI cannot join (only the `--nccl` commands, whose data NCCL carries, run so).
+pub fn over_tcp(launch: &Option<Launch>) -> bool {
+    launch.as_ref().is_some_and(|l| l.launcher == kiln_bench::cluster::Launcher::Torchrun)
+}
+
+/// What a job that torchrun started cannot run.
+pub const TORCHRUN_CPU: &str = "launched by torchrun, whose processes MPI cannot join: under torchrun kiln runs \
+`cluster collectives --nccl` and `cluster train --nccl` (NCCL carries the data, kiln's own rendezvous at MASTER_ADDR \
+the rest); the fabric test, the CPU collectives and CPU training need MPI's launcher (`mpirun`, or `srun --mpi=pmix`)";
+
+/// `kiln cluster collectives`, as one rank: over MPI, or under torchrun (with `--nccl`) through
+/// kiln's rendezvous.
+///
+/// # Errors
+/// No MPI in this build where one is needed, or the job's own errors.
+pub fn collectives(config: &CollectivesConfig, stall: std::time::Duration) -> Result<(CollectivesReport, Job)> {
+    if over_tcp(&launch_from_env()?) {
+        anyhow::ensure!(config.nccl, TORCHRUN_CPU);
+        return nccl::collectives_over_tcp(config, stall);
+    }
+    #[cfg(feature = "mpi")]
+    return mpi::collectives(config, stall);
+    #[cfg(not(feature = "mpi"))]
+    anyhow::bail!(NOT_BUILT)
+}
+
+/// `kiln cluster train`, as one rank: over MPI, or under torchrun (with `--nccl`) through kiln's
+/// rendezvous.
+///
+/// # Errors
+/// No MPI in this build where one is needed, or the job's own errors.
+pub fn train(config: &TrainConfig, stall: std::time::Duration) -> Result<(TrainScalingReport, Job)> {
+    if over_tcp(&launch_from_env()?) {
+        anyhow::ensure!(config.nccl, TORCHRUN_CPU);
+        return nccl::train_over_tcp(config, stall);
+    }
+    #[cfg(feature = "mpi")]
+    return mpi::train(config, stall);
+    #[cfg(not(feature = "mpi"))]
+    anyhow::bail!(NOT_BUILT)
+}
 
 /// The job, kept open after a test so that every rank stores its part before any rank leaves: a
 /// launcher stops the whole job when one rank exits with an error, and rank 0 exits 1 on a finding.
 pub struct Job {
-    #[cfg(feature = "mpi")]
-    universe: ::mpi::environment::Universe,
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    carrier: Carrier,
     watchdog: Watchdog,
 }
 
+/// What the job's ranks meet through.
+enum Carrier {
+    #[cfg(feature = "mpi")]
+    Mpi(::mpi::environment::Universe),
+    Tcp(rendezvous::Tcp),
+}
+
 impl Job {
-    /// Waits until every rank has come here.
-    pub fn barrier(&self) {
-        #[cfg(feature = "mpi")]
-        mpi::roll_call(&self.universe.world(), &self.watchdog, "storing every rank's part", None);
+    #[cfg(feature = "mpi")]
+    fn over_mpi(universe: ::mpi::environment::Universe, watchdog: Watchdog) -> Job {
+        Job { carrier: Carrier::Mpi(universe), watchdog }
+    }
+
+    fn over_tcp(tcp: rendezvous::Tcp, watchdog: Watchdog) -> Job {
+        Job { carrier: Carrier::Tcp(tcp), watchdog }
+    }
+
+    /// Waits until every rank has come here (rank 0 names in its watchdog those it waits for).
+    ///
+    /// # Errors
+    /// A rank is gone before it came.
+    pub fn barrier(&self) -> Result<()> {
+        match &self.carrier {
+            #[cfg(feature = "mpi")]
+            Carrier::Mpi(universe) => {
+                mpi::roll_call(&universe.world(), &self.watchdog, "storing every rank's part", None);
+                Ok(())
+            }
+            Carrier::Tcp(tcp) => {
+                use rendezvous::Control;
+                tcp.all_gather(&[], &self.watchdog, "storing every rank's part").map(drop)
+            }
+        }
     }
 }
 
@@ -873,18 +944,6 @@ impl Drop for Watchdog {
 /// Without MPI: what to build.
 #[cfg(not(feature = "mpi"))]
 pub fn fabric(_: &FabricConfig, _: std::time::Duration) -> Result<(FabricReport, Job)> {
-    anyhow::bail!(NOT_BUILT)
-}
-
-/// Without MPI: what to build.
-#[cfg(not(feature = "mpi"))]
-pub fn collectives(_: &CollectivesConfig, _: std::time::Duration) -> Result<(CollectivesReport, Job)> {
-    anyhow::bail!(NOT_BUILT)
-}
-
-/// Without MPI: what to build.
-#[cfg(not(feature = "mpi"))]
-pub fn train(_: &TrainConfig, _: std::time::Duration) -> Result<(TrainScalingReport, Job)> {
     anyhow::bail!(NOT_BUILT)
 }
 

@@ -15,6 +15,7 @@ use mpi::topology::Color;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
+use super::rendezvous::{agree_on, Control};
 use super::{
     above_ceiling, enter_netns, launch_from_env, netns_path, pin_thread, rails, unpin_thread, CollectiveRow,
     CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Node, Rail, RailReport, Rank, ScalingRow,
@@ -82,42 +83,30 @@ fn world_of(
     Ok((world, rank, size))
 }
 
-/// Every rank says whether its setup worked; all stop if one did not, naming it.
-fn agree<T>(world: &SimpleCommunicator, mine: Result<T>) -> Result<T> {
-    agree_on(world, "set up", mine)
-}
+/// MPI's communicator as the job's control plane (what `nccl.rs` and the shared checks speak).
+pub(super) struct MpiControl<'a>(pub &'a SimpleCommunicator);
 
-/// Every rank says whether it could `what`; all stop if one could not, naming it with its reason
-/// (the failing ranks' errors are gathered, so that whichever rank's message the launcher shows
-/// before it stops the others says why: `mpirun` kills the rest when one rank exits with an error).
-fn agree_on<T>(world: &SimpleCommunicator, what: &str, mine: Result<T>) -> Result<T> {
-    let failed = u8::from(mine.is_err());
-    let mut all = vec![0u8; world.size() as usize];
-    world.all_gather_into(&failed, &mut all[..]);
-    let bad: Vec<usize> = all.iter().enumerate().filter(|(_, &f)| f == 1).map(|(r, _)| r).collect();
-    if bad.is_empty() {
-        return mine;
+impl Control for MpiControl<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank() as usize
     }
-    // One line per failing rank, cut at a character boundary to what the gather carries.
-    let mut reason = mine.as_ref().err().map(|e| format!("{e:#}").replace('\n', " ")).unwrap_or_default();
-    let mut cut = reason.len().min(REASON_BYTES);
-    while !reason.is_char_boundary(cut) {
-        cut -= 1;
+    fn size(&self) -> usize {
+        self.0.size() as usize
     }
-    reason.truncate(cut);
-    let reasons = gather_strings(world, &reason, REASON_BYTES);
-    let said: Vec<String> = bad.iter().map(|&r| format!("rank {r}: {}", reasons[r])).collect();
-    let who: Vec<String> = bad.iter().map(usize::to_string).collect();
-    anyhow::bail!(
-        "rank{} {} could not {what} ({}); every rank stopped",
-        if bad.len() > 1 { "s" } else { "" },
-        who.join(", "),
-        said.join("; ")
-    )
+    /// Every rank's length, then every rank's bytes padded to the longest.
+    fn all_gather(&self, mine: &[u8], watchdog: &Watchdog, what: &str) -> Result<Vec<Vec<u8>>> {
+        watchdog.at(what.to_string());
+        let n = self.size();
+        let mut lengths = vec![0u64; n];
+        self.0.all_gather_into(&(mine.len() as u64), &mut lengths[..]);
+        let width = lengths.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let mut padded = vec![0u8; width];
+        padded[..mine.len()].copy_from_slice(mine);
+        let mut all = vec![0u8; width * n];
+        self.0.all_gather_into(&padded[..], &mut all[..]);
+        Ok(all.chunks(width).zip(&lengths).map(|(c, &len)| c[..len as usize].to_vec()).collect())
+    }
 }
-
-/// How much of a failing rank's error [`agree_on`] hands to the others.
-const REASON_BYTES: usize = 512;
 
 /// Every rank's `text`, at most `width` bytes each.
 fn gather_strings(world: &SimpleCommunicator, text: &str, width: usize) -> Vec<String> {
@@ -189,7 +178,7 @@ pub fn fabric(config: &FabricConfig, stall: Duration) -> Result<(FabricReport, J
             .collect::<Result<Vec<_>>>()?;
         Ok((rails, listeners))
     })();
-    let (rails, listeners) = agree(&world, setup)?;
+    let (rails, listeners) = agree_on(&MpiControl(&world), &watchdog, "set up", setup)?;
 
     let hosts = gather_strings(&world, &hostname(), 128);
     let all_netns: Vec<Option<String>> = gather_strings(&world, netns.as_deref().unwrap_or(""), 256)
@@ -345,7 +334,7 @@ pub fn fabric(config: &FabricConfig, stall: Duration) -> Result<(FabricReport, J
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe, watchdog }))
+    Ok((report, Job::over_mpi(universe, watchdog)))
 }
 
 /// A collective's buffers: what this rank sends, what it receives, and the check of the result.
@@ -409,7 +398,8 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     let watchdog = Watchdog::start(rank, stall);
     let id = cluster_id(&world);
     if config.nccl {
-        let (rows, checked, library) = over_nccl(&world, &launch, &watchdog, config, stall)?;
+        let (rows, checked, library) =
+            super::nccl::collectives(&MpiControl(&world), &launch, &watchdog, config, stall)?;
         let report = CollectivesReport {
             job: Rank { cluster_id: id, rank, world_size: n, launcher: launch },
             library,
@@ -418,7 +408,7 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
             config: config.clone(),
         };
         drop(world);
-        return Ok((report, Job { universe, watchdog }));
+        return Ok((report, Job::over_mpi(universe, watchdog)));
     }
     let progress = Progress::new();
     let mut rows = Vec::new();
@@ -480,141 +470,7 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe, watchdog }))
-}
-
-/// NCCL's unique id for a job over `world`: rank 0 runs `kiln-gpu nccl-id`, and the id (or rank
-/// 0's failure) reaches every rank over MPI.
-fn shared_nccl_id(world: &SimpleCommunicator, program: &Path, watchdog: &Watchdog) -> Result<String> {
-    use crate::runs::gpu::{interpret, read_document, run_all_seeing, Visible};
-    use kiln_gpu::collectives::NcclId;
-    let rank = world.rank() as usize;
-    let never = std::sync::atomic::AtomicBool::new(false);
-    watchdog.at("rank 0 making NCCL's unique id");
-    let made: Result<String> = if rank == 0 {
-        let timeout = Duration::from_secs(120);
-        let ended = run_all_seeing(program, &[vec!["nccl-id".to_string()]], timeout, &never, Visible::Launcher);
-        let (doc, error) = read_document::<NcclId>(interpret(&ended[0], timeout), "nccl-id");
-        match (doc, error) {
-            (Some(d), _) if d.nccl_id.len() == 256 => Ok(d.nccl_id),
-            (_, e) => Err(anyhow::anyhow!(
-                "{}: nccl-id: {}",
-                program.display(),
-                e.unwrap_or_else(|| "not 256 hex digits".into())
-            )),
-        }
-    } else {
-        Ok(String::new())
-    };
-    // The id, or rank 0's failure, to every rank: a flag byte, then the 256 hex digits.
-    let mut shared = [0u8; 257];
-    if let Ok(hex) = &made {
-        if rank == 0 {
-            shared[0] = 1;
-            shared[1..].copy_from_slice(hex.as_bytes());
-        }
-    }
-    world.process_at_rank(0).broadcast_into(&mut shared[..]);
-    let made = made?;
-    anyhow::ensure!(
-        shared[0] == 1,
-        "rank 0 could not make NCCL's unique id (its own error says why); every rank stopped"
-    );
-    Ok(if rank == 0 { made } else { String::from_utf8_lossy(&shared[1..]).into_owned() })
-}
-
-/// This rank's GPU, as CUDA numbers what it sees: the one the launcher left it
-/// (`CUDA_VISIBLE_DEVICES` of one GPU), else its local rank's.
-fn rank_gpu(launch: &Option<Launch>) -> usize {
-    let one_visible = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| !v.is_empty() && !v.contains(','));
-    if one_visible {
-        0
-    } else {
-        launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0)
-    }
-}
-
-/// The collectives through NCCL, one GPU per rank: kiln-gpu does the work (CUDA lives only
-/// there), rank 0's `kiln-gpu nccl-id` reaches every rank over MPI, each rank runs its part as
-/// `kiln-gpu collectives --nccl-id … --rank r --ranks n`, and a size's time is the slowest rank's
-/// (as nccl-tests reports across processes). Returns the rows, whether every rank's every result
-/// was right, and NCCL's version.
-fn over_nccl(
-    world: &SimpleCommunicator,
-    launch: &Option<Launch>,
-    watchdog: &Watchdog,
-    config: &CollectivesConfig,
-    stall: Duration,
-) -> Result<(Vec<CollectiveRow>, bool, String)> {
-    use crate::runs::gpu::{interpret, locate, read_document, run_all_seeing, Visible};
-    use kiln_gpu::collectives::Report as Part;
-    let (rank, n) = (world.rank() as usize, world.size() as usize);
-    let never = std::sync::atomic::AtomicBool::new(false);
-    let program = agree(world, locate().map_err(|s| anyhow::anyhow!("{s}")))?;
-    let hex = shared_nccl_id(world, &program, watchdog)?;
-    let device = rank_gpu(launch);
-    let ops: Vec<&str> = config.collectives.iter().map(|c| c.name()).collect();
-    let mut args: Vec<String> = ["collectives", "--nccl-id", &hex].iter().map(|s| s.to_string()).collect();
-    for (flag, value) in [
-        ("--rank", rank.to_string()),
-        ("--ranks", n.to_string()),
-        ("--device", device.to_string()),
-        ("--ops", ops.join(",")),
-        ("--min-bytes", config.min_bytes.to_string()),
-        ("--max-bytes", config.max_bytes.to_string()),
-        ("--iterations", config.iterations.to_string()),
-        ("--warmup", config.warmup.to_string()),
-        ("--seconds-per-size", config.seconds_per_size.to_string()),
-    ] {
-        args.extend([flag.to_string(), value]);
-    }
-    // A limit per size and a few more for NCCL's set-up: the child is killed first, and this
-    // rank's watchdog allows one limit beyond it.
-    let steps = u32::try_from(config.collectives.len() * sizes(config.min_bytes, config.max_bytes).len())
-        .unwrap_or(u32::MAX)
-        .saturating_add(4);
-    watchdog.waiting(format!("NCCL collectives in kiln-gpu on GPU {device}"), steps.saturating_add(1));
-    let timeout = stall.saturating_mul(steps);
-    let ended = run_all_seeing(&program, &[args], timeout, &never, Visible::Launcher);
-    let (part, error) = read_document::<Part>(interpret(&ended[0], timeout), "collectives");
-    let part = agree(
-        world,
-        part.ok_or_else(|| anyhow::anyhow!("{}: collectives: {}", program.display(), error.unwrap_or_default())),
-    )?;
-    watchdog.at("gathering every rank's times");
-    // Every rank measured the same rows, in the same order; a size's time is the slowest rank's.
-    let rows = part.rows.len() as u64;
-    let (mut fewest, mut most) = (0u64, 0u64);
-    world.all_reduce_into(&rows, &mut fewest, SystemOperation::min());
-    world.all_reduce_into(&rows, &mut most, SystemOperation::max());
-    anyhow::ensure!(fewest == most, "the ranks measured {fewest} to {most} sizes: kiln-gpu differs between nodes");
-    let mine: Vec<f64> = part.rows.iter().map(|r| r.time_us).collect();
-    let mut slowest = vec![0f64; mine.len()];
-    world.all_reduce_into(&mine[..], &mut slowest[..], SystemOperation::max());
-    let right = u8::from(part.rows.iter().all(|r| r.correct));
-    let mut all_right = 0u8;
-    world.all_reduce_into(&right, &mut all_right, SystemOperation::min());
-    let rows = part
-        .rows
-        .iter()
-        .zip(&slowest)
-        .map(|(r, &time_us)| {
-            let (algbw_gbs, busbw_gbs) = bandwidths(r.collective, n, r.bytes, time_us * 1e-6);
-            CollectiveRow {
-                collective: r.collective,
-                bytes: r.bytes,
-                count: r.count,
-                iterations: r.iterations,
-                time_us,
-                algbw_gbs,
-                busbw_gbs,
-            }
-        })
-        .collect();
-    let library = part
-        .nccl_version
-        .map_or_else(|| "NCCL".to_string(), |v| format!("NCCL {}.{}.{}", v / 10_000, v / 100 % 100, v % 100));
-    Ok((rows, all_right == 1, library))
+    Ok((report, Job::over_mpi(universe, watchdog)))
 }
 
 /// The largest of every rank's `seconds`.
@@ -661,39 +517,12 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     let watchdog = Watchdog::start(rank, stall);
     config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let id = cluster_id(&world);
-    let progress = Progress::new();
-    let mut rows: Vec<ScalingRow> = Vec::new();
-    let mut last = None;
-    // With NCCL: kiln-gpu, found on every rank before any trains.
-    let program = match config.nccl {
-        true => Some(agree(&world, crate::runs::gpu::locate().map_err(|s| anyhow::anyhow!("{s}")))?),
-        false => None,
+    let (rows, last, gpu) = if config.nccl {
+        super::nccl::train(&MpiControl(&world), &launch, &watchdog, config, stall)?
+    } else {
+        let (rows, last) = over_mpi(&world, &watchdog, config)?;
+        (rows, last, None)
     };
-    let mut gpu = None;
-    for k in super::scaling_steps(size) {
-        let member = rank < k;
-        let report = match &program {
-            Some(program) => {
-                if rank == 0 {
-                    progress.update(&format!("{k} ranks: training in kiln-gpu"));
-                }
-                let part = nccl_group(&world, (program, &launch), &watchdog, config, (k, stall))?;
-                if let Some(p) = &part {
-                    gpu.clone_from(&p.name);
-                }
-                part.map(|p| p.run)
-            }
-            None => mpi_group(&world, &watchdog, config, k, &progress)?,
-        };
-        let mine = ScalingRow::mine(report.as_ref());
-        if member {
-            last = report;
-        }
-        let mut all = vec![0f64; ROW_VALUES * size];
-        world.all_gather_into(&mine[..], &mut all[..]);
-        rows.push(ScalingRow::of(k, &all, rows.first().map(|r| r.tokens_per_s_per_rank)));
-    }
-    progress.finish();
     let library = match config.nccl {
         true => "NCCL".to_string(),
         false => library_version().unwrap_or_else(|| "MPI".into()),
@@ -707,7 +536,30 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
         config: config.clone(),
     };
     drop(world);
-    Ok((report, Job { universe, watchdog }))
+    Ok((report, Job::over_mpi(universe, watchdog)))
+}
+
+/// The weak-scaling curve on the CPUs: for 1, 2, 4 … N ranks, [`mpi_group`] trains, and every
+/// rank's figures make the point. The rows, and this rank's run at the full world size.
+fn over_mpi(
+    world: &SimpleCommunicator,
+    watchdog: &Watchdog,
+    config: &TrainConfig,
+) -> Result<(Vec<ScalingRow>, Option<kiln_bench::train::Report>)> {
+    let progress = Progress::new();
+    let (mut rows, mut last) = (Vec::<ScalingRow>::new(), None);
+    for k in super::scaling_steps(world.size() as usize) {
+        let report = mpi_group(world, watchdog, config, k, &progress)?;
+        let mine = ScalingRow::mine(report.as_ref());
+        if (world.rank() as usize) < k {
+            last = report;
+        }
+        let mut all = vec![0f64; ROW_VALUES * world.size() as usize];
+        world.all_gather_into(&mine[..], &mut all[..]);
+        rows.push(ScalingRow::of(k, &all, rows.first().map(|r| r.tokens_per_s_per_rank)));
+    }
+    progress.finish();
+    Ok((rows, last))
 }
 
 /// One point of the CPU curve: the first `k` ranks train over a communicator of their own, MPI
@@ -743,50 +595,4 @@ fn mpi_group(
     )
     .map_err(|e| anyhow::anyhow!("training on {k} ranks: {e}"))?;
     Ok(Some(report))
-}
-
-/// One point of the GPU curve: for more than one rank a fresh NCCL id from rank 0, then the first
-/// `k` ranks each run `kiln-gpu train` on their GPU as rank r of `k` (the others wait), every rank
-/// agreeing that each run worked — one that did not is named and every rank stops. kiln-gpu says
-/// nothing until it ends, so its limit is a stall limit per step and four more for CUDA's and
-/// NCCL's set-up and the GEMM ceiling it measures after the run. This rank's document, if it trained.
-fn nccl_group(
-    world: &SimpleCommunicator,
-    (program, launch): (&Path, &Option<Launch>),
-    watchdog: &Watchdog,
-    config: &TrainConfig,
-    (k, stall): (usize, Duration),
-) -> Result<Option<kiln_gpu::train::Report>> {
-    use crate::runs::gpu::{interpret, read_document, run_all_seeing, Visible};
-    let rank = world.rank() as usize;
-    let hex = if k > 1 { Some(shared_nccl_id(world, program, watchdog)?) } else { None };
-    let limits = u32::try_from(config.train.steps).unwrap_or(u32::MAX).saturating_add(4);
-    let part = if rank < k {
-        let device = rank_gpu(launch);
-        let c = &config.train;
-        let mut args: Vec<String> = vec!["train".into()];
-        for (flag, value) in [
-            ("--device", device.to_string()),
-            ("--size", c.size.clone()),
-            ("--dtype", config.dtype.clone().unwrap_or_else(|| "bf16".into())),
-            ("--steps", c.steps.to_string()),
-            ("--batch", c.batch.to_string()),
-        ] {
-            args.extend([flag.to_string(), value]);
-        }
-        if let Some(hex) = &hex {
-            args.extend(["--nccl-id".into(), hex.clone(), "--rank".into(), rank.to_string()]);
-            args.extend(["--ranks".into(), k.to_string()]);
-        }
-        watchdog.waiting(format!("training on {k} ranks in kiln-gpu on GPU {device}"), limits.saturating_add(1));
-        let never = std::sync::atomic::AtomicBool::new(false);
-        let timeout = stall.saturating_mul(limits);
-        let ended = run_all_seeing(program, &[args], timeout, &never, Visible::Launcher);
-        let (doc, error) = read_document::<kiln_gpu::train::Report>(interpret(&ended[0], timeout), "train");
-        doc.map(Some).ok_or_else(|| anyhow::anyhow!("{}: train: {}", program.display(), error.unwrap_or_default()))
-    } else {
-        watchdog.waiting(format!("ranks 0-{} train without this rank", k - 1), limits.saturating_add(2));
-        Ok(None)
-    };
-    agree_on(world, &format!("train on {k} ranks"), part)
 }
