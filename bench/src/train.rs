@@ -798,6 +798,19 @@ pub trait DataParallel {
     /// # Errors
     /// The communicator failed (a rank gone, a device error).
     fn all_reduce_sum(&mut self, values: &mut [f32]) -> candle_core::Result<()>;
+
+    /// Sums `flat`, a contiguous 1-D f32 tensor on the training device, over the ranks. The
+    /// default goes through host memory with [`DataParallel::all_reduce_sum`] (MPI's CPU ranks); a
+    /// communicator on the device (NCCL in kiln-gpu) sums it where it lies, so that a GPU's
+    /// gradients never cross PCIe.
+    ///
+    /// # Errors
+    /// As [`DataParallel::all_reduce_sum`].
+    fn all_reduce_tensor(&mut self, flat: &Tensor) -> candle_core::Result<Tensor> {
+        let mut values = flat.to_vec1::<f32>()?;
+        self.all_reduce_sum(&mut values)?;
+        Tensor::from_vec(values, flat.elem_count(), flat.device())
+    }
 }
 
 /// Data parallelism's share of a run.
@@ -827,32 +840,34 @@ pub fn run(
 
 /// Sums every gradient (and the loss) over the ranks and divides by their number: each rank then
 /// steps with the gradient of the whole global batch, as one process with `ranks ×` the batch
-/// would. Returns the mean loss.
+/// would. The gradients travel as one flat tensor on the training device (one all-reduce per
+/// step, the mean taken there, each parameter's gradient a view of it); only the loss comes back
+/// to the host. Returns the mean loss.
 fn average_gradients(
     dp: &mut dyn DataParallel,
     vars: &[Var],
     grads: &mut candle_core::backprop::GradStore,
     loss: f64,
-    buffer: &mut Vec<f32>,
 ) -> candle_core::Result<f64> {
-    buffer.clear();
+    let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
+    let mut parts = Vec::with_capacity(vars.len() + 1);
     for v in vars {
-        match grads.get(v.as_tensor()) {
-            Some(g) => buffer.extend(g.flatten_all()?.to_vec1::<f32>()?),
-            None => buffer.extend(std::iter::repeat_n(0.0, v.elem_count())),
-        }
+        parts.push(match grads.get(v.as_tensor()) {
+            Some(g) => g.to_dtype(DType::F32)?.flatten_all()?,
+            None => Tensor::zeros(v.elem_count(), DType::F32, &device)?,
+        });
     }
-    buffer.push(loss as f32);
-    dp.all_reduce_sum(buffer)?;
-    let scale = 1.0 / dp.ranks() as f32;
+    parts.push(Tensor::new(&[loss as f32], &device)?);
+    let flat = Tensor::cat(&parts, 0)?;
+    drop(parts);
+    let mean = dp.all_reduce_tensor(&flat)?.affine(1.0 / dp.ranks() as f64, 0.0)?;
     let mut at = 0;
     for v in vars {
         let n = v.elem_count();
-        let mean: Vec<f32> = buffer[at..at + n].iter().map(|g| g * scale).collect();
-        grads.insert(v.as_tensor(), Tensor::from_vec(mean, v.shape(), v.device())?);
+        grads.insert(v.as_tensor(), mean.narrow(0, at, n)?.reshape(v.shape())?.to_dtype(v.dtype())?);
         at += n;
     }
-    Ok((buffer[at] * scale) as f64)
+    Ok(mean.narrow(0, at, 1)?.to_vec1::<f32>()?[0] as f64)
 }
 
 /// [`run`], as one of `dp.ranks()` data-parallel ranks (weak scaling: `config.batch` sequences per
@@ -917,7 +932,6 @@ pub fn run_on(
     let vars = sorted_vars(&varmap);
     let parameters: usize = vars.iter().map(|v| v.elem_count()).sum();
     let trained = vars.clone();
-    let mut buffer = Vec::new();
     let mut comm = Vec::new();
     let embeddings = (config.vocab + config.seq) * config.d_model;
     let n = parameters - embeddings;
@@ -954,7 +968,7 @@ pub fn run_on(
                     Ok((loss.to_scalar::<f32>()? as f64, grads))
                 })?;
                 let c0 = Instant::now();
-                let mean = average_gradients(dp, &trained, &mut grads, loss, &mut buffer)?;
+                let mean = average_gradients(dp, &trained, &mut grads, loss)?;
                 comm.push(c0.elapsed().as_secs_f64());
                 rayon::scope(|_| opt.step(grads, lr, config.grad_clip))?;
                 mean

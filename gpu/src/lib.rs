@@ -87,7 +87,10 @@ pub mod backend {
         }
     }
 
-    /// Gradients summed over the job's ranks through NCCL, staged through this GPU's memory.
+    /// Gradients summed over the job's ranks through NCCL where they lie, in the GPU's memory (one
+    /// all-reduce of every gradient a step, on candle's own stream, so it runs in order with the
+    /// step's kernels); `all_reduce_sum` (host slices, staged through the GPU) stays for callers
+    /// with host data.
     #[cfg(feature = "nccl")]
     fn nccl_gradients(
         device: &candle_core::Device,
@@ -114,6 +117,30 @@ pub mod backend {
                     .map_err(|e| failed("the reduction", format!("{e:?}")))?;
                 self.stream.memcpy_dtoh(&buffer, values).map_err(|e| failed("back from the GPU", e.to_string()))?;
                 self.stream.synchronize().map_err(|e| failed("waiting", e.to_string()))
+            }
+            fn all_reduce_tensor(&mut self, flat: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+                flat.inplace_op1(&DeviceSum(&self.comm))?;
+                Ok(flat.clone())
+            }
+        }
+        /// The in-place NCCL sum of a tensor in GPU memory.
+        struct DeviceSum<'a>(&'a Comm);
+        impl candle_core::InplaceOp1 for DeviceSum<'_> {
+            fn name(&self) -> &'static str {
+                "nccl-all-reduce"
+            }
+            fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &candle_core::Layout) -> candle_core::Result<()> {
+                candle_core::bail!("NCCL sums tensors in GPU memory, not on the CPU")
+            }
+            fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &candle_core::Layout) -> candle_core::Result<()> {
+                let Some((start, end)) = l.contiguous_offsets() else {
+                    candle_core::bail!("NCCL all-reduce: the gradients' buffer is not contiguous")
+                };
+                let mut view = s.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
+                self.0
+                    .all_reduce_in_place(&mut view, &ReduceOp::Sum)
+                    .map_err(|e| candle_core::Error::Msg(format!("NCCL all-reduce of the gradients: {e:?}")))?;
+                Ok(())
             }
         }
         let candle_core::Device::Cuda(cuda) = device else { anyhow::bail!("NCCL needs a CUDA device") };
