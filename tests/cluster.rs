@@ -971,3 +971,31 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
     assert_eq!(zero.code(), Some(2), "{}", zero.describe());
     assert!(zero.stderr().contains("launched by torchrun, whose processes MPI cannot join"), "{}", zero.describe());
 }
+
+#[test]
+fn a_rank_frozen_inside_a_collective_is_named_by_rank_0_as_the_one_that_went_silent() {
+    let Some(kiln_mpi) = mpi_kiln("a_rank_frozen_inside_a_collective_is_named_by_rank_0_as_the_one_that_went_silent")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Every rank waits inside the same collective for the frozen one: only the heartbeats tell
+    // rank 0 which rank stopped.
+    let args = "cluster collectives --min-bytes 1K --max-bytes 256M --seconds-per-size 0.3 --stall-timeout 3 --no-save";
+    let (out, waited) = signal_rank_2(
+        &kiln_mpi,
+        dir.path(),
+        args,
+        Duration::from_millis(2500),
+        Signal::SIGSTOP,
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let zero = err.lines().find(|l| l.starts_with("kiln: rank 0: nothing moved for")).unwrap_or_else(|| {
+        panic!("rank 0 speaks first:\n{err}");
+    });
+    assert!(zero.contains("with every rank; what the other ranks last said: rank 2 silent for"), "{zero}");
+    assert!(!zero.contains("rank 1 silent") && !zero.contains("rank 3 silent"), "only rank 2: {zero}");
+    assert!(waited < 30.0, "the job ended {waited:.1} s after the freeze, a 3 s limit:\n{err}");
+}

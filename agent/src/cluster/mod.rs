@@ -6,6 +6,7 @@
 //! This module holds what needs no MPI: the rails (NICs) a rank tests and their addresses, the
 //! documents (`FabricReport`, `CollectivesReport`), their text and their metrics. `mpi.rs` runs them.
 
+pub mod heartbeat;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod nccl;
@@ -867,25 +868,66 @@ impl Job {
 /// stored then (earlier commands' results are).
 pub struct Watchdog {
     state: std::sync::Arc<WatchState>,
+    /// Rank 0's: what the other ranks' heartbeats said (`heartbeat::start`), told when it stalls.
+    roster: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<heartbeat::Roster>>>,
 }
 
 struct WatchState {
     /// Since when, doing what, and how many limits it may take.
     at: std::sync::Mutex<(std::time::Instant, String, u32)>,
     done: std::sync::atomic::AtomicBool,
+    /// Percent added to every limit: a rank that beats to rank 0 lets rank 0, which heard from
+    /// everyone, speak first.
+    slack: std::sync::atomic::AtomicU32,
 }
 
 impl Watchdog {
     /// A watchdog that ends this process (exit status 2) after `limit` without progress.
     pub fn start(rank: usize, limit: std::time::Duration) -> Watchdog {
-        Watchdog::with_action(limit, move |what, waited| {
+        let roster: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<heartbeat::Roster>>> = Default::default();
+        let heard = std::sync::Arc::clone(&roster);
+        let mut dog = Watchdog::with_action(limit, move |what, waited| {
+            let others = heard
+                .get()
+                .and_then(|r| r.describe())
+                .map(|d| format!("; what the other ranks last said: {d}"))
+                .unwrap_or_default();
             eprintln!(
-                "kiln: rank {rank}: nothing moved for {waited:.0} s while {what}: a rank of the job has died or \
-                 hangs (look for it in the launcher's output, or raise --stall-timeout if a step is that slow); \
+                "kiln: rank {rank}: nothing moved for {waited:.0} s while {what}{others}: a rank of the job has died \
+                 or hangs (look for it in the launcher's output, or raise --stall-timeout if a step is that slow); \
                  this rank stops, and nothing of this command is stored"
             );
             std::process::exit(2);
-        })
+        });
+        dog.roster = roster;
+        dog
+    }
+
+    /// Rank 0: what the other ranks' heartbeats say goes into the message of a stall.
+    pub fn tell_with(&self, roster: std::sync::Arc<heartbeat::Roster>) {
+        let _ = self.roster.set(roster);
+    }
+
+    /// Another rank: beats to rank 0 at `to` from a thread of its own, saying where this watchdog
+    /// is and for how long, until the watchdog is dropped; from now on this rank allows every
+    /// limit half again, so that where all wait alike rank 0, which heard from every rank, speaks
+    /// first.
+    pub fn beat_to(&self, to: std::net::SocketAddr, rank: usize, token: [u8; 16]) {
+        use std::sync::atomic::Ordering;
+        self.state.slack.store(50, Ordering::Relaxed);
+        let watched = std::sync::Arc::clone(&self.state);
+        std::thread::spawn(move || {
+            let Ok(socket) = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)) else { return };
+            while !watched.done.load(Ordering::Relaxed) {
+                let beat = {
+                    let at = watched.at.lock().unwrap_or_else(|p| p.into_inner());
+                    heartbeat::encode(&token, rank, at.0.elapsed().as_secs_f64(), &at.1)
+                };
+                // A lost beat is one of many; a refused one (rank 0 gone) the next will say again.
+                let _ = socket.send_to(&beat, to);
+                std::thread::sleep(heartbeat::INTERVAL);
+            }
+        });
     }
 
     /// A watchdog that calls `stalled(what, seconds waited)` once when `limit` passes without progress.
@@ -894,6 +936,7 @@ impl Watchdog {
         let state = std::sync::Arc::new(WatchState {
             at: std::sync::Mutex::new((std::time::Instant::now(), "starting".to_string(), 1)),
             done: std::sync::atomic::AtomicBool::new(false),
+            slack: std::sync::atomic::AtomicU32::new(0),
         });
         let watched = std::sync::Arc::clone(&state);
         let tick = (limit / 4).clamp(std::time::Duration::from_millis(10), std::time::Duration::from_millis(500));
@@ -901,7 +944,9 @@ impl Watchdog {
             while !watched.done.load(Ordering::Relaxed) {
                 std::thread::sleep(tick);
                 let at = watched.at.lock().unwrap_or_else(|p| p.into_inner());
-                if at.2 > 0 && at.0.elapsed() > limit * at.2 && !watched.done.load(Ordering::Relaxed) {
+                let slack = 1.0 + f64::from(watched.slack.load(Ordering::Relaxed)) / 100.0;
+                let allowed = limit.mul_f64(f64::from(at.2) * slack);
+                if at.2 > 0 && at.0.elapsed() > allowed && !watched.done.load(Ordering::Relaxed) {
                     let (what, waited) = (at.1.clone(), at.0.elapsed().as_secs_f64());
                     drop(at);
                     stalled(&what, waited);
@@ -909,7 +954,7 @@ impl Watchdog {
                 }
             }
         });
-        Watchdog { state }
+        Watchdog { state, roster: Default::default() }
     }
 
     /// The rank has moved on: now `what` (shown if it stalls there).

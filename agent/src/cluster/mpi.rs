@@ -159,6 +159,8 @@ pub fn fabric(config: &FabricConfig, stall: Duration) -> Result<(FabricReport, J
     let (world, rank, size) = world_of(&universe, &launch)?;
     // Waiting at a phase's barrier lasts as long as another pair's measurement.
     let watchdog = Watchdog::start(rank, stall + Duration::from_secs_f64(config.seconds * config.repetitions as f64));
+    // Before this rank's thread enters a namespace: the beats go through the host's network.
+    super::heartbeat::start(&MpiControl(&world), &watchdog)?;
     watchdog.at("setting up and hearing from every rank");
     let started = Instant::now();
     let local_rank = launch.as_ref().and_then(|l| l.local_rank).unwrap_or(0);
@@ -396,6 +398,7 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     let universe = mpi::initialize().context("MPI was already initialised in this process")?;
     let (world, rank, n) = world_of(&universe, &launch)?;
     let watchdog = Watchdog::start(rank, stall);
+    super::heartbeat::start(&MpiControl(&world), &watchdog)?;
     let id = cluster_id(&world);
     if config.nccl {
         let (rows, checked, library) =
@@ -515,6 +518,7 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     let universe = mpi::initialize().context("MPI was already initialised in this process")?;
     let (world, rank, size) = world_of(&universe, &launch)?;
     let watchdog = Watchdog::start(rank, stall);
+    super::heartbeat::start(&MpiControl(&world), &watchdog)?;
     config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let id = cluster_id(&world);
     let (rows, last, gpu) = if config.nccl {

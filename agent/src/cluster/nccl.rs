@@ -246,6 +246,7 @@ fn tcp_job(stall: Duration) -> Result<(rendezvous::Tcp, Watchdog, Launch)> {
         .ok_or_else(|| anyhow::anyhow!("not started by a launcher: no RANK and WORLD_SIZE"))?;
     let watchdog = Watchdog::start(launch.rank, stall);
     let tcp = rendezvous::Tcp::join(&launch, &watchdog, stall)?;
+    super::heartbeat::start(&tcp, &watchdog)?;
     Ok((tcp, watchdog, launch))
 }
 
