@@ -817,7 +817,8 @@ fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_worl
 }
 
 /// `n` ranks of `kiln --db DIR/dbRANK.sqlite ARGS…` as torchrun starts them (RANK, WORLD_SIZE,
-/// LOCAL_RANK, GROUP_RANK, MASTER_ADDR 127.0.0.1, MASTER_PORT), the default build (no MPI), each
+/// LOCAL_RANK, GROUP_RANK, MASTER_ADDR 127.0.0.1, MASTER_PORT; `env` besides, `{port}` and
+/// `{rank}` in its values replaced), the default build (no MPI), each
 /// run to its end or killed after `limit`; `absent` ranks are never started. Their outputs, by
 /// rank (absent ones `None`), and how long the slowest took.
 fn torchrun(
@@ -854,7 +855,9 @@ fn torchrun(
                 .env("WORLD_SIZE", n.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
-                .envs(env.iter().map(|(k, v)| (k.to_string(), v.replace("{port}", &port.to_string()))))
+                .envs(env.iter().map(|(k, v)| {
+                    (k.to_string(), v.replace("{port}", &port.to_string()).replace("{rank}", &rank.to_string()))
+                }))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             let line = format!("RANK={rank} WORLD_SIZE={n} MASTER_PORT={port} kiln --db {} {args}", db.display());
@@ -907,6 +910,22 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
     }
     assert_eq!(stored(dir.path(), 4, "collectives").len(), 4, "every rank stores its part");
 
+    // Under Slurm (its variables win over torchrun's) with a kiln built without MPI, the same
+    // through KILN_RENDEZVOUS.
+    let slurm = [
+        ("KILN_GPU", gpu),
+        ("SLURM_PROCID", "{rank}"),
+        ("SLURM_LOCALID", "{rank}"),
+        ("SLURM_NTASKS", "4"),
+        ("KILN_RENDEZVOUS", "127.0.0.1:{port}"),
+        ("MASTER_PORT", "1"),
+    ];
+    let (runs, _) = torchrun(4, dir.path(), &format!("{args} --no-save"), &slurm, &[], limit);
+    let runs: Vec<Run> = runs.into_iter().flatten().collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code(), Some(0), "rank {r}: {}", run.describe());
+    }
+    assert_eq!(document(&runs[0])["report"]["launcher"]["launcher"], "slurm");
     // Training, with torchrun's own store holding MASTER_PORT: kiln meets one port above it.
     let trained = kiln_gpu::train::measure(
         &candle_core::Device::Cpu,
@@ -965,11 +984,39 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
     for run in runs[1..3].iter().flatten() {
         assert_eq!(run.code(), Some(2), "{}", run.describe());
     }
-    // What needs MPI says so under torchrun, before anything starts.
-    let (runs, _) = torchrun(2, dir.path(), "cluster fabric --no-save", &[], &[1], limit);
+    // What needs MPI for its data says so under torchrun, before anything starts.
+    let (runs, _) = torchrun(2, dir.path(), "cluster collectives --no-save", &[], &[1], limit);
     let zero = runs[0].as_ref().unwrap();
     assert_eq!(zero.code(), Some(2), "{}", zero.describe());
-    assert!(zero.stderr().contains("launched by torchrun, whose processes MPI cannot join"), "{}", zero.describe());
+    assert!(zero.stderr().contains("whose processes MPI cannot join"), "{}", zero.describe());
+    assert!(zero.stderr().contains("the CPU collectives and CPU training need MPI"), "{}", zero.describe());
+}
+
+#[test]
+fn under_torchrun_the_fabric_test_runs_its_tournament_through_kilns_rendezvous_without_mpi() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four ranks on loopback: three rounds, every directed link measured both ways once.
+    let args = "cluster fabric --iface lo --streams 1 --seconds 0.2 --repetitions 1 --json";
+    let (runs, _) = torchrun(4, dir.path(), args, &[], &[], Duration::from_secs(90));
+    let runs: Vec<Run> = runs.into_iter().flatten().collect();
+    // Loopback is one shared machine, so a link may be judged slow (exit 1): the verdict is the
+    // namespace test's; here the tournament and the gather are.
+    assert!(matches!(runs[0].code(), Some(0 | 1)), "{}", runs[0].describe());
+    for (r, run) in runs.iter().enumerate().skip(1) {
+        assert_eq!(run.code(), Some(0), "rank {r}: {}", run.describe());
+    }
+    let report = &document(&runs[0])["report"];
+    assert_eq!(report["rounds"], 3, "N-1 rounds for N nodes: {report}");
+    assert_eq!(report["launcher"]["launcher"], "torchrun");
+    let links = report["rails"][0]["links"].as_array().unwrap();
+    assert_eq!(links.len(), 12, "every ordered pair: {report}");
+    for l in links {
+        assert!(l["gbps"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["rtt_us"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    let labels: Vec<&str> = report["nodes"].as_array().unwrap().iter().map(|n| n["label"].as_str().unwrap()).collect();
+    assert!(labels.iter().enumerate().all(|(r, l)| l.ends_with(&format!("#{r}"))), "one host, told apart: {labels:?}");
+    assert_eq!(stored(dir.path(), 4, "fabric").len(), 4, "every rank stores its part");
 }
 
 #[test]

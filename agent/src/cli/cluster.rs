@@ -80,7 +80,7 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
                 streams >= 1 && repetitions >= 1 && seconds > 0.0,
                 "--streams, --repetitions and --seconds must be positive"
             );
-            can_run(false)?;
+            can_run(true)?;
             preflight(ctx, store)?;
             let config = FabricConfig { streams, seconds, repetitions, interfaces, netns, floor_gbps: min_gbps };
             let started_at = now_rfc3339();
@@ -139,11 +139,12 @@ pub fn run(what: ClusterCmd, stall_timeout: f64, ctx: &Ctx) -> Result<Output> {
     }
 }
 
-/// Whether this kiln can run the command in this job, before anything starts: under torchrun only
-/// the `--nccl` commands (kiln's own rendezvous), else MPI must be built in.
-fn can_run(nccl: bool) -> Result<()> {
+/// Whether this kiln can run the command in this job, before anything starts: through kiln's own
+/// rendezvous (torchrun) only what needs no MPI for its data (`without_mpi`: the fabric, the
+/// `--nccl` commands), else MPI must be built in.
+fn can_run(without_mpi: bool) -> Result<()> {
     if cluster::over_tcp(&cluster::launch_from_env()?) {
-        anyhow::ensure!(nccl, cluster::TORCHRUN_CPU);
+        anyhow::ensure!(without_mpi, cluster::TORCHRUN_CPU);
         return Ok(());
     }
     anyhow::ensure!(cluster::MPI_BUILT, cluster::NOT_BUILT);

@@ -1,11 +1,15 @@
 //! `kiln cluster`: tests across servers, run as one rank of a job that the cluster's own launcher
-//! started (`srun`, `mpirun`, `torchrun`). Rendezvous and CPU collectives go through MPI (the `mpi`
-//! cargo feature, over the system's Open MPI); the pair matrix's traffic is kiln's TCP benchmark
-//! (`kiln_bench::net`) between the ranks' NIC addresses, one pair per node at a time.
+//! started (`srun`, `mpirun`, `torchrun`). What the ranks tell each other goes over the job's
+//! control plane (`rendezvous::Control`): MPI (the `mpi` cargo feature, over the system's Open MPI)
+//! or, under torchrun, kiln's own TCP rendezvous. The CPU collectives and CPU training's gradients
+//! go through MPI; the pair matrix's traffic is kiln's TCP benchmark (`kiln_bench::net`) between
+//! the ranks' NIC addresses, one pair per node at a time; the `--nccl` commands' is NCCL's.
 //!
-//! This module holds what needs no MPI: the rails (NICs) a rank tests and their addresses, the
-//! documents (`FabricReport`, `CollectivesReport`), their text and their metrics. `mpi.rs` runs them.
+//! This module holds the rails (NICs) a rank tests and their addresses, the documents
+//! (`FabricReport`, `CollectivesReport`, `TrainScalingReport`), their text and their metrics, the
+//! job and its watchdog. `fabric.rs`, `nccl.rs` and `mpi.rs` run them.
 
+mod fabric;
 pub mod heartbeat;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -28,10 +32,12 @@ use crate::inventory::cpulist::parse_list;
 pub const MPI_BUILT: bool = cfg!(feature = "mpi");
 
 /// What to do when this kiln has no MPI.
-pub const NOT_BUILT: &str = "this kiln was built without MPI, which `kiln cluster` needs for its rendezvous and \
-collectives: install Open MPI's development files and libclang (Debian/Ubuntu: `apt install libopenmpi-dev \
-libclang-dev`) and build with `cargo build --release --features mpi`, then launch one rank per node \
-(`srun --ntasks-per-node=1 kiln cluster …`, `mpirun --map-by ppr:1:node kiln cluster …`)";
+pub const NOT_BUILT: &str = "this kiln was built without MPI, which `kiln cluster` needs under `mpirun` and `srun` \
+for its rendezvous, and everywhere for the CPU collectives and CPU training: install Open MPI's development files \
+and libclang (Debian/Ubuntu: `apt install libopenmpi-dev libclang-dev`) and build with `cargo build --release \
+--features mpi`, then launch one rank per node (`srun --ntasks-per-node=1 kiln cluster …`, `mpirun --map-by \
+ppr:1:node kiln cluster …`); without MPI, the fabric test and the --nccl commands run under torchrun, or under any \
+launcher with KILN_RENDEZVOUS=HOST:PORT (rank 0's host, a free port)";
 
 /// This process's launcher, read from the environment.
 ///
@@ -772,18 +778,29 @@ pub fn netns_path(pattern: &str, rank: usize, local_rank: usize) -> String {
 }
 
 #[cfg(feature = "mpi")]
-pub use mpi::{fabric, library_version};
+pub use mpi::library_version;
 
-/// Whether this job's ranks meet through kiln's TCP rendezvous rather than MPI: `torchrun` starts
-/// processes that MPI cannot join (only the `--nccl` commands, whose data NCCL carries, run so).
-pub fn over_tcp(launch: &Option<Launch>) -> bool {
-    launch.as_ref().is_some_and(|l| l.launcher == kiln_bench::cluster::Launcher::Torchrun)
+pub use rendezvous::wanted as over_tcp;
+
+/// What a job that meets through kiln's rendezvous cannot run.
+pub const TORCHRUN_CPU: &str = "launched by torchrun (or with KILN_RENDEZVOUS), whose processes MPI cannot join: \
+so kiln runs the fabric test, `cluster collectives --nccl` and `cluster train --nccl` (kiln's TCP benchmark or NCCL \
+carries the data, kiln's own rendezvous at MASTER_ADDR the rest); the CPU collectives and CPU training need MPI's \
+launcher (`mpirun`, or `srun --mpi=pmix`) and a kiln built with `--features mpi`";
+
+/// `kiln cluster fabric`, as one rank: over MPI, or through kiln's rendezvous.
+///
+/// # Errors
+/// No MPI in this build where one is needed, or the test's own errors.
+pub fn fabric(config: &FabricConfig, stall: std::time::Duration) -> Result<(FabricReport, Job)> {
+    if over_tcp(&launch_from_env()?) {
+        return fabric::over_tcp(config, stall);
+    }
+    #[cfg(feature = "mpi")]
+    return mpi::fabric(config, stall);
+    #[cfg(not(feature = "mpi"))]
+    anyhow::bail!(NOT_BUILT)
 }
-
-/// What a job that torchrun started cannot run.
-pub const TORCHRUN_CPU: &str = "launched by torchrun, whose processes MPI cannot join: under torchrun kiln runs \
-`cluster collectives --nccl` and `cluster train --nccl` (NCCL carries the data, kiln's own rendezvous at MASTER_ADDR \
-the rest); the fabric test, the CPU collectives and CPU training need MPI's launcher (`mpirun`, or `srun --mpi=pmix`)";
 
 /// `kiln cluster collectives`, as one rank: over MPI, or under torchrun (with `--nccl`) through
 /// kiln's rendezvous.
@@ -984,12 +1001,6 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.state.done.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-}
-
-/// Without MPI: what to build.
-#[cfg(not(feature = "mpi"))]
-pub fn fabric(_: &FabricConfig, _: std::time::Duration) -> Result<(FabricReport, Job)> {
-    anyhow::bail!(NOT_BUILT)
 }
 
 /// Without MPI there is no library to describe.

@@ -239,23 +239,12 @@ fn group(
     agree_on(c, watchdog, &format!("train on {k} ranks"), part)
 }
 
-/// A job that `torchrun` started: joined through kiln's TCP rendezvous (no MPI). The control
-/// plane, the watchdog, and the launcher's view.
-fn tcp_job(stall: Duration) -> Result<(rendezvous::Tcp, Watchdog, Launch)> {
-    let launch = super::launch_from_env()?
-        .ok_or_else(|| anyhow::anyhow!("not started by a launcher: no RANK and WORLD_SIZE"))?;
-    let watchdog = Watchdog::start(launch.rank, stall);
-    let tcp = rendezvous::Tcp::join(&launch, &watchdog, stall)?;
-    super::heartbeat::start(&tcp, &watchdog)?;
-    Ok((tcp, watchdog, launch))
-}
-
-/// `cluster collectives --nccl` under torchrun.
+/// `cluster collectives --nccl` through kiln's rendezvous (torchrun, or `KILN_RENDEZVOUS`).
 ///
 /// # Errors
 /// As [`collectives`], or the rendezvous cannot form.
 pub fn collectives_over_tcp(config: &CollectivesConfig, stall: Duration) -> Result<(CollectivesReport, Job)> {
-    let (tcp, watchdog, launch) = tcp_job(stall)?;
+    let (tcp, watchdog, launch) = rendezvous::job(stall)?;
     let id = rendezvous::cluster_id(&tcp, &watchdog)?;
     let launch = Some(launch);
     let (rows, checked, library) = collectives(&tcp, &launch, &watchdog, config, stall)?;
@@ -269,12 +258,12 @@ pub fn collectives_over_tcp(config: &CollectivesConfig, stall: Duration) -> Resu
     Ok((report, Job::over_tcp(tcp, watchdog)))
 }
 
-/// `cluster train --nccl` under torchrun.
+/// `cluster train --nccl` through kiln's rendezvous (torchrun, or `KILN_RENDEZVOUS`).
 ///
 /// # Errors
 /// As [`train`], or the rendezvous cannot form.
 pub fn train_over_tcp(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingReport, Job)> {
-    let (tcp, watchdog, launch) = tcp_job(stall)?;
+    let (tcp, watchdog, launch) = rendezvous::job(stall)?;
     let id = rendezvous::cluster_id(&tcp, &watchdog)?;
     let launch = Some(launch);
     let (rows, last, gpu) = train(&tcp, &launch, &watchdog, config, stall)?;

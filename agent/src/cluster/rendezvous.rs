@@ -25,6 +25,13 @@ pub trait Control {
     /// # Errors
     /// A rank is gone (its connection closed) or says something that is not kiln's.
     fn all_gather(&self, mine: &[u8], watchdog: &Watchdog, what: &str) -> Result<Vec<Vec<u8>>>;
+
+    /// A barrier that knows who is missing: rank 0 names in its watchdog the ranks it has not
+    /// heard from ("round 2/3: waiting for rank 2 (node7)"); `names` labels the ranks where known.
+    ///
+    /// # Errors
+    /// As [`Control::all_gather`].
+    fn roll_call(&self, watchdog: &Watchdog, what: &str, names: Option<&[String]>) -> Result<()>;
 }
 
 /// Rank 0's `mine` on every rank.
@@ -277,6 +284,23 @@ impl Control for Tcp {
     }
 
     fn all_gather(&self, mine: &[u8], watchdog: &Watchdog, what: &str) -> Result<Vec<Vec<u8>>> {
+        self.gather_naming(mine, watchdog, what, None)
+    }
+
+    fn roll_call(&self, watchdog: &Watchdog, what: &str, names: Option<&[String]>) -> Result<()> {
+        self.gather_naming(&[], watchdog, what, names).map(drop)
+    }
+}
+
+impl Tcp {
+    /// [`Control::all_gather`], rank 0 naming the rank it waits for with its label where known.
+    fn gather_naming(
+        &self,
+        mine: &[u8],
+        watchdog: &Watchdog,
+        what: &str,
+        names: Option<&[String]>,
+    ) -> Result<Vec<Vec<u8>>> {
         if self.rank != 0 {
             let mut to_0 = &self.peers[0];
             write_frame(&mut to_0, mine).with_context(|| format!("rank {}: sending to rank 0 ({what})", self.rank))?;
@@ -286,7 +310,8 @@ impl Control for Tcp {
         }
         let mut all = vec![mine.to_vec()];
         for (i, mut p) in self.peers.iter().enumerate() {
-            watchdog.at(format!("{what}: waiting for rank {}", i + 1));
+            let label = names.and_then(|n| n.get(i + 1)).map_or(String::new(), |l| format!(" ({l})"));
+            watchdog.at(format!("{what}: waiting for rank {}{label}", i + 1));
             all.push(read_frame(&mut p).with_context(|| format!("rank 0: rank {} ({what})", i + 1))?);
         }
         let mut joined = Vec::with_capacity(all.iter().map(|a| a.len() + 4).sum());
@@ -299,6 +324,28 @@ impl Control for Tcp {
         }
         Ok(all)
     }
+}
+
+/// Whether this job's ranks meet through kiln's rendezvous rather than MPI: `torchrun` starts
+/// processes that MPI cannot join, and `KILN_RENDEZVOUS` asks for it under any launcher.
+pub fn wanted(launch: &Option<Launch>) -> bool {
+    launch.as_ref().is_some_and(|l| l.launcher == kiln_bench::cluster::Launcher::Torchrun)
+        || std::env::var_os("KILN_RENDEZVOUS").is_some_and(|v| !v.is_empty())
+}
+
+/// This process's job, joined through kiln's rendezvous: the control plane, the watchdog (at
+/// `limit`) with the heartbeats started, and the launcher's view.
+///
+/// # Errors
+/// No launcher, or the rendezvous cannot form.
+pub fn job(limit: Duration) -> Result<(Tcp, Watchdog, Launch)> {
+    let launch = super::launch_from_env()?.context(
+        "kiln's rendezvous needs a launcher's rank and world size (RANK and WORLD_SIZE, SLURM_PROCID and SLURM_NTASKS)",
+    )?;
+    let watchdog = Watchdog::start(launch.rank, limit);
+    let tcp = Tcp::join(&launch, &watchdog, limit)?;
+    super::heartbeat::start(&tcp, &watchdog)?;
+    Ok((tcp, watchdog, launch))
 }
 
 /// One length-prefixed message.
