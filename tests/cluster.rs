@@ -633,6 +633,7 @@ fn train_stand_in(dir: &Path) -> PathBuf {
          if [ \"$1\" = nccl-id ]; then echo call >> \"$dir/nccl-id-calls\"; \
             printf '{\"schema_version\":1,\"nccl_id\":\"%0256x\"}\\n' $$; exit 0; fi\n\
          echo \"$*\" >> \"$dir/train-calls\"\n\
+         sleep ${STAND_IN_SLEEP:-0}\n\
          shift\n\
          rank=0; ranks=1\n\
          while [ $# -gt 1 ]; do\n\
@@ -951,11 +952,18 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
     }
     let agent = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let held = agent.local_addr().unwrap().port().to_string();
+    // Each run takes longer than the stall limit: rank 1, waiting while rank 0 trains alone, is
+    // allowed what rank 0's run is.
     let (runs, _) = torchrun(
         2,
         dir.path(),
-        "cluster train --nccl --size tiny --steps 20 --json",
-        &[("KILN_GPU", program.to_str().unwrap()), ("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_PORT", &held)],
+        "cluster --stall-timeout 1.5 train --nccl --size tiny --steps 20 --json",
+        &[
+            ("KILN_GPU", program.to_str().unwrap()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("MASTER_PORT", &held),
+            ("STAND_IN_SLEEP", "5"),
+        ],
         &[],
         limit,
     );

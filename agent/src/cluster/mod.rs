@@ -871,6 +871,7 @@ impl Job {
             }
             Carrier::Tcp(tcp) => {
                 use rendezvous::Control;
+                self.watchdog.at("storing every rank's part");
                 tcp.all_gather(&[], &self.watchdog, "storing every rank's part").map(drop)
             }
         }
@@ -985,6 +986,17 @@ impl Watchdog {
         self.set(what.into(), 2);
     }
 
+    /// Moves on to `what`, allowed `limits` limits, unless this rank is already allowed longer (a
+    /// [`Watchdog::waiting`] bound, counted from when it began), which then stands with its own
+    /// words: what the job's control plane says while it carries a message, so that a rank
+    /// waiting for others to train is not cut short by the gather that ends the wait.
+    pub fn at_least(&self, what: impl Into<String>, limits: u32) {
+        let mut at = self.state.at.lock().unwrap_or_else(|p| p.into_inner());
+        if at.2 <= limits.max(1) {
+            *at = (std::time::Instant::now(), what.into(), limits.max(1));
+        }
+    }
+
     /// Waiting for as long as other ranks take (`what`), where their own watchdogs bound that to
     /// `limits` times the limit: this rank stops after that many limits (where the others hung
     /// and the launcher let this rank run on), until the next [`Watchdog::at`].
@@ -1030,9 +1042,15 @@ mod tests {
         dog.behind("waiting for rank 0");
         std::thread::sleep(limit * 3 / 2);
         assert!(rx.try_recv().is_err(), "no stall while moving or waiting, nor behind another within 2 limits");
-        dog.at("sending to rank 2");
+        // A gather while waiting keeps the waiting bound (and its words); one after a step moves on.
+        dog.waiting("ranks 0-1 train without this rank", 5);
+        dog.at_least("hearing whether every rank could train", 1);
+        std::thread::sleep(limit * 2);
+        assert!(rx.try_recv().is_err(), "the waiting bound stands through the gather");
+        dog.at("gathering");
+        dog.at_least("sending to rank 2", 1);
         let (what, waited) = rx.recv_timeout(Duration::from_secs(5)).expect("a stall is reported");
-        assert_eq!(what, "sending to rank 2");
+        assert_eq!(what, "sending to rank 2", "a gather after a step moves on");
         assert!(waited >= limit.as_secs_f64(), "{waited}");
         assert!(rx.recv_timeout(limit * 3).is_err(), "reported once");
 

@@ -118,6 +118,7 @@ pub fn collectives(
         part.ok_or_else(|| anyhow::anyhow!("{}: collectives: {}", program.display(), error.unwrap_or_default())),
     )?;
     // Every rank measured the same rows, in the same order; a size's time is the slowest rank's.
+    watchdog.at("gathering every rank's times");
     let mut mine: Vec<f64> = part.rows.iter().map(|r| r.time_us).collect();
     mine.push(f64::from(u8::from(part.rows.iter().all(|r| r.correct))));
     let slowest = reduce(c, &mine, f64::max, watchdog, "gathering every rank's times")?;

@@ -224,7 +224,7 @@ impl Tcp {
             hello.extend((rank as u32).to_le_bytes());
             hello.extend((size as u32).to_le_bytes());
             stream.write_all(&hello).with_context(|| format!("rank {rank}: greeting rank 0 at {text}"))?;
-            watchdog.at("waiting for rank 0 to hear from every rank");
+            watchdog.behind("waiting for rank 0 to hear from every rank");
             let answer = read_frame(&mut stream).with_context(|| format!("rank {rank}: rank 0 at {text}"))?;
             if !answer.is_empty() {
                 anyhow::bail!("rank 0 refused this rank: {}", String::from_utf8_lossy(&answer));
@@ -304,14 +304,14 @@ impl Tcp {
         if self.rank != 0 {
             let mut to_0 = &self.peers[0];
             write_frame(&mut to_0, mine).with_context(|| format!("rank {}: sending to rank 0 ({what})", self.rank))?;
-            watchdog.behind(format!("{what}: waiting for rank 0 to hear from every rank"));
+            watchdog.at_least(format!("{what}: waiting for rank 0 to hear from every rank"), 2);
             let all = read_frame(&mut to_0).with_context(|| format!("rank {}: rank 0 ({what})", self.rank))?;
             return split(&all, self.size);
         }
         let mut all = vec![mine.to_vec()];
         for (i, mut p) in self.peers.iter().enumerate() {
             let label = names.and_then(|n| n.get(i + 1)).map_or(String::new(), |l| format!(" ({l})"));
-            watchdog.at(format!("{what}: waiting for rank {}{label}", i + 1));
+            watchdog.at_least(format!("{what}: waiting for rank {}{label}", i + 1), 1);
             all.push(read_frame(&mut p).with_context(|| format!("rank 0: rank {} ({what})", i + 1))?);
         }
         let mut joined = Vec::with_capacity(all.iter().map(|a| a.len() + 4).sum());
