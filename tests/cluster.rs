@@ -785,16 +785,25 @@ fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_worl
         assert!(names.contains(&name), "the GPUs' figures apart from the CPUs': {name} in {names:?}");
     }
 
-    // Rank 3's GPU fails at the full world: it says why, and the job stops.
+    // Rank 3's GPU fails at the full world: the curve stops there, saying which rank and why, and
+    // the points before it are stored as a failed run by every rank (exit 1).
     write(3, 4, &serde_json::json!({"schema_version": 1, "error": "CUDA_ERROR_OUT_OF_MEMORY"}), 2);
-    let failed = run_job(" --no-save");
-    assert_eq!(failed.code(), Some(2), "{}", failed.describe());
-    let err = failed.stderr();
-    // Whichever rank's message mpirun lets out before it stops the rest, it names rank 3 and why.
-    assert!(
-        err.contains("rank 3 could not train on 4 ranks (rank 3: ") && err.contains("CUDA_ERROR_OUT_OF_MEMORY"),
-        "{err}"
-    );
+    let failed = run_job("");
+    assert_eq!(failed.code(), Some(1), "{}", failed.describe());
+    let report = document(&failed)["report"].clone();
+    assert_eq!(report["rows"].as_array().unwrap().len(), 2, "1 and 2 ranks stand: {report}");
+    let stopped = report["stopped"].as_str().unwrap_or_default();
+    assert!(stopped.contains("rank 3 could not train on 4 ranks (rank 3: "), "{report}");
+    assert!(stopped.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{report}");
+    let runs = stored(dir.path(), 4, "scaling");
+    assert_eq!(runs.len(), 8, "every rank stored the stopped curve too: {runs:?}");
+    assert_eq!(runs.iter().filter(|(_, r)| r["status"] == "failed").count(), 4, "{runs:?}");
+    // The single rank's own failure leaves no point: nothing is stored, the job stops (exit 2).
+    write(0, 1, &serde_json::json!({"schema_version": 1, "error": "CUDA_ERROR_NO_DEVICE"}), 2);
+    let none = run_job(" --no-save");
+    assert_eq!(none.code(), Some(2), "{}", none.describe());
+    assert!(none.stderr().contains("CUDA_ERROR_NO_DEVICE"), "{}", none.describe());
+    write(0, 1, &train_part(&trained, 0, 1, speed(0, 1)), 0);
     // Rank 1's model does not learn with four: the run fails its check, exit 1.
     write(3, 4, &train_part(&trained, 3, 4, speed(3, 4)), 0);
     let mut lazy = train_part(&trained, 1, 4, speed(1, 4));

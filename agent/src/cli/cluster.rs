@@ -232,13 +232,21 @@ fn train(
     let started_at = now_rfc3339();
     let (report, job) = cluster::train(&config, stall)?;
     let learned = report.rows.iter().all(|r| r.learned);
-    let headline = format!(
-        "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
-        report.job.world_size,
-        100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
-    );
+    let stopped = report.stopped.clone();
+    let reached = report.rows.last().map_or(0, |r| r.ranks);
+    let headline = match &stopped {
+        None => format!(
+            "data-parallel training on {} ranks: {:.0} % weak-scaling efficiency",
+            report.job.world_size,
+            100.0 * report.rows.last().map_or(0.0, |r| r.efficiency)
+        ),
+        Some(_) => format!("data-parallel training stopped after {reached} of {} ranks", report.job.world_size),
+    };
     let mut outcome = outcome(report, Report::Scaling, ("train", serde_json::json!(config)), started_at, headline);
-    if !learned {
+    if let Some(why) = stopped {
+        outcome.status = RunStatus::Failed;
+        outcome.status_reason = Some(format!("the curve stopped after {reached} ranks: {why}"));
+    } else if !learned {
         outcome.status = RunStatus::Failed;
         outcome.status_reason = Some("the model did not learn at some rank count".to_string());
     }

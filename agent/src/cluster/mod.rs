@@ -653,8 +653,13 @@ pub struct TrainScalingReport {
     #[serde(flatten)]
     pub job: Rank,
     pub rows: Vec<ScalingRow>,
-    /// This rank's run at the full world size (its loss curve is the job's).
-    pub run: kiln_bench::train::Report,
+    /// This rank's run at the largest rank count it trained at (the full world's, unless the
+    /// curve stopped early): its loss curve is the job's there.
+    pub run: Option<kiln_bench::train::Report>,
+    /// Why the curve stopped before the full world (a group whose run failed, every failing rank
+    /// named with its reason); the points before it stand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
     /// What summed the gradients: the MPI library's description, or NCCL.
     #[serde(default)]
     pub library: String,
@@ -729,6 +734,9 @@ impl TrainScalingReport {
                 if r.learned { "" } else { "  DID NOT LEARN" }
             ));
         }
+        if let Some(why) = &self.stopped {
+            out.push_str(&format!("STOPPED before {} ranks: {why}\n", self.job.world_size));
+        }
         out
     }
 
@@ -744,7 +752,9 @@ impl TrainScalingReport {
                 out.push(("scaling.mfu".to_string(), k, mfu));
             }
         }
-        out.extend(self.run.loss_curve.iter().enumerate().map(|(i, l)| ("scaling.loss".to_string(), i as i64, *l)));
+        if let Some(run) = &self.run {
+            out.extend(run.loss_curve.iter().enumerate().map(|(i, l)| ("scaling.loss".to_string(), i as i64, *l)));
+        }
         out
     }
 

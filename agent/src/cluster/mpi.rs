@@ -316,11 +316,11 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     super::heartbeat::start(&MpiControl(&world), &watchdog)?;
     config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let id = cluster_id(&world);
-    let (rows, last, gpu) = if config.nccl {
+    let (rows, last, gpu, stopped) = if config.nccl {
         super::nccl::train(&MpiControl(&world), &launch, &watchdog, config, stall)?
     } else {
         let (rows, last) = over_mpi(&world, &watchdog, config)?;
-        (rows, last, None)
+        (rows, Some(last.context("every rank trains at the full world size")?), None, None)
     };
     let library = match config.nccl {
         true => "NCCL".to_string(),
@@ -329,7 +329,8 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     let report = TrainScalingReport {
         job: Rank { cluster_id: id, rank, world_size: size, launcher: launch },
         rows,
-        run: last.context("every rank trains at the full world size")?,
+        run: last,
+        stopped,
         library,
         gpu,
         config: config.clone(),

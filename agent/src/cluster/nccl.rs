@@ -147,26 +147,36 @@ pub fn collectives(
 }
 
 /// The weak-scaling curve on the GPUs: for 1, 2, 4 … N ranks, [`group`] trains, and every rank's
-/// figures make the point. Returns the rows, this rank's run at the full world size and its GPU's
-/// name.
+/// figures make the point. A group whose run failed on some rank (every rank agrees on it) ends
+/// the curve there: the points before it stand, and why it stopped is returned with them. Returns
+/// the rows, this rank's run at the largest group it trained in, its GPU's name, and why the
+/// curve stopped early.
 ///
 /// # Errors
-/// As [`group`].
+/// The single rank's run failed (no point at all), or the control plane failed.
 pub fn train(
     c: &dyn Control,
     launch: &Option<Launch>,
     watchdog: &Watchdog,
     config: &TrainConfig,
     stall: Duration,
-) -> Result<(Vec<ScalingRow>, Option<kiln_bench::train::Report>, Option<String>)> {
+) -> Result<(Vec<ScalingRow>, Option<kiln_bench::train::Report>, Option<String>, Option<String>)> {
     let progress = Progress::new();
     let program = program(c, watchdog)?;
-    let (mut rows, mut last, mut gpu) = (Vec::<ScalingRow>::new(), None, None);
+    let (mut rows, mut last, mut gpu, mut stopped) = (Vec::<ScalingRow>::new(), None, None, None);
     for k in super::scaling_steps(c.size()) {
         if c.rank() == 0 {
             progress.update(&format!("{k} ranks: training in kiln-gpu"));
         }
-        let part = group(c, (&program, launch), watchdog, config, (k, stall))?;
+        let part = match group(c, (&program, launch), watchdog, config, (k, stall)) {
+            Ok(part) => part,
+            // Every rank has the same error (agreed): each stops the curve here alike.
+            Err(e) if !rows.is_empty() && e.downcast_ref::<rendezvous::Agreed>().is_some() => {
+                stopped = Some(format!("{e:#}"));
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         let report = part.map(|p| {
             gpu.clone_from(&p.name);
             p.run
@@ -192,7 +202,7 @@ pub fn train(
         rows.push(ScalingRow::of(k, &values, rows.first().map(|r| r.tokens_per_s_per_rank)));
     }
     progress.finish();
-    Ok((rows, last, gpu))
+    Ok((rows, last, gpu, stopped))
 }
 
 /// One point of the GPU curve: for more than one rank a fresh NCCL id from rank 0, then the first
@@ -267,11 +277,12 @@ pub fn train_over_tcp(config: &TrainConfig, stall: Duration) -> Result<(TrainSca
     let (tcp, watchdog, launch) = rendezvous::job(stall)?;
     let id = rendezvous::cluster_id(&tcp, &watchdog)?;
     let launch = Some(launch);
-    let (rows, last, gpu) = train(&tcp, &launch, &watchdog, config, stall)?;
+    let (rows, last, gpu, stopped) = train(&tcp, &launch, &watchdog, config, stall)?;
     let report = TrainScalingReport {
         job: Rank { cluster_id: id, rank: tcp.rank(), world_size: tcp.size(), launcher: launch },
         rows,
-        run: last.ok_or_else(|| anyhow::anyhow!("every rank trains at the full world size"))?,
+        run: last,
+        stopped,
         library: "NCCL".into(),
         gpu,
         config: config.clone(),

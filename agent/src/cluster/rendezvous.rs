@@ -96,13 +96,27 @@ pub fn agree_on<T>(c: &dyn Control, watchdog: &Watchdog, what: &str, mine: Resul
     let said: Vec<String> =
         bad.iter().map(|&r| format!("rank {r}: {}", String::from_utf8_lossy(&all[r]).trim_end())).collect();
     let who: Vec<String> = bad.iter().map(usize::to_string).collect();
-    anyhow::bail!(
+    Err(Agreed(format!(
         "rank{} {} could not {what} ({}); every rank stopped",
         if bad.len() > 1 { "s" } else { "" },
         who.join(", "),
         said.join("; ")
-    )
+    ))
+    .into())
 }
+
+/// An error every rank of the job has alike ([`agree_on`]): each can act on it in step (stop a
+/// curve where it is and store what came before) without asking the others.
+#[derive(Debug)]
+pub struct Agreed(pub String);
+
+impl std::fmt::Display for Agreed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Agreed {}
 
 /// A cluster-run id made by rank 0 and shared.
 ///
