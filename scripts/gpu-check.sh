@@ -14,7 +14,9 @@
 #   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
 #                    (`kiln bench gpu p2p --json`, where CUDA sees two devices or more, goes into
 #                    summary.json as "p2p": a ninth file would not come back); likewise
-#                    `kiln bench gpu train --json` and PyTorch's run of the same model ("train")
+#                    `kiln bench gpu train --json` and PyTorch's run of the same model ("train"),
+#                    and kiln-gpu's one-rank NCCL run of it, every gradient summed in GPU memory
+#                    ("train"."nccl1": tokens/s over the plain run's, the end loss's difference)
 #   torch.json       scripts/torch_gpu_anchors.py: torch.matmul at the same shapes, timed the same
 #                    way, and a device copy
 #   summary.json     each step's exit status and seconds, kiln's GEMM over PyTorch's per type and
@@ -170,6 +172,22 @@ print(c["vocab"], c["d_model"], c["layers"], c["heads"], c["seq"], c["batch"])' 
     fi
 fi
 
+# Data parallelism's device path on one GPU: a one-rank NCCL job (`kiln-gpu nccl-id`, then
+# `kiln-gpu train … --nccl-id ID --rank 0 --ranks 1`) sums every gradient in GPU memory each step
+# (NCCL alone, the mean and the views of one flat tensor), so its loss curve must follow the
+# plain run's and its tokens/s say what that path costs; both go into summary.json.
+if [ "$train" != none ]; then
+    step nccl-id 60 "$work/nccl-id.json" "$work/kiln-gpu" nccl-id
+    id=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["nccl_id"])' "$work/nccl-id.json" \
+        2>>"$log")
+    if [ -n "$id" ]; then
+        step train-nccl 240 "$work/train-nccl.json" "$work/kiln-gpu" train --device 0 --size "$train" \
+            --steps "$train_steps" --nccl-id "$id" --rank 0 --ranks 1
+    else
+        skip train-nccl "kiln-gpu made no NCCL id"
+    fi
+fi
+
 # kiln's GEMM over PyTorch's per type, and its device copy over PyTorch's (medians, one GPU alone).
 ratios=$("$python" - "$out/gemm.json" "$out/memory.json" "$out/torch.json" 2>>"$log" <<'PY'
 import json, sys
@@ -211,7 +229,7 @@ PY
 steps=$(IFS=,; echo "${summary[*]}")
 p2p=$("$python" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$work/p2p.json" 2>/dev/null)
 # kiln's training run (tokens/s, MFU, learned) beside PyTorch's RESULT line, and their ratio.
-trained=$("$python" - "$work/train.json" "$work/torch-train.txt" 2>>"$log" <<'PY'
+trained=$("$python" - "$work/train.json" "$work/torch-train.txt" "$work/train-nccl.json" 2>>"$log" <<'PY'
 import json, re, sys
 try:
     doc = json.load(open(sys.argv[1]))
@@ -229,6 +247,17 @@ try:
         out["torch_tokens_per_s"] = int(m.group(1))
         out["kiln_over_torch"] = out["tokens_per_s"] / int(m.group(1))
 except OSError:
+    pass
+# The one-rank NCCL run: its tokens/s over the plain run's, and how far its loss ended from it.
+try:
+    nccl = json.load(open(sys.argv[3]))["run"]
+    out["nccl1"] = {"tokens_per_s": nccl["tokens_per_s"], "learned": nccl["learned"],
+                    "comm_share": (nccl.get("parallel") or {}).get("comm_share"),
+                    "loss": [nccl["loss_start"], nccl["loss_end"]]}
+    if "tokens_per_s" in out:
+        out["nccl1"]["over_plain"] = nccl["tokens_per_s"] / out["tokens_per_s"]
+        out["nccl1"]["loss_end_diff"] = nccl["loss_end"] - out["loss"][1]
+except (OSError, ValueError, KeyError, TypeError):
     pass
 print(json.dumps(out))
 PY

@@ -93,6 +93,10 @@ fn the_gpu_check_runs_every_step_and_says_what_each_did_without_a_gpu() {
     assert_eq!(status("train"), "skipped", "{log}");
     assert!(summary["train"]["skipped"].as_str().unwrap().contains("no NVIDIA GPU"), "{summary}");
     assert_eq!(status("torch-train"), "skipped", "{log}");
+    // The one-rank NCCL run of data parallelism's device path: no NCCL id without CUDA, so no run.
+    assert_eq!(status("nccl-id"), "failed", "{log}");
+    assert_eq!(status("train-nccl"), "skipped", "{log}");
+    assert!(summary["train"]["nccl1"].is_null(), "{summary}");
     // PyTorch: absent here (an error document), or measuring on a machine that has it.
     let torch = json("torch.json");
     assert!(torch["error"].is_string() || torch["gemm"].is_array(), "{torch}");

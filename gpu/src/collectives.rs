@@ -34,10 +34,9 @@ pub fn as_rank(
 ) -> anyhow::Result<Option<AsRank>> {
     match (id, rank, ranks) {
         (Some(id), Some(rank), Some(ranks)) => {
-            anyhow::ensure!(
-                ranks >= 2 && rank < ranks,
-                "--rank {rank} of --ranks {ranks}: two ranks or more, rank below ranks"
-            );
+            // One rank is a job too: NCCL's calls then run alone, which is how one GPU tests the
+            // data-parallel path (scripts/gpu-check.sh).
+            anyhow::ensure!(rank < ranks, "--rank {rank} of --ranks {ranks}: the rank must be below the ranks");
             Ok(Some(AsRank { id, rank, ranks, device }))
         }
         (None, None, None) => Ok(None),
