@@ -18,11 +18,7 @@ use crate::render::Progress;
 
 /// Every rank's `text`, at most `width` bytes each.
 fn gather_strings(c: &dyn Control, watchdog: &Watchdog, text: &str, width: usize) -> Result<Vec<String>> {
-    let mut end = text.len().min(width);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let all = c.all_gather(&text.as_bytes()[..end], watchdog, "hearing from every rank")?;
+    let all = c.all_gather(rendezvous::cut(text, width).as_bytes(), watchdog, "hearing from every rank")?;
     Ok(all.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect())
 }
 
@@ -205,16 +201,7 @@ pub fn run(
     progress.finish();
 
     watchdog.at("gathering every rank's links");
-    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let gathered = c.all_gather(&bytes, watchdog, "gathering every rank's links")?;
-    anyhow::ensure!(
-        gathered.iter().all(|g| g.len() == bytes.len()),
-        "the ranks sent links of different sizes: kiln differs between nodes"
-    );
-    let all: Vec<f64> = gathered
-        .iter()
-        .flat_map(|g| g.chunks_exact(8).map(|x| f64::from_le_bytes(x.try_into().expect("8 bytes"))))
-        .collect();
+    let all = rendezvous::gather_f64s(c, &mine, watchdog, "gathering every rank's links")?.concat();
     let per_rank = mine.len();
     let rail_reports = rails
         .iter()

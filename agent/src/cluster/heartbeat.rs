@@ -44,6 +44,9 @@ impl Roster {
     /// said: X); ranks 1, 3 at 'Y' for 8 s". `None` when no rank but rank 0 is in the job.
     pub fn describe(&self) -> Option<String> {
         let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        if heard.len() < 2 {
+            return None;
+        }
         let now = Instant::now();
         let silent_after = INTERVAL * SILENT_AFTER;
         let mut silent = Vec::new();
@@ -67,9 +70,6 @@ impl Roster {
                     }
                 }
             }
-        }
-        if heard.len() < 2 {
-            return None;
         }
         let said = groups.into_iter().map(|(position, ranks, for_s)| {
             let who: Vec<String> = ranks.iter().map(usize::to_string).collect();
@@ -153,11 +153,7 @@ pub(super) fn encode(token: &[u8; 16], rank: usize, for_s: f64, position: &str) 
     let mut v = token.to_vec();
     v.extend((rank as u32).to_le_bytes());
     v.extend(((for_s * 1000.0) as u64).to_le_bytes());
-    let mut end = position.len().min(900);
-    while !position.is_char_boundary(end) {
-        end -= 1;
-    }
-    v.extend(&position.as_bytes()[..end]);
+    v.extend(super::rendezvous::cut(position, 900).as_bytes());
     v
 }
 

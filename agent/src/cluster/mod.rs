@@ -611,11 +611,28 @@ pub struct ScalingRow {
 
 /// What each rank of a `k`-rank group measured, for [`ScalingRow::of`]: tokens/s, the
 /// all-reduce's share of a step, the end loss, whether it learned (1 or 0), MFU (NaN: unknown).
-pub const ROW_VALUES: usize = 5;
+const ROW_VALUES: usize = 5;
 
 impl ScalingRow {
+    /// The point of `k` ranks: this rank's run (if it trained in the group) gathered with every
+    /// rank's; efficiency against `single`, the one-rank point's tokens/s (none: this is that point).
+    ///
+    /// # Errors
+    /// As [`rendezvous::gather_f64s`].
+    pub fn gather(
+        c: &dyn rendezvous::Control,
+        watchdog: &Watchdog,
+        k: usize,
+        report: Option<&kiln_bench::train::Report>,
+        single: Option<f64>,
+    ) -> Result<ScalingRow> {
+        let mine = ScalingRow::mine(report);
+        let all = rendezvous::gather_f64s(c, &mine, watchdog, &format!("gathering the {k}-rank point"))?;
+        Ok(ScalingRow::of(k, &all.concat(), single))
+    }
+
     /// This rank's values for the gather ([`ROW_VALUES`] of them); NaN where it did not train.
-    pub fn mine(report: Option<&kiln_bench::train::Report>) -> [f64; ROW_VALUES] {
+    fn mine(report: Option<&kiln_bench::train::Report>) -> [f64; ROW_VALUES] {
         match report {
             None => [f64::NAN; ROW_VALUES],
             Some(r) => [
@@ -630,7 +647,7 @@ impl ScalingRow {
 
     /// The point of `k` ranks from every rank's gathered values (the first `k` ranks trained);
     /// efficiency against `single`, the one-rank point's tokens/s (none: this is that point).
-    pub fn of(k: usize, gathered: &[f64], single: Option<f64>) -> ScalingRow {
+    fn of(k: usize, gathered: &[f64], single: Option<f64>) -> ScalingRow {
         let members: Vec<&[f64]> = gathered.chunks(ROW_VALUES).take(k).collect();
         let per_rank = members.iter().map(|m| m[0]).sum::<f64>() / k as f64;
         let mfu: Vec<f64> = members.iter().map(|m| m[4]).filter(|v| v.is_finite()).collect();

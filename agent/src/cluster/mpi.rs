@@ -16,7 +16,7 @@ use mpi::traits::*;
 use super::rendezvous::Control;
 use super::{
     launch_from_env, CollectiveRow, CollectivesConfig, CollectivesReport, FabricConfig, FabricReport, Job, Rank,
-    ScalingRow, TrainConfig, TrainScalingReport, Watchdog, ROW_VALUES,
+    ScalingRow, TrainConfig, TrainScalingReport, Watchdog,
 };
 use crate::render::Progress;
 
@@ -110,13 +110,6 @@ impl Control for MpiControl<'_> {
     }
 }
 
-/// A cluster-run id made by rank 0 and shared.
-fn cluster_id(world: &SimpleCommunicator) -> String {
-    let mut id = *uuid::Uuid::new_v4().as_bytes();
-    world.process_at_rank(0).broadcast_into(&mut id[..]);
-    uuid::Uuid::from_bytes(id).to_string()
-}
-
 /// The whole fabric test, as one rank of an MPI job.
 ///
 /// # Errors
@@ -194,7 +187,7 @@ pub fn collectives(config: &CollectivesConfig, stall: Duration) -> Result<(Colle
     let (world, rank, n) = world_of(&universe, &launch)?;
     let watchdog = Watchdog::start(rank, stall);
     super::heartbeat::start(&MpiControl(&world), &watchdog)?;
-    let id = cluster_id(&world);
+    let id = super::rendezvous::cluster_id(&MpiControl(&world), &watchdog)?;
     if config.nccl {
         let (rows, checked, library) =
             super::nccl::collectives(&MpiControl(&world), &launch, &watchdog, config, stall)?;
@@ -315,7 +308,7 @@ pub fn train(config: &TrainConfig, stall: Duration) -> Result<(TrainScalingRepor
     let watchdog = Watchdog::start(rank, stall);
     super::heartbeat::start(&MpiControl(&world), &watchdog)?;
     config.train.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let id = cluster_id(&world);
+    let id = super::rendezvous::cluster_id(&MpiControl(&world), &watchdog)?;
     let (rows, last, gpu, stopped) = if config.nccl {
         super::nccl::train(&MpiControl(&world), &launch, &watchdog, config, stall)?
     } else {
@@ -350,13 +343,11 @@ fn over_mpi(
     let (mut rows, mut last) = (Vec::<ScalingRow>::new(), None);
     for k in super::scaling_steps(world.size() as usize) {
         let report = mpi_group(world, watchdog, config, k, &progress)?;
-        let mine = ScalingRow::mine(report.as_ref());
+        let single = rows.first().map(|r| r.tokens_per_s_per_rank);
+        rows.push(ScalingRow::gather(&MpiControl(world), watchdog, k, report.as_ref(), single)?);
         if (world.rank() as usize) < k {
             last = report;
         }
-        let mut all = vec![0f64; ROW_VALUES * world.size() as usize];
-        world.all_gather_into(&mine[..], &mut all[..]);
-        rows.push(ScalingRow::of(k, &all, rows.first().map(|r| r.tokens_per_s_per_rank)));
     }
     progress.finish();
     Ok((rows, last))

@@ -12,7 +12,7 @@ use kiln_bench::cluster::{bandwidths, sizes, Launch};
 use super::rendezvous::{self, agree_on, broadcast, reduce, Control};
 use super::{
     CollectiveRow, CollectivesConfig, CollectivesReport, Job, Rank, ScalingRow, TrainConfig, TrainScalingReport,
-    Watchdog, ROW_VALUES,
+    Watchdog,
 };
 use crate::render::Progress;
 use crate::runs::gpu::{interpret, locate, read_document, run_all_seeing, Visible};
@@ -181,25 +181,10 @@ pub fn train(
             gpu.clone_from(&p.name);
             p.run
         });
-        let mine = ScalingRow::mine(report.as_ref());
+        rows.push(ScalingRow::gather(c, watchdog, k, report.as_ref(), rows.first().map(|r| r.tokens_per_s_per_rank))?);
         if c.rank() < k {
             last = report;
         }
-        let all = c.all_gather(
-            &mine.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-            watchdog,
-            &format!("gathering the {k}-rank point"),
-        )?;
-        let values: Vec<f64> = all
-            .iter()
-            .flat_map(|b| {
-                let mut v: Vec<f64> =
-                    b.chunks_exact(8).map(|x| f64::from_le_bytes(x.try_into().expect("8 bytes"))).collect();
-                v.resize(ROW_VALUES, f64::NAN);
-                v
-            })
-            .collect();
-        rows.push(ScalingRow::of(k, &values, rows.first().map(|r| r.tokens_per_s_per_rank)));
     }
     progress.finish();
     Ok((rows, last, gpu, stopped))

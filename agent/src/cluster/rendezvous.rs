@@ -43,10 +43,30 @@ pub fn broadcast(c: &dyn Control, mine: &[u8], watchdog: &Watchdog, what: &str) 
     Ok(c.all_gather(mine, watchdog, what)?.swap_remove(0))
 }
 
-/// Each of `mine`'s values reduced over the ranks by `pick` (every rank gives as many).
+/// Every rank's `mine`, in rank order (every rank gives as many values).
 ///
 /// # Errors
 /// As [`Control::all_gather`], or ranks that gave different counts.
+pub fn gather_f64s(c: &dyn Control, mine: &[f64], watchdog: &Watchdog, what: &str) -> Result<Vec<Vec<f64>>> {
+    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let all = c.all_gather(&bytes, watchdog, what)?;
+    let counts: Vec<usize> = all.iter().map(|b| b.len() / 8).collect();
+    anyhow::ensure!(
+        all.iter().all(|b| b.len() == bytes.len()),
+        "the ranks gave {} values where each gives {}: kiln differs between nodes",
+        counts.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
+        mine.len()
+    );
+    Ok(all
+        .iter()
+        .map(|b| b.chunks_exact(8).map(|x| f64::from_le_bytes(x.try_into().expect("8 bytes"))).collect())
+        .collect())
+}
+
+/// Each of `mine`'s values reduced over the ranks by `pick` (every rank gives as many).
+///
+/// # Errors
+/// As [`gather_f64s`].
 pub fn reduce(
     c: &dyn Control,
     mine: &[f64],
@@ -54,17 +74,17 @@ pub fn reduce(
     watchdog: &Watchdog,
     what: &str,
 ) -> Result<Vec<f64>> {
-    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let all = c.all_gather(&bytes, watchdog, what)?;
-    let counts: Vec<usize> = all.iter().map(|b| b.len() / 8).collect();
-    anyhow::ensure!(
-        counts.iter().all(|&n| n == mine.len()),
-        "the ranks gave {} values where each gives {}: kiln differs between nodes",
-        counts.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
-        mine.len()
-    );
-    let value = |b: &[u8], i: usize| f64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    Ok((0..mine.len()).map(|i| all.iter().map(|b| value(b, i)).reduce(pick).unwrap_or(f64::NAN)).collect())
+    let all = gather_f64s(c, mine, watchdog, what)?;
+    Ok((0..mine.len()).map(|i| all.iter().map(|v| v[i]).reduce(pick).unwrap_or(f64::NAN)).collect())
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// How much of a failing rank's error [`agree_on`] hands to the others.
@@ -78,17 +98,16 @@ const REASON_BYTES: usize = 512;
 /// # Errors
 /// This rank or another could not, or the job's control plane failed.
 pub fn agree_on<T>(c: &dyn Control, watchdog: &Watchdog, what: &str, mine: Result<T>) -> Result<T> {
-    let mut reason = match &mine {
+    let reason = match &mine {
         Ok(_) => String::new(),
         // One line, cut at a character boundary; never empty, so that it marks a failure.
         Err(e) => format!("{e:#} ").replace('\n', " "),
     };
-    let mut cut = reason.len().min(REASON_BYTES);
-    while !reason.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    reason.truncate(cut);
-    let all = c.all_gather(reason.as_bytes(), watchdog, &format!("hearing whether every rank could {what}"))?;
+    let all = c.all_gather(
+        cut(&reason, REASON_BYTES).as_bytes(),
+        watchdog,
+        &format!("hearing whether every rank could {what}"),
+    )?;
     let bad: Vec<usize> = all.iter().enumerate().filter(|(_, r)| !r.is_empty()).map(|(r, _)| r).collect();
     if bad.is_empty() {
         return mine;
