@@ -214,6 +214,77 @@ fn the_debian_package_installs_and_purges_cleanly() {
     assert!(!root.join("usr/share/kiln").exists() && !root.join("var/lib/kiln").exists());
 }
 
+// Long: the stand-in libraries and program, then the package built from them, then a refusal.
+#[test]
+fn the_gpu_package_depends_on_the_libraries_kiln_gpu_links() {
+    let missing: Vec<String> = [program("dpkg-deb", "dpkg"), program("readelf", "binutils"), program("cc", "gcc")]
+        .into_iter()
+        .flatten()
+        .collect();
+    if !needs("the_gpu_package_depends_on_the_libraries_kiln_gpu_links", &missing) {
+        return;
+    }
+    // A stand-in kiln-gpu that links libraries under CUDA 13's and NCCL's sonames, as the CUDA
+    // build does (the real build takes CUDA and minutes: deploy/release/build.sh --gpu).
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let cc = |args: &[&str]| {
+        let out = Command::new("cc").current_dir(dir).args(args).output().unwrap();
+        assert!(out.status.success(), "cc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    for (lib, soname, symbol) in [
+        ("cublas", "libcublas.so.13", "cublasCreate_v2"),
+        ("nccl", "libnccl.so.2", "ncclGetUniqueId"),
+        ("mystery", "libmystery.so.1", "mystery"),
+    ] {
+        std::fs::write(dir.join(format!("{lib}.c")), format!("int {symbol}(void) {{ return 0; }}\n")).unwrap();
+        cc(&["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o", &format!("lib{lib}.so"), &format!("{lib}.c")]);
+    }
+    std::fs::write(dir.join("gpu.c"), "int cublasCreate_v2(void); int ncclGetUniqueId(void);\nint main(void) { return cublasCreate_v2() + ncclGetUniqueId(); }\n").unwrap();
+    cc(&["-o", "kiln-gpu", "gpu.c", "-L.", "-Wl,--no-as-needed", "-lcublas", "-lnccl"]);
+    std::fs::write(dir.join("odd.c"), "int mystery(void);\nint main(void) { return mystery(); }\n").unwrap();
+    cc(&["-o", "odd-gpu", "odd.c", "-L.", "-Wl,--no-as-needed", "-lmystery"]);
+
+    let build = |gpu: &str| {
+        Command::new("bash")
+            .arg(deploy().join("deb/build-deb.sh"))
+            .args(["--binary", env!("CARGO_BIN_EXE_kiln"), "--compress", "gzip", "--gpu-binary"])
+            .arg(dir.join(gpu))
+            .arg("--out")
+            .arg(dir.join("out"))
+            .output()
+            .unwrap()
+    };
+    let out = build("kiln-gpu");
+    assert!(out.status.success(), "build-deb.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let debs: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from).collect();
+    assert_eq!(debs.len(), 2, "kiln's package and kiln-gpu's: {debs:?}");
+    assert!(debs[1].file_name().unwrap().to_str().unwrap().starts_with("kiln-gpu_"), "{debs:?}");
+    let info = Command::new("dpkg-deb").arg("--field").arg(&debs[1]).arg("Depends").output().unwrap();
+    let depends = String::from_utf8_lossy(&info.stdout);
+    let version = env!("CARGO_PKG_VERSION");
+    for dep in [
+        format!("kiln (= {version})"),
+        "libcublas-13-0".into(),
+        "libnccl2 (>= 2.27.7)".into(),
+        "libc6 (>= 2.31)".into(),
+    ] {
+        assert!(depends.contains(&dep), "kiln-gpu depends on {dep}: {depends}");
+    }
+    let contents = Command::new("dpkg-deb").arg("--contents").arg(&debs[1]).output().unwrap();
+    let contents = String::from_utf8_lossy(&contents.stdout);
+    assert!(contents.contains("./usr/bin/kiln-gpu"), "installed beside kiln, where kiln looks: {contents}");
+
+    // A library no package is known to hold is named, and no package is made of it.
+    std::fs::remove_dir_all(dir.join("out")).unwrap();
+    let out = build("odd-gpu");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("links libmystery.so.1, which no package is known to hold"), "{stderr}");
+    let made: Vec<_> = std::fs::read_dir(dir.join("out")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(!made.iter().any(|n| n.to_string_lossy().starts_with("kiln-gpu")), "{made:?}");
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {

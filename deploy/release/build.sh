@@ -11,9 +11,19 @@
 # symbol version the binary needs is at most 2.31, and (x86-64) it runs `kiln --version` and
 # `kiln inventory`. aarch64 is built too where its Rust standard library is installed
 # (`rustup target add aarch64-unknown-linux-gnu`); otherwise the script says it was skipped.
-# The Debian package takes the binary: deploy/deb/build-deb.sh --binary dist/…/kiln.
 #
-# usage: deploy/release/build.sh [--out DIR]
+# With --gpu it also builds kiln-gpu, the GPU benchmarks (x86-64 only: candle's and cudarc's CUDA
+# 13.0, assembled from NVIDIA's wheels by deploy/cuda/cuda-root.sh, sm_90a by default; about 7 more
+# minutes on 2 cores, mostly nvcc), to the same glibc floor, and puts it beside kiln in the x86-64
+# tarball, where kiln looks for it. kiln-gpu needs NVIDIA's driver 580 or newer and CUDA 13.0's
+# runtime libraries at run time (images/nvidia-cuda13.0-*.toml install both); kiln itself needs
+# neither. The script checks the libraries kiln-gpu links (CUDA 13.0's and NCCL's sonames).
+#
+# Where dpkg-deb is installed, the build machine's own target is packaged too
+# (deploy/deb/build-deb.sh): dist/kiln_<version>_<arch>.deb, and kiln-gpu_<version>_<arch>.deb
+# with --gpu.
+#
+# usage: deploy/release/build.sh [--out DIR] [--gpu]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,9 +31,11 @@ ZIG_VERSION=0.13.0
 ZIGBUILD_VERSION=0.24.1
 GLIBC=2.31
 out=dist
+gpu=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) out=$2; shift 2 ;;
+        --gpu) gpu=1; shift ;;
         *) echo "build.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -61,6 +73,69 @@ print(".".join(map(str, max(versions))) if versions else "none")
 PY
 }
 
+# The sonames a binary links (its ELF NEEDED entries; read from its bytes: no binutils needed).
+needed() {
+    python3 - "$1" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+assert data[:4] == b"\x7fELF" and data[4] == 2, "a 64-bit ELF file"
+end = "<" if data[5] == 1 else ">"
+shoff, = struct.unpack_from(end + "Q", data, 0x28)
+shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
+sections = [struct.unpack_from(end + "IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+for s in sections:
+    if s[1] != 6:  # SHT_DYNAMIC
+        continue
+    strtab = sections[s[6]]
+    names = lambda off: data[strtab[4] + off:data.index(b"\0", strtab[4] + off)].decode()
+    for i in range(s[5] // 16):
+        tag, val = struct.unpack_from(end + "qQ", data, s[4] + i * 16)
+        if tag == 1:  # DT_NEEDED
+            print(names(val))
+PY
+}
+
+# kiln-gpu first, so that the x86-64 tarball holds it.
+gpu_binary=
+if [ "$gpu" = 1 ]; then
+    eval "$(deploy/cuda/cuda-root.sh)"
+    target=x86_64-unknown-linux-gnu
+    echo "release: building kiln-gpu $version for $target (glibc >= $GLIBC, CUDA 13.0, sm_$CUDA_COMPUTE_CAP)" >&2
+    CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols KILN_GPU_ZIG_SHIM=1 \
+        cargo zigbuild --release --locked -p kiln-gpu --features cuda,nccl --target "$target.$GLIBC" \
+        --target-dir target/release-build
+    gpu_binary=target/release-build/$target/release/kiln-gpu
+    needs=$(newest_glibc "$gpu_binary")
+    if [ "$needs" = none ] || [ "$(printf '%s\n%s\n' "$needs" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
+        echo "release: $gpu_binary needs glibc $needs, newer than $GLIBC" >&2
+        exit 1
+    fi
+    # The libraries it links: CUDA 13.0's runtime and NCCL, which the box must hold; a library of
+    # another CUDA major would not load beside a 580 driver's CUDA 13.
+    linked=$(needed "$gpu_binary")
+    for lib in libcuda.so.1 libcublas.so.13 libnccl.so.2; do
+        grep -qx "$lib" <<<"$linked" || { echo "release: $gpu_binary does not link $lib (links: $linked)" >&2; exit 1; }
+    done
+    if grep -E '\.so\.12$' <<<"$linked"; then
+        echo "release: $gpu_binary links a CUDA 12 library" >&2
+        exit 1
+    fi
+    echo "release: kiln-gpu links $(paste -sd' ' <<<"$linked")" >&2
+    # It starts: every library it links found (CUDA 13.0's, from the wheels) and every symbol
+    # bound, with a stand-in driver that reports CUDA 12.8 (570's) — which it must refuse, first.
+    drivers=$(mktemp -d)
+    sed 's/^int cuDriverGetVersion(void) .*/int cuDriverGetVersion(int *v) { *v = 12080; return 0; }/' \
+        "$CUDA_ROOT/lib/stubs/cuda-stub.c" > "$drivers/old.c"
+    cc -shared -fPIC -O0 -Wl,-soname,libcuda.so.1 -o "$drivers/libcuda.so.1" "$drivers/old.c"
+    said=$(LD_LIBRARY_PATH="$drivers:$CUDA_ROOT/lib" "$gpu_binary" devices || true)
+    rm -rf "$drivers"
+    if ! grep -q 'the NVIDIA driver supports CUDA 12.8 at most' <<<"$said"; then
+        echo "release: $gpu_binary under a CUDA 12.8 driver said: $said" >&2
+        exit 1
+    fi
+    echo "release: kiln-gpu starts with CUDA 13.0's libraries and refuses a CUDA 12.8 driver" >&2
+fi
+
 for target in "${targets[@]}"; do
     echo "release: building kiln $version for $target (glibc >= $GLIBC)" >&2
     CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
@@ -79,7 +154,18 @@ for target in "${targets[@]}"; do
     rm -rf "$dir"
     mkdir -p "$dir"
     cp "$binary" "$dir/kiln"
+    if [ -n "$gpu_binary" ] && [ "$target" = x86_64-unknown-linux-gnu ]; then
+        cp "$gpu_binary" "$dir/kiln-gpu"
+    fi
     cp -r README.md ARCHITECTURE.md images specs deploy "$dir/"
     tar -C "$out" -czf "$out/kiln-$version-$target.tar.gz" "kiln-$version-$target"
-    echo "release: $out/kiln-$version-$target.tar.gz ($(du -h "$dir/kiln" | cut -f1) binary, needs glibc $needs)" >&2
+    echo "release: $out/kiln-$version-$target.tar.gz ($(du -h "$dir/kiln" | cut -f1) binary, needs glibc $needs$(
+        [ -f "$dir/kiln-gpu" ] && echo "; kiln-gpu $(du -h "$dir/kiln-gpu" | cut -f1)"))" >&2
+    if [ "$target" = "$(uname -m)-unknown-linux-gnu" ] && command -v dpkg-deb >/dev/null; then
+        deb_args=(--binary "$dir/kiln" --out "$out")
+        [ -f "$dir/kiln-gpu" ] && deb_args+=(--gpu-binary "$dir/kiln-gpu")
+        deploy/deb/build-deb.sh "${deb_args[@]}" | while read -r deb; do
+            echo "release: $deb ($(du -h "$deb" | cut -f1))" >&2
+        done
+    fi
 done

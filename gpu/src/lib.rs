@@ -35,11 +35,46 @@ pub struct Devices {
     pub devices: Vec<DeviceInfo>,
 }
 
+/// The CUDA release the GPU build is compiled with (deploy/cuda/cuda-root.sh pins 13.0), as the
+/// driver API numbers releases (1000 × major + 10 × minor). Its kernels are PTX of that release,
+/// which no older driver can compile, so the driver must support at least this.
+pub const BUILT_FOR_CUDA: i32 = 13_000;
+
+/// The driver floor of the GPU build: `driver_cuda` is what `cuDriverGetVersion` reports (the
+/// newest CUDA release the installed driver supports). A driver below it would fail later and
+/// obscurely (PTX it cannot compile, cuBLAS that will not start); this says why, first.
+pub fn driver_supports_build(driver_cuda: i32) -> anyhow::Result<()> {
+    if driver_cuda < BUILT_FOR_CUDA {
+        anyhow::bail!(
+            "the NVIDIA driver supports CUDA {}.{} at most, and kiln-gpu is built with CUDA {}.{}, which needs \
+             driver 580.65.06 or newer: provision a newer driver (images/nvidia-cuda13.0-*.toml)",
+            driver_cuda / 1000,
+            driver_cuda % 1000 / 10,
+            BUILT_FOR_CUDA / 1000,
+            BUILT_FOR_CUDA % 1000 / 10
+        );
+    }
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 pub mod backend {
     use crate::{bandwidth, gemm, p2p, DeviceInfo, Devices};
     use anyhow::Context;
-    use candle_core::cuda_backend::cudarc::driver::{sys::CUdevice_attribute, CudaContext};
+    use candle_core::cuda_backend::cudarc::driver::{sys, sys::CUdevice_attribute, CudaContext};
+
+    /// The installed driver is new enough for this build ([`crate::driver_supports_build`]),
+    /// asked before any command touches a device.
+    pub fn check_driver() -> anyhow::Result<()> {
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: cuDriverGetVersion writes one int through the pointer it is given, which lives
+        // for the call; it needs no cuInit.
+        let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            anyhow::bail!("the NVIDIA driver does not say which CUDA it supports (cuDriverGetVersion: {status:?})");
+        }
+        crate::driver_supports_build(version)
+    }
 
     /// Every CUDA device the driver sees.
     pub fn devices() -> anyhow::Result<Devices> {
@@ -510,6 +545,11 @@ pub mod backend {
     const NOT_BUILT: &str = "kiln-gpu was built without CUDA: run `eval \"$(deploy/cuda/cuda-root.sh)\"` \
          and `cargo build --release -p kiln-gpu --features cuda,nccl` (no GPU needed to build)";
 
+    /// No driver to ask: every command of this build says what to build instead.
+    pub fn check_driver() -> anyhow::Result<()> {
+        Ok(())
+    }
+
     pub fn devices() -> anyhow::Result<Devices> {
         anyhow::bail!(NOT_BUILT)
     }
@@ -544,5 +584,23 @@ pub mod backend {
 
     pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
         anyhow::bail!(NOT_BUILT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_older_than_the_build_is_refused_with_what_to_do() {
+        // 570's drivers report CUDA 12.8; 580's, 13.0; 590's, 13.1.
+        let e = driver_supports_build(12_080).unwrap_err().to_string();
+        assert!(
+            e.starts_with("the NVIDIA driver supports CUDA 12.8 at most, and kiln-gpu is built with CUDA 13.0"),
+            "{e}"
+        );
+        assert!(e.contains("580.65.06") && e.contains("images/nvidia-cuda13.0-"), "{e}");
+        assert!(driver_supports_build(13_000).is_ok());
+        assert!(driver_supports_build(13_010).is_ok());
     }
 }

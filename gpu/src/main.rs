@@ -39,6 +39,9 @@ fn main() -> ExitCode {
 
 fn run(args: &[String]) -> anyhow::Result<String> {
     let Some((command, rest)) = args.split_first() else { anyhow::bail!("{USAGE}") };
+    if !matches!(command.as_str(), "--help" | "-h" | "help" | "--version") {
+        backend::check_driver()?;
+    }
     let doc = match command.as_str() {
         "devices" => document(&backend::devices()?),
         "gemm" => {

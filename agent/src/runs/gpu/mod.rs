@@ -56,6 +56,17 @@ pub enum ChildError {
          path; provision the driver first ({0})"
     )]
     NoDriver(String),
+    #[error(
+        "cannot start: {lib}, one of the CUDA 13.0 libraries kiln-gpu links, is not installed or not on the \
+         loader's path; install the kiln-gpu package with its dependencies, provision an image with CUDA 13.0 \
+         (images/nvidia-cuda13.0-*.toml), or point LD_LIBRARY_PATH at them ({line})"
+    )]
+    NoRuntime { lib: String, line: String },
+    #[error(
+        "cannot start: the NVIDIA driver lacks an entry point kiln-gpu's CUDA 13.0 needs, so it is older than \
+         CUDA 13.0's minimum (580.65.06); provision a newer driver (images/nvidia-cuda13.0-*.toml) ({0})"
+    )]
+    OldDriver(String),
     #[error("killed by signal {signal}{}", tail(.stderr))]
     Signal { signal: i32, stderr: String },
     /// The program's own `{"error": …}`.
@@ -100,13 +111,35 @@ pub fn interpret(ended: &Ended, timeout: Duration) -> Result<serde_json::Value, 
             return Ok(doc);
         }
     }
-    if ended.code == Some(127) && ended.stderr.contains("libcuda.so") {
-        return Err(ChildError::NoDriver(ended.stderr.lines().next().unwrap_or_default().trim().to_string()));
+    if ended.code == Some(127) {
+        if let Some(e) = loader_error(&ended.stderr) {
+            return Err(e);
+        }
     }
     if let Some(signal) = ended.signal {
         return Err(ChildError::Signal { signal, stderr: ended.stderr.clone() });
     }
     Err(ChildError::Garbled { status: ended.code, stderr: ended.stderr.clone() })
+}
+
+/// What the dynamic loader said when it could not start `kiln-gpu` (exit status 127): a missing
+/// driver, a missing CUDA 13.0 library, or a driver too old for CUDA 13.0.
+fn loader_error(stderr: &str) -> Option<ChildError> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("error while loading shared libraries") || l.contains("symbol lookup error"))?;
+    let line = line.trim().to_string();
+    if line.contains("symbol lookup error") {
+        // `undefined symbol: cuXxx` from libcuda.so.1: the driver predates an entry point.
+        let symbol = line.rsplit("undefined symbol: ").next().unwrap_or_default();
+        return Some(if symbol.starts_with("cu") && !symbol.starts_with("cublas") && !symbol.starts_with("curand") {
+            ChildError::OldDriver(line)
+        } else {
+            ChildError::NoRuntime { lib: format!("the library that defines {}", symbol.trim()), line }
+        });
+    }
+    let lib = line.split("shared libraries: ").nth(1)?.split(':').next()?.trim().to_string();
+    Some(if lib.starts_with("libcuda.so") { ChildError::NoDriver(line) } else { ChildError::NoRuntime { lib, line } })
 }
 
 /// A run's document read as `T` (`what` names it in the error), or why there is none: the pair a
@@ -371,6 +404,26 @@ mod tests {
         );
         let e = interpret(&no_driver, t).unwrap_err();
         assert!(matches!(e, ChildError::NoDriver(_)) && e.to_string().contains("provision the driver"), "{e}");
+        // The driver is there, CUDA 13.0's libraries are not (a box still on the CUDA 12.8 image).
+        let no_cublas = ended(
+            Some(127),
+            "",
+            "/usr/bin/kiln-gpu: error while loading shared libraries: libcublas.so.13: cannot open shared object \
+             file: No such file or directory\n",
+        );
+        let e = interpret(&no_cublas, t).unwrap_err();
+        assert!(matches!(&e, ChildError::NoRuntime { lib, .. } if lib == "libcublas.so.13"), "{e:?}");
+        assert!(e.to_string().starts_with("cannot start: libcublas.so.13, one of the CUDA 13.0 libraries"), "{e}");
+        // A 570 driver under a CUDA 13 program that binds an entry point the driver predates.
+        let old = ended(
+            Some(127),
+            "",
+            "/usr/bin/kiln-gpu: symbol lookup error: /usr/bin/kiln-gpu: undefined symbol: cuCtxCreate_v4\n",
+        );
+        let e = interpret(&old, t).unwrap_err();
+        assert!(matches!(e, ChildError::OldDriver(_)) && e.to_string().contains("580.65.06"), "{e}");
+        // Exit status 127 from the program itself, with no loader message, is no loader error.
+        assert!(matches!(interpret(&ended(Some(127), "", "lost\n"), t), Err(ChildError::Garbled { .. })));
         let killed = Ended { signal: Some(11), stderr: "fault\n".into(), ..Ended::default() };
         assert_eq!(interpret(&killed, t).unwrap_err().to_string(), "killed by signal 11: fault");
         let late = Ended { timed_out: true, signal: Some(9), ..Ended::default() };
