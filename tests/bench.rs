@@ -225,8 +225,11 @@ fn membw_beside_a_cpu_hog_stays_under_its_ceiling() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kiln.db");
     let limit = std::path::Path::new("10");
+    // Long enough (about 3 s here) that the machine's CPU time over the run is counted: a run
+    // shorter than telemetry's MIN_TICKS (200 ticks: 1 s of 2 CPUs) states no contention, and
+    // then is only `unstable`.
     let run = kiln(
-        &["bench", "membw", "--array-mib", "64", "--repetitions", "40", "--json"],
+        &["bench", "membw", "--array-mib", "64", "--repetitions", "120", "--json"],
         &[("KILN_DB", &db), ("KILN_MAX_CONTENTION", limit)],
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
