@@ -10,7 +10,7 @@
 #   nvidia-smi.txt   `nvidia-smi -q`, to compare kiln's inventory with
 #   inventory.json   `kiln inventory --json` (real NVML)
 #   devices.json     `kiln-gpu devices` (CUDA's view)
-#   gemm.json        `kiln bench gpu gemm --json --sweep` (bf16, f16, f32, tf32; KILN_CHECK_N, 8192)
+#   gemm.json        `kiln bench gpu gemm --json --sweep` (bf16, f16, f32, tf32, fp8; KILN_CHECK_N, 8192)
 #   memory.json      `kiln bench gpu memory --json` (device copy, host<->device; KILN_CHECK_MIB, 1024)
 #                    (`kiln bench gpu p2p --json`, where CUDA sees two devices or more, goes into
 #                    summary.json as "p2p": a ninth file would not come back); likewise
@@ -136,7 +136,7 @@ step inventory 60 "$out/inventory.json" "$work/kiln" inventory --json
 step devices 60 "$out/devices.json" "$work/kiln-gpu" devices
 # 0 measured and passed, 1 measured and failed a check: both are results; 3 is skipped.
 OK="0 1" SKIPPED=3 step gemm 300 "$out/gemm.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
-    "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32,tf32 --n "$n" --reps 20 --sweep "$sweep"
+    "$work/kiln" bench gpu gemm --json --dtypes bf16,f16,f32,tf32,fp8 --n "$n" --reps 20 --sweep "$sweep"
 OK="0 1" SKIPPED=3 step memory 240 "$out/memory.json" env KILN_GPU="$work/kiln-gpu" KILN_DB="$work/kiln.db" \
     "$work/kiln" bench gpu memory --json --mib "$mib" --reps 20
 # Peer to peer needs two GPUs; one is no failure of the box, so it is skipped without failing.

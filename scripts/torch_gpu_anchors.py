@@ -6,7 +6,7 @@ f32 is true f32 (TF32 off, as candle's default), tf32 f32 with TF32 allowed. Cop
 written, as the issue's 4.3 TB/s figure counts them. Triad: torch.add(b, c, alpha=3, out=a) (one kernel),
 three arrays' bytes counted, as kiln-gpu's triad kernel counts them.
 
-Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32,tf32]
+Usage: python3 torch_gpu_anchors.py [--device cuda:0] [--n 8192] [--reps 20] [--dtypes bf16,f16,f32,tf32,fp8]
                                     [--copy-mib 2048] [--sweep SHAPES]
 Prints one JSON document on stdout; {"error": ...} and exit 2 where it cannot measure.
 """
@@ -35,7 +35,7 @@ def main():
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--dtypes", default="bf16,f16,f32,tf32")
+    p.add_argument("--dtypes", default="bf16,f16,f32,tf32,fp8")
     p.add_argument("--copy-mib", type=int, default=2048)
     # kiln-gpu's DEFAULT_SWEEP: the best of these is PyTorch's ceiling, beside kiln's.
     p.add_argument("--sweep", default="", help="shapes N or MxNxK, comma-separated, in the first dtype")
@@ -51,7 +51,8 @@ def main():
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "tf32": torch.float32}
+    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "tf32": torch.float32,
+             "fp8": getattr(torch, "float8_e4m3fn", None)}
     gen = torch.Generator(device="cpu").manual_seed(1)
     doc = {
         "torch": torch.__version__,
@@ -61,11 +62,24 @@ def main():
     }
     for name in a.dtypes.split(","):
         dt = types[name]
-        # tf32: f32 operands on the tensor cores, as kiln-gpu's tf32 asks of cuBLAS.
-        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        x = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
-        y = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
-        seconds = timed(lambda: torch.matmul(x, y), a.reps, sync)
+        if name == "fp8":
+            # e4m3 operands, a bf16 result, unit scales, no fast accumulation: what kiln-gpu's fp8
+            # asks of cuBLASLt, through torch._scaled_mm (the second operand column-major, as
+            # cuBLASLt's fp8 kernels take it). Only where the GPU has fp8 (compute capability 8.9+).
+            if dt is None or device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+                doc.setdefault("skipped", []).append("fp8: no fp8 tensor cores or no float8 in this PyTorch")
+                continue
+            x = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(device).to(dt)
+            y = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(device).to(dt).t().contiguous().t()
+            one = torch.ones((), dtype=torch.float32, device=device)
+            seconds = timed(lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                            a.reps, sync)
+        else:
+            # tf32: f32 operands on the tensor cores, as kiln-gpu's tf32 asks of cuBLAS.
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+            x = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
+            y = (torch.rand(a.n, a.n, generator=gen) * 2 - 1).to(dt).to(device)
+            seconds = timed(lambda: torch.matmul(x, y), a.reps, sync)
         flops = 2.0 * a.n ** 3
         doc["gemm"].append({
             "dtype": name,

@@ -2,35 +2,39 @@
 //! (dense figures: the datasheets' "with sparsity" numbers are twice these). MFU is reported
 //! against them; CPUs are measured instead (`gemm::fma_peak`).
 
-/// A datasheet row: how NVML names the part, and TFLOP/s for bf16 (and fp16) tensor, tf32, fp32.
+/// A datasheet row: how NVML names the part, and TFLOP/s for bf16 (and fp16) tensor, tf32, fp32,
+/// and fp8 tensor with f32 accumulation (none before compute capability 8.9).
 struct Row {
     /// Matched against the NVML name, first match wins (so longer names come first).
     name: &'static str,
     bf16: f64,
     tf32: Option<f64>,
     fp32: Option<f64>,
+    fp8: Option<f64>,
 }
 
 const TABLE: &[Row] = &[
-    // NVIDIA H100 Tensor Core GPU datasheet (2023): SXM5 BF16 1,979 TFLOPS with sparsity, TF32 989, FP32 67.
-    Row { name: "H100 80GB HBM3", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9) },
-    Row { name: "H100 SXM", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9) },
+    // NVIDIA H100 Tensor Core GPU datasheet (2023): SXM5 BF16 1,979 TFLOPS with sparsity, TF32 989, FP32 67,
+    // FP8 3,958 with sparsity (NVL 3,341, PCIe 3,026; H200 as SXM5).
+    Row { name: "H100 80GB HBM3", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9), fp8: Some(1978.9) },
+    Row { name: "H100 SXM", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9), fp8: Some(1978.9) },
     // Same datasheet: H100 NVL BF16 1,671 with sparsity, FP32 60; H100 PCIe BF16 1,513, FP32 51.
-    Row { name: "H100 NVL", bf16: 835.5, tf32: Some(417.5), fp32: Some(60.0) },
-    Row { name: "H100 PCIe", bf16: 756.5, tf32: Some(378.0), fp32: Some(51.2) },
+    Row { name: "H100 NVL", bf16: 835.5, tf32: Some(417.5), fp32: Some(60.0), fp8: Some(1670.5) },
+    Row { name: "H100 PCIe", bf16: 756.5, tf32: Some(378.0), fp32: Some(51.2), fp8: Some(1513.0) },
     // NVIDIA H200 Tensor Core GPU datasheet (2024): same compute as H100 SXM (BF16 1,979 sparse).
-    Row { name: "H200", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9) },
-    // NVIDIA DGX B200 / HGX B200 datasheets (2024): 72 PFLOPS FP8 sparse per 8 GPUs -> 2.25 PF BF16 dense per GPU.
-    Row { name: "B200", bf16: 2250.0, tf32: Some(1100.0), fp32: None },
+    Row { name: "H200", bf16: 989.4, tf32: Some(494.7), fp32: Some(66.9), fp8: Some(1978.9) },
+    // NVIDIA DGX B200 / HGX B200 datasheets (2024): 72 PFLOPS FP8 sparse per 8 GPUs -> 4.5 PF FP8 and
+    // 2.25 PF BF16 dense per GPU.
+    Row { name: "B200", bf16: 2250.0, tf32: Some(1100.0), fp32: None, fp8: Some(4500.0) },
     // NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312, TF32 156, FP32 19.5 (SXM and PCIe alike).
-    Row { name: "A100", bf16: 312.0, tf32: Some(156.0), fp32: Some(19.5) },
-    // NVIDIA L40S datasheet (2023): BF16 733 with sparsity, TF32 183, FP32 91.6.
-    Row { name: "L40S", bf16: 366.5, tf32: Some(183.0), fp32: Some(91.6) },
-    // NVIDIA L4 datasheet (2023): BF16 242 with sparsity, TF32 60, FP32 30.3.
-    Row { name: "L4", bf16: 121.0, tf32: Some(60.0), fp32: Some(30.3) },
+    Row { name: "A100", bf16: 312.0, tf32: Some(156.0), fp32: Some(19.5), fp8: None },
+    // NVIDIA L40S datasheet (2023): BF16 733 with sparsity, TF32 183, FP32 91.6, FP8 1,466 with sparsity.
+    Row { name: "L40S", bf16: 366.5, tf32: Some(183.0), fp32: Some(91.6), fp8: Some(733.0) },
+    // NVIDIA L4 datasheet (2023): BF16 242 with sparsity, TF32 60, FP32 30.3, FP8 485 with sparsity.
+    Row { name: "L4", bf16: 121.0, tf32: Some(60.0), fp32: Some(30.3), fp8: Some(242.5) },
     // NVIDIA Ada Lovelace architecture whitepaper (2022), RTX 4090: FP16/BF16 tensor with FP32
-    // accumulate 165.2 dense, FP32 82.6.
-    Row { name: "RTX 4090", bf16: 165.2, tf32: Some(82.6), fp32: Some(82.6) },
+    // accumulate 165.2 dense, FP32 82.6, FP8 with FP32 accumulate 330.3 dense.
+    Row { name: "RTX 4090", bf16: 165.2, tf32: Some(82.6), fp32: Some(82.6), fp8: Some(330.3) },
 ];
 
 /// Datasheet memory bandwidth of GPUs, GB/s (decimal), matched like `TABLE` (longer names first).
@@ -86,13 +90,14 @@ pub fn nvlink_gbps(version: u32) -> Option<f64> {
     }
 }
 
-/// Peak dense TFLOP/s of a GPU (by its NVML name) for "bf16"/"fp16", "tf32" or "fp32".
+/// Peak dense TFLOP/s of a GPU (by its NVML name) for "bf16"/"fp16", "tf32", "fp32" or "fp8".
 pub fn gpu_peak_tflops(name: &str, dtype: &str) -> Option<f64> {
     let row = TABLE.iter().find(|r| name.contains(r.name))?;
     match dtype {
         "bf16" | "fp16" | "f16" => Some(row.bf16),
         "tf32" => row.tf32,
         "fp32" | "f32" => row.fp32,
+        "fp8" => row.fp8,
         _ => None,
     }
 }
@@ -120,6 +125,8 @@ mod tests {
         assert_eq!(gpu_peak_tflops("NVIDIA B200", "fp32"), None);
         assert_eq!(gpu_peak_tflops("Tesla T4", "bf16"), None);
         assert_eq!(gpu_peak_tflops("NVIDIA H100 80GB HBM3", "int4"), None);
+        assert_eq!(gpu_peak_tflops("NVIDIA H200", "fp8"), Some(1978.9));
+        assert_eq!(gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "fp8"), None, "Ampere has no fp8 tensor cores");
         // H100 SXM: 18 NVLink 4 links, 900 GB/s both ways together; B200: 1.8 TB/s.
         assert_eq!(nvlink_gbps(4).map(|g| 18.0 * g * 2.0), Some(900.0));
         assert_eq!(nvlink_gbps(5).map(|g| 18.0 * g * 2.0), Some(1800.0));

@@ -61,6 +61,9 @@ pub enum Precision {
     /// f32 operands multiplied on the tensor cores with TF32 inputs (10-bit mantissas), as
     /// cuBLAS does when allowed to reduce f32 precision.
     Tf32,
+    /// e4m3 operands (FP8), products summed in f32 and the result rounded to bf16, on the tensor
+    /// cores of compute capability 8.9 and newer, through cuBLASLt ([`crate::fp8`]).
+    Fp8,
 }
 
 impl Precision {
@@ -70,7 +73,8 @@ impl Precision {
             "f16" => Precision::F16,
             "f32" => Precision::F32,
             "tf32" => Precision::Tf32,
-            other => anyhow::bail!("--dtype {other:?}: bf16, f16, f32 or tf32"),
+            "fp8" => Precision::Fp8,
+            other => anyhow::bail!("--dtype {other:?}: bf16, f16, f32, tf32 or fp8"),
         })
     }
 
@@ -80,6 +84,7 @@ impl Precision {
             Precision::F16 => "f16",
             Precision::F32 => "f32",
             Precision::Tf32 => "tf32",
+            Precision::Fp8 => "fp8",
         }
     }
 
@@ -89,6 +94,7 @@ impl Precision {
             Precision::Bf16 => DType::BF16,
             Precision::F16 => DType::F16,
             Precision::F32 | Precision::Tf32 => DType::F32,
+            Precision::Fp8 => DType::F8E4M3,
         }
     }
 
@@ -98,6 +104,18 @@ impl Precision {
         match self {
             Precision::Tf32 => 2f64.powi(-11),
             _ => 0.0,
+        }
+    }
+
+    /// The unit roundoff of the product's running sum. f32's (2⁻²⁴), except fp8's: Hopper's fp8
+    /// tensor cores keep about 14 bits of a running sum (DeepSeek-V3's technical report,
+    /// "increasing accumulation precision"), which cuBLAS promotes to f32 now and then but may not
+    /// (its fast-accumulation mode); the check allows the worst of the two, so that a right fp8
+    /// product never fails it, and a wrong one (a flipped bit, garbage) still does.
+    pub fn accumulation_roundoff(self) -> f64 {
+        match self {
+            Precision::Fp8 => 2f64.powi(-14),
+            _ => 2f64.powi(-24),
         }
     }
 
@@ -192,23 +210,50 @@ pub fn measure(device: &Device, o: &Options, name: Option<String>) -> anyhow::Re
     timed(device, o, &a, &b, name)
 }
 
+/// A product's operands as it reads them: A and B as stored, with (fp8) Bᵀ laid out once and the
+/// fp8 product's plans, so that what is timed is the product alone.
+struct Operands<'a> {
+    a: &'a Tensor,
+    b: &'a Tensor,
+    fp8: Option<(Tensor, crate::fp8::Fp8Product)>,
+}
+
+impl<'a> Operands<'a> {
+    fn new(a: &'a Tensor, b: &'a Tensor, dtype: Precision) -> candle_core::Result<Operands<'a>> {
+        let fp8 = match dtype {
+            Precision::Fp8 => Some((crate::fp8::transposed(b)?, crate::fp8::Fp8Product::new())),
+            _ => None,
+        };
+        Ok(Operands { a, b, fp8 })
+    }
+
+    /// C = A·B, queued on the device.
+    fn product(&self) -> candle_core::Result<Tensor> {
+        match &self.fp8 {
+            Some((bt, op)) => op.product(self.a, bt),
+            None => self.a.matmul(self.b),
+        }
+    }
+}
+
 /// Three untimed products, then each of `o.reps` timed to the device's completion, then the check.
 fn timed(device: &Device, o: &Options, a: &Tensor, b: &Tensor, name: Option<String>) -> anyhow::Result<Report> {
     o.dtype.select();
+    let operands = Operands::new(a, b, o.dtype)?;
     // Untimed: the library's first call chooses its kernels and the allocator warms up.
-    let mut c = a.matmul(b)?;
+    let mut c = operands.product()?;
     for _ in 0..2 {
-        c = a.matmul(b)?;
+        c = operands.product()?;
     }
     device.synchronize()?;
     let mut seconds = Vec::with_capacity(o.reps);
     for _ in 0..o.reps {
         let t = Instant::now();
-        c = a.matmul(b)?;
+        c = operands.product()?;
         device.synchronize()?;
         seconds.push(t.elapsed().as_secs_f64());
     }
-    let check = check(a, b, &c, o.samples, o.dtype.input_roundoff())?;
+    let check = check(a, b, &c, o.samples, o.dtype)?;
     let flops = o.shape.flops();
     let mut sorted = seconds.clone();
     sorted.sort_by(f64::total_cmp);
@@ -333,10 +378,15 @@ fn unit_roundoff(dtype: DType) -> f64 {
 }
 
 /// Compares the sampled grid of C with an f64 product of the same inputs. A value may be off by
-/// rounding its result to the output type (u·|ref|) plus the error of a float32 accumulation of k
-/// products (a generous 16·2⁻²⁴·√k·‖products‖₂), plus, where the product reads its operands
-/// rounded (TF32: `input_roundoff` u_in), 2·u_in·Σ|aᵢbᵢ|; anything beyond is a wrong result.
-pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize, input_roundoff: f64) -> anyhow::Result<Check> {
+/// rounding its result to the output type (u·|ref|) plus the error of an accumulation of k
+/// products (a generous 16·u_acc·√k·‖products‖₂, u_acc the precision's
+/// [`Precision::accumulation_roundoff`]), plus, where the product reads its operands rounded
+/// (TF32: [`Precision::input_roundoff`] u_in), 2·u_in·Σ|aᵢbᵢ|; anything beyond is a wrong result.
+pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize, precision: Precision) -> anyhow::Result<Check> {
+    // fp8 operands are read as bf16, which holds every e4m3 value exactly.
+    let widen = |t: &Tensor| if t.dtype() == DType::F8E4M3 { t.to_dtype(DType::BF16) } else { Ok(t.clone()) };
+    let (a, b) = (&widen(a)?, &widen(b)?);
+    let input_roundoff = precision.input_roundoff();
     let (n, k) = a.dims2()?;
     let m = b.dims2()?.1;
     let rows = sampled(n, samples);
@@ -347,7 +397,7 @@ pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize, input_roundoff:
     let c_grid: Vec<Vec<f32>> =
         c.index_select(&on(&rows)?, 0)?.index_select(&on(&cols)?, 1)?.to_dtype(DType::F32)?.to_vec2()?;
     let u_out = unit_roundoff(c.dtype());
-    let accumulation = 16.0 * 2f64.powi(-24) * (k as f64).sqrt();
+    let accumulation = 16.0 * precision.accumulation_roundoff() * (k as f64).sqrt();
     let mut worst = (0.0f64, (0usize, 0usize));
     let (mut sum, mut allowed_sum) = (0.0, 0.0);
     for (ri, row) in a_rows.iter().enumerate() {
@@ -452,20 +502,21 @@ pub fn burn(device: &Device, o: &BurnOptions, name: Option<String>) -> anyhow::R
     let b = input(k, n, 2, o.dtype.storage())?.to_device(device)?;
     let samples = o.samples.min(m).min(n);
     o.dtype.select();
+    let operands = Operands::new(&a, &b, o.dtype)?;
     let started = Instant::now();
     let (mut products, mut since) = (0u64, 0u64);
     let mut last = 0.0;
     let mut intervals = Vec::new();
     let (mut failed_checks, mut first_failure_s, mut worst): (u64, Option<f64>, Option<Check>) = (0, None, None);
     loop {
-        let c = a.matmul(&b)?;
+        let c = operands.product()?;
         device.synchronize()?;
         products += 1;
         since += 1;
         let now = started.elapsed().as_secs_f64();
         let done = now >= o.seconds;
         if now - last >= 1.0 || done {
-            let check = check(&a, &b, &c, samples, o.dtype.input_roundoff())?;
+            let check = check(&a, &b, &c, samples, o.dtype)?;
             let at_s = started.elapsed().as_secs_f64();
             intervals.push(Interval {
                 at_s,
@@ -516,7 +567,7 @@ mod tests {
     /// On the CPU: every type's product passes its check, every repetition is timed.
     #[test]
     fn a_right_product_passes_its_check_in_every_type() {
-        for dtype in [Precision::Bf16, Precision::F16, Precision::F32, Precision::Tf32] {
+        for dtype in [Precision::Bf16, Precision::F16, Precision::F32, Precision::Tf32, Precision::Fp8] {
             let r = measure(&Device::Cpu, &options(dtype, 96), None).unwrap();
             assert!(r.check.ok, "{dtype:?}: {:?}", r.check);
             assert_eq!((r.seconds.len(), r.check.values), (3, 64));
@@ -527,20 +578,34 @@ mod tests {
     /// A product off by 1 % (a miscomputing device), or by one wrong value at a sampled place, fails.
     #[test]
     fn a_wrong_product_fails_its_check() {
-        for dtype in [DType::BF16, DType::F32] {
+        for precision in [Precision::Bf16, Precision::F32] {
+            let dtype = precision.storage();
             let a = input(64, 64, 1, dtype).unwrap();
             let b = input(64, 64, 2, dtype).unwrap();
             let c = a.matmul(&b).unwrap();
-            assert!(check(&a, &b, &c, 8, 0.0).unwrap().ok);
+            assert!(check(&a, &b, &c, 8, precision).unwrap().ok);
             let scaled = (c.to_dtype(DType::F32).unwrap() * 1.01).unwrap().to_dtype(dtype).unwrap();
-            assert!(!check(&a, &b, &scaled, 8, 0.0).unwrap().ok, "{dtype:?}: 1 % off passed");
+            assert!(!check(&a, &b, &scaled, 8, precision).unwrap().ok, "{dtype:?}: 1 % off passed");
             // One value (row 9, column 18: both sampled) replaced.
             let mut values = c.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
             values[9][18] += 0.5;
             let flipped = Tensor::new(values, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let found = check(&a, &b, &flipped, 8, 0.0).unwrap();
+            let found = check(&a, &b, &flipped, 8, precision).unwrap();
             assert!(!found.ok && found.worst_at == (9, 18), "{dtype:?}: {found:?}");
         }
+        // fp8's allowance is wider (its running sums are coarser), but a product 10 % off, or one
+        // value off by 0.5, still fails.
+        let a = input(64, 64, 1, DType::F8E4M3).unwrap();
+        let b = input(64, 64, 2, DType::F8E4M3).unwrap();
+        let c = crate::fp8::Fp8Product::new().product(&a, &crate::fp8::transposed(&b).unwrap()).unwrap();
+        assert!(check(&a, &b, &c, 8, Precision::Fp8).unwrap().ok);
+        let scaled = (c.to_dtype(DType::F32).unwrap() * 1.1).unwrap().to_dtype(DType::BF16).unwrap();
+        assert!(!check(&a, &b, &scaled, 8, Precision::Fp8).unwrap().ok, "fp8: 10 % off passed");
+        let mut values = c.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        values[9][18] += 0.5;
+        let flipped = Tensor::new(values, &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let found = check(&a, &b, &flipped, 8, Precision::Fp8).unwrap();
+        assert!(!found.ok && found.worst_at == (9, 18), "fp8: {found:?}");
     }
 
     /// A rectangular product and a sweep of shapes, on the CPU: every product checked, the best
@@ -591,7 +656,8 @@ mod tests {
         assert_eq!(o.shape.flops(), 2.0 * 256.0 * 512.0 * 128.0);
         assert!(Options::parse(&args("--shape 256x512")).is_err());
         assert!(Options::parse(&args("--shape 32x32x32 --samples 33")).is_err());
-        assert!(Options::parse(&args("--dtype fp8")).is_err());
+        assert_eq!(Options::parse(&args("--dtype fp8")).unwrap().dtype.storage(), DType::F8E4M3);
+        assert!(Options::parse(&args("--dtype fp4")).is_err());
         assert!(Options::parse(&args("--n 8")).is_err());
         assert!(Options::parse(&args("--reps")).is_err());
     }

@@ -11,6 +11,7 @@
 
 pub mod bandwidth;
 pub mod collectives;
+pub mod fp8;
 pub mod gemm;
 pub mod p2p;
 pub mod train;

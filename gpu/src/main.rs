@@ -7,9 +7,9 @@ use kiln_gpu::{backend, bandwidth, collectives, gemm, p2p, train, SCHEMA_VERSION
 use serde::Serialize;
 
 const USAGE: &str = "usage: kiln-gpu devices
-       kiln-gpu gemm [--device N] [--dtype bf16|f16|f32] [--n N | --shape MxNxK] [--reps N] [--samples N]
-       kiln-gpu sweep [--device N] [--dtype bf16|f16|f32] [--shapes N|MxNxK,...] [--reps N] [--samples N]
-       kiln-gpu burn [--device N] [--dtype bf16|f16|f32] [--n N | --shape MxNxK] [--seconds S] [--samples N]
+       kiln-gpu gemm [--device N] [--dtype bf16|f16|f32|tf32|fp8] [--n N | --shape MxNxK] [--reps N] [--samples N]
+       kiln-gpu sweep [--device N] [--dtype bf16|f16|f32|tf32|fp8] [--shapes N|MxNxK,...] [--reps N] [--samples N]
+       kiln-gpu burn [--device N] [--dtype bf16|f16|f32|tf32|fp8] [--n N | --shape MxNxK] [--seconds S] [--samples N]
        kiln-gpu bandwidth [--device N] [--mib N] [--reps N] [--cpus LIST]
        kiln-gpu p2p [--devices all|0,1,...] [--mib N] [--reps N]
        kiln-gpu collectives [--devices all|0,1,...] [--ops all_reduce,all_gather,reduce_scatter]
@@ -37,47 +37,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// A command with its options parsed: every option is checked before the driver is asked or a
+/// device touched.
+enum Command {
+    Devices,
+    Gemm(gemm::Options),
+    Sweep(gemm::SweepOptions),
+    Burn(gemm::BurnOptions),
+    Bandwidth(bandwidth::Options),
+    P2p(p2p::Options),
+    Collectives(collectives::Options),
+    NcclId,
+    Train(train::Options),
+}
+
 fn run(args: &[String]) -> anyhow::Result<String> {
     let Some((command, rest)) = args.split_first() else { anyhow::bail!("{USAGE}") };
-    if !matches!(command.as_str(), "--help" | "-h" | "help" | "--version") {
-        backend::check_driver()?;
-    }
-    let doc = match command.as_str() {
-        "devices" => document(&backend::devices()?),
-        "gemm" => {
-            let options = gemm::Options::parse(rest)?;
-            document(&backend::gemm(&options)?)
-        }
-        "sweep" => {
-            let options = gemm::SweepOptions::parse(rest)?;
-            document(&backend::sweep(&options)?)
-        }
-        "burn" => {
-            let options = gemm::BurnOptions::parse(rest)?;
-            document(&backend::burn(&options)?)
-        }
-        "bandwidth" => {
-            let options = bandwidth::Options::parse(rest)?;
-            document(&backend::bandwidth(&options)?)
-        }
-        "p2p" => {
-            let options = p2p::Options::parse(rest)?;
-            document(&backend::p2p(&options)?)
-        }
-        "collectives" => {
-            let options = collectives::Options::parse(rest)?;
-            document(&backend::collectives(&options)?)
-        }
-        "nccl-id" => document(&backend::nccl_id()?),
-        "train" => {
-            let options = train::Options::parse(rest)?;
-            document(&backend::train(&options)?)
-        }
+    let command = match command.as_str() {
+        "devices" => Command::Devices,
+        "gemm" => Command::Gemm(gemm::Options::parse(rest)?),
+        "sweep" => Command::Sweep(gemm::SweepOptions::parse(rest)?),
+        "burn" => Command::Burn(gemm::BurnOptions::parse(rest)?),
+        "bandwidth" => Command::Bandwidth(bandwidth::Options::parse(rest)?),
+        "p2p" => Command::P2p(p2p::Options::parse(rest)?),
+        "collectives" => Command::Collectives(collectives::Options::parse(rest)?),
+        "nccl-id" => Command::NcclId,
+        "train" => Command::Train(train::Options::parse(rest)?),
         "--help" | "-h" | "help" => return Ok(serde_json::json!({ "usage": USAGE }).to_string()),
         "--version" => return Ok(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }).to_string()),
         other => anyhow::bail!("unknown command {other:?}\n{USAGE}"),
     };
-    Ok(doc)
+    backend::check_driver()?;
+    Ok(match command {
+        Command::Devices => document(&backend::devices()?),
+        Command::Gemm(o) => document(&backend::gemm(&o)?),
+        Command::Sweep(o) => document(&backend::sweep(&o)?),
+        Command::Burn(o) => document(&backend::burn(&o)?),
+        Command::Bandwidth(o) => document(&backend::bandwidth(&o)?),
+        Command::P2p(o) => document(&backend::p2p(&o)?),
+        Command::Collectives(o) => document(&backend::collectives(&o)?),
+        Command::NcclId => document(&backend::nccl_id()?),
+        Command::Train(o) => document(&backend::train(&o)?),
+    })
 }
 
 /// `{"schema_version": 1, …the value's fields}`.

@@ -61,8 +61,10 @@ impl Options {
     /// The run's configuration: the preset with `--steps` and `--batch`.
     pub fn config(&self) -> anyhow::Result<kiln_bench::train::Config> {
         anyhow::ensure!(
-            self.precision != Precision::F16,
-            "--dtype f16: training runs f32 parameters with bf16, tf32 or f32 products (f16 would need loss scaling)"
+            !matches!(self.precision, Precision::F16 | Precision::Fp8),
+            "--dtype {}: training runs f32 parameters with bf16, tf32 or f32 products (f16 would need loss scaling, \
+             fp8 per-tensor scales)",
+            self.precision.name()
         );
         let mut c = kiln_bench::train::Config::preset(&self.size)
             .with_context(|| format!("--size {:?}: tiny, anchor, small, gpt2, 350m or 1b", self.size))?;
@@ -157,6 +159,7 @@ fn peak_key(p: Precision) -> &'static str {
         Precision::F32 => "fp32",
         Precision::Tf32 => "tf32",
         Precision::Bf16 | Precision::F16 => "bf16",
+        Precision::Fp8 => "fp8",
     }
 }
 
@@ -206,7 +209,7 @@ mod tests {
         let hex = "0a".repeat(128);
         let o = Options::parse(&args(&format!("--device 2 --nccl-id {hex} --rank 1 --ranks 4"))).unwrap();
         assert_eq!(o.as_rank.map(|r| (r.rank, r.ranks, r.device)), Some((1, 4, 2)));
-        for bad in ["--size 7b", "--steps 3", "--dtype f16", "--batch 0", "--what 1", "--rank 1"] {
+        for bad in ["--size 7b", "--steps 3", "--dtype f16", "--dtype fp8", "--batch 0", "--what 1", "--rank 1"] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad}");
         }
     }

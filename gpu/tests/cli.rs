@@ -38,7 +38,7 @@ fn without_cuda_every_gpu_command_says_what_to_build() {
 fn bad_options_are_refused_with_the_reason() {
     let (code, doc) = kiln_gpu(&["gemm", "--dtype", "fp4"]);
     assert_eq!(code, Some(2));
-    assert!(doc["error"].as_str().unwrap().contains("bf16, f16, f32 or tf32"), "{doc}");
+    assert!(doc["error"].as_str().unwrap().contains("bf16, f16, f32, tf32 or fp8"), "{doc}");
     let (code, doc) = kiln_gpu(&["train", "--size", "7b"]);
     assert_eq!(code, Some(2));
     assert!(doc["error"].as_str().unwrap().contains("gpt2, 350m or 1b"), "{doc}");

@@ -65,7 +65,9 @@ pub enum GpuBench {
     /// Dense matrix multiply on each GPU alone and on all at once, every product checked against an
     /// f64 reference on a sampled grid and across GPUs, against the datasheet's peak
     Gemm {
-        /// Data types, comma-separated: bf16, f16, f32, tf32 (f32 operands on the tensor cores)
+        /// Data types, comma-separated: bf16, f16, f32, tf32 (f32 operands on the tensor cores), fp8
+        /// (e4m3 operands, bf16 result, through cuBLASLt; skipped on GPUs before compute capability
+        /// 8.9)
         #[arg(long, value_delimiter = ',', default_value = "bf16")]
         dtypes: Vec<String>,
         /// Square size n (n×n times n×n)

@@ -250,8 +250,8 @@ fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &V
             }
             for d in dtypes {
                 anyhow::ensure!(
-                    ["bf16", "f16", "f32", "tf32"].contains(&d.as_str()),
-                    "--dtypes {d}: bf16, f16, f32 or tf32"
+                    ["bf16", "f16", "f32", "tf32", "fp8"].contains(&d.as_str()),
+                    "--dtypes {d}: bf16, f16, f32, tf32 or fp8"
                 );
             }
             anyhow::ensure!((16..=65_536).contains(n), "--n {n}: between 16 and 65536");

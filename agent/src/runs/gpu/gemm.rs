@@ -89,6 +89,10 @@ pub struct GpuGemmReport {
     pub sweeps: Vec<SweepResult>,
     /// Every GPU that failed, computed wrong or disagreed, in words.
     pub failures: Vec<String>,
+    /// A type a GPU was not asked for because it cannot multiply in it (fp8 before compute
+    /// capability 8.9), in words: no failure, and no figure.
+    #[serde(default)]
+    pub skipped: Vec<String>,
     /// Why the run is `invalid` (a figure above its datasheet peak), when it is.
     pub invalid: Option<String>,
     pub status: RunStatus,
@@ -110,6 +114,23 @@ fn gemm_args(c: &GemmConfig, gpu: usize, dtype: &str) -> Vec<String> {
     args
 }
 
+/// The GPUs of `gpus` that multiply in `dtype`, and a line for each that cannot: fp8 needs the
+/// tensor cores of compute capability 8.9 (Ada) or newer, which CUDA reports per device.
+pub(crate) fn able(prepared: &Prepared, gpus: &[usize], dtype: &str) -> (Vec<usize>, Vec<String>) {
+    let (mut able, mut skipped) = (Vec::new(), Vec::new());
+    for &gpu in gpus {
+        let device = prepared.devices.iter().find(|d| d.ordinal == gpu);
+        match device {
+            Some(d) if dtype == "fp8" && !kiln_gpu::fp8::has_fp8(&d.compute_capability) => skipped.push(format!(
+                "fp8 on GPU {gpu} ({}, compute capability {}): no fp8 tensor cores before 8.9",
+                d.name, d.compute_capability
+            )),
+            _ => able.push(gpu),
+        }
+    }
+    (able, skipped)
+}
+
 /// Runs the GEMM on each GPU alone, then on all of them at once, in each type.
 pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupted: &AtomicBool) -> Outcome {
     let started_at = now_rfc3339();
@@ -117,10 +138,13 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
     let progress = Progress::new();
     let timeout = Duration::from_secs(config.timeout_s);
     let mut results = Vec::new();
+    let mut skipped = Vec::new();
     for dtype in &config.dtypes {
-        let mut rounds: Vec<(bool, Vec<usize>)> = config.gpus.iter().map(|&g| (false, vec![g])).collect();
-        if config.gpus.len() > 1 {
-            rounds.push((true, config.gpus.clone()));
+        let (gpus, cannot) = able(prepared, &config.gpus, dtype);
+        skipped.extend(cannot);
+        let mut rounds: Vec<(bool, Vec<usize>)> = gpus.iter().map(|&g| (false, vec![g])).collect();
+        if gpus.len() > 1 {
+            rounds.push((true, gpus.clone()));
         }
         for (together, gpus) in rounds {
             let what = if together { "all GPUs at once".to_string() } else { format!("GPU {}", gpus[0]) };
@@ -137,7 +161,7 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
         let count = shapes.split(',').count() as u64;
         let limit = Duration::from_secs(config.timeout_s.saturating_mul(count));
         for dtype in &config.dtypes {
-            for &gpu in &config.gpus {
+            for gpu in able(prepared, &config.gpus, dtype).0 {
                 progress.update(&format!("gpu gemm {dtype}: GPU {gpu}, sweep of {count} shapes"));
                 let args: Vec<String> = [
                     "sweep",
@@ -166,7 +190,14 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
         let best = sweeps.iter().find(|s| s.gpu == r.gpu && s.dtype == r.dtype).and_then(|s| s.best_tflops);
         r.fraction_of_best = r.run.as_ref().zip(best).map(|(g, b)| g.tflops_median / b);
     }
-    judge(prepared, config, results, sweeps, telemetry, started_at)
+    judge(prepared, config, Measured { results, sweeps, skipped }, telemetry, started_at)
+}
+
+/// What the runs gave, for [`judge`].
+struct Measured {
+    results: Vec<GemmResult>,
+    sweeps: Vec<SweepResult>,
+    skipped: Vec<String>,
 }
 
 /// A sweep's document read, with its best shape.
@@ -252,11 +283,11 @@ fn label(gpu: usize, dtype: &str, together: bool) -> String {
 fn judge(
     prepared: &Prepared,
     config: GemmConfig,
-    results: Vec<GemmResult>,
-    sweeps: Vec<SweepResult>,
+    measured: Measured,
     telemetry: Vec<telemetry::Sample>,
     started_at: String,
 ) -> Outcome {
+    let Measured { results, sweeps, skipped } = measured;
     let agreement = agreement(&results);
     let mut failures = Vec::new();
     let mut above = Vec::new();
@@ -330,6 +361,7 @@ fn judge(
         agreement,
         sweeps,
         failures,
+        skipped,
         invalid,
         status,
         telemetry: telemetry::summarize(&telemetry),
@@ -465,6 +497,9 @@ pub fn render(r: &GpuGemmReport) -> String {
             ))
         ));
     }
+    for line in &r.skipped {
+        out.push_str(&format!("skipped: {line}\n"));
+    }
     render_verdict(&mut out, &r.failures, r.invalid.as_deref(), r.status, &r.telemetry);
     out
 }
@@ -518,7 +553,8 @@ mod tests {
             timeout_s: 60,
             sweep: None,
         };
-        judge(&prepared, config, results, Vec::new(), Vec::new(), "2026-12-05T00:00:00Z".into())
+        let measured = Measured { results, sweeps: Vec::new(), skipped: Vec::new() };
+        judge(&prepared, config, measured, Vec::new(), "2026-12-05T00:00:00Z".into())
     }
 
     #[test]
@@ -583,7 +619,8 @@ mod tests {
             timeout_s: 60,
             sweep: Some("4096,8192x8192x16384".into()),
         };
-        let o = judge(&prepared, config.clone(), vec![alone.clone()], vec![sw], Vec::new(), "t".into());
+        let measured = |results, sweeps| Measured { results, sweeps, skipped: Vec::new() };
+        let o = judge(&prepared, config.clone(), measured(vec![alone.clone()], vec![sw]), Vec::new(), "t".into());
         assert_eq!(o.status, RunStatus::Ok, "{}", o.text);
         assert!(
             o.text.contains(
@@ -598,15 +635,53 @@ mod tests {
         let o = judge(
             &prepared,
             config.clone(),
-            vec![alone.clone()],
-            vec![sweep_of(0, "bf16", Ok(doc))],
+            measured(vec![alone.clone()], vec![sweep_of(0, "bf16", Ok(doc))]),
             Vec::new(),
             "t".into(),
         );
         assert_eq!(o.status, RunStatus::Failed);
         assert!(o.text.contains("FAIL GPU 0 (bf16 sweep) computed wrong at 2048x2048x2048"), "{}", o.text);
         let doc = serde_json::to_value(sweep(vec![shaped("2048", 1100.0, true)], Some(0))).unwrap();
-        let o = judge(&prepared, config, vec![alone], vec![sweep_of(0, "bf16", Ok(doc))], Vec::new(), "t".into());
+        let o =
+            judge(&prepared, config, measured(vec![alone], vec![sweep_of(0, "bf16", Ok(doc))]), Vec::new(), "t".into());
         assert_eq!(o.status, RunStatus::Invalid);
+    }
+
+    /// fp8 only where the tensor cores have it: an A100 beside an H100 is skipped, and says why.
+    #[test]
+    fn fp8_is_asked_only_of_gpus_that_have_it() {
+        let device = |ordinal: usize, name: &str, cc: &str| DeviceInfo {
+            ordinal,
+            name: name.into(),
+            compute_capability: cc.into(),
+            memory_bytes: 80 << 30,
+        };
+        let prepared = Prepared {
+            program: "/opt/kiln-gpu".into(),
+            devices: vec![device(0, "NVIDIA H100 80GB HBM3", "9.0"), device(1, "NVIDIA A100-SXM4-80GB", "8.0")],
+        };
+        assert_eq!(able(&prepared, &[0, 1], "bf16"), (vec![0, 1], vec![]));
+        let (gpus, skipped) = able(&prepared, &[0, 1], "fp8");
+        assert_eq!(gpus, vec![0]);
+        assert_eq!(
+            skipped,
+            ["fp8 on GPU 1 (NVIDIA A100-SXM4-80GB, compute capability 8.0): no fp8 tensor cores before 8.9"]
+        );
+        let config = GemmConfig {
+            dtypes: vec!["fp8".into()],
+            n: 8192,
+            reps: 3,
+            samples: 2,
+            gpus: vec![0, 1],
+            timeout_s: 60,
+            sweep: None,
+        };
+        let mut fp8 = run(0, 100.0, true, 1500.0);
+        fp8.dtype = "fp8".into();
+        fp8.peak_tflops = Some(1978.9);
+        let measured = Measured { results: vec![fp8], sweeps: Vec::new(), skipped };
+        let o = judge(&prepared, config, measured, Vec::new(), "t".into());
+        assert_eq!(o.status, RunStatus::Ok, "a GPU without fp8 is no failure: {}", o.text);
+        assert!(o.text.contains("skipped: fp8 on GPU 1 (NVIDIA A100-SXM4-80GB"), "{}", o.text);
     }
 }
