@@ -73,6 +73,17 @@ print(".".join(map(str, max(versions))) if versions else "none")
 PY
 }
 
+# Stops the script unless BINARY asks for glibc $GLIBC at most; prints what it asks for.
+within_glibc_floor() {
+    local needs
+    needs=$(newest_glibc "$1")
+    if [ "$needs" = none ] || [ "$(printf '%s\n%s\n' "$needs" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
+        echo "release: $1 needs glibc $needs, newer than $GLIBC" >&2
+        exit 1
+    fi
+    echo "$needs"
+}
+
 # The sonames a binary links (its ELF NEEDED entries; read from its bytes: no binutils needed).
 needed() {
     python3 - "$1" <<'PY'
@@ -105,11 +116,7 @@ if [ "$gpu" = 1 ]; then
         cargo zigbuild --release --locked -p kiln-gpu --features cuda,nccl --target "$target.$GLIBC" \
         --target-dir target/release-build
     gpu_binary=target/release-build/$target/release/kiln-gpu
-    needs=$(newest_glibc "$gpu_binary")
-    if [ "$needs" = none ] || [ "$(printf '%s\n%s\n' "$needs" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
-        echo "release: $gpu_binary needs glibc $needs, newer than $GLIBC" >&2
-        exit 1
-    fi
+    within_glibc_floor "$gpu_binary" >/dev/null
     # The libraries it links: CUDA 13.0's runtime and NCCL, which the box must hold; a library of
     # another CUDA major would not load beside a 580 driver's CUDA 13.
     linked=$(needed "$gpu_binary")
@@ -141,11 +148,7 @@ for target in "${targets[@]}"; do
     CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
         cargo zigbuild --release --locked -p kiln --target "$target.$GLIBC" --target-dir target/release-build
     binary=target/release-build/$target/release/kiln
-    needs=$(newest_glibc "$binary")
-    if [ "$needs" = none ] || [ "$(printf '%s\n%s\n' "$needs" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
-        echo "release: $binary needs glibc $needs, newer than $GLIBC" >&2
-        exit 1
-    fi
+    needs=$(within_glibc_floor "$binary")
     if [ "$target" = "$(uname -m)-unknown-linux-gnu" ]; then
         "$binary" --version >/dev/null
         "$binary" inventory --json >/dev/null
