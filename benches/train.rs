@@ -5,7 +5,7 @@
 //! and autograd only, the straightforward candle version) runs in the same rounds.
 //!
 //! The PyTorch side is `benches/anchors/torch_train.py`, a copy of the issue's
-//! `../shared/anchors/torch_train.py` that takes the sizes as arguments.
+//! `anchors/torch_train.py` that takes the sizes as arguments.
 //! Needs a Python with torch: `KILN_TORCH_PYTHON=/path/to/venv/bin/python cargo bench --bench train`
 //! (`python3 -m venv v && v/bin/pip install torch`; the default wheel is about 5 GB).
 //! `KILN_BENCH_SIZES=anchor` limits the sizes.

@@ -8,7 +8,7 @@
 //! 3. the whole process `kiln commission --no-bench --spec … --root <synthetic HGX>` with the fake
 //!    NVML — target < 50 ms.
 //!
-//! Run with `cargo bench --bench verdict` (needs `cc` for the fake NVML and `../shared/fixtures`).
+//! Run with `cargo bench --bench verdict` (needs `cc` for the fake NVML).
 
 #[path = "../tests/synthetic.rs"]
 #[allow(dead_code)]
@@ -55,8 +55,8 @@ fn main() {
         println!("verdict bench: {e}; skipped");
         return;
     }
-    let xml = std::fs::read_to_string(repo.join("../shared/fixtures/nvidia/nccl-topology/azure_ndv5-topo.xml"))
-        .expect("../shared/fixtures beside the checkout");
+    let xml = std::fs::read_to_string(repo.join("tests/fixtures/nvidia/nccl-topology/azure_ndv5-topo.xml"))
+        .expect("tests/fixtures/nvidia/nccl-topology/azure_ndv5-topo.xml");
     let (tree, gpus) = synthetic::ndv5_tree(&xml, None);
     synthetic::finish_root(&tree, "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  565.57.01\n");
     let machine = std::fs::read_to_string(repo.join("tests/fake-nvml/machines/hgx-h100x8.txt")).unwrap();

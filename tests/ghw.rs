@@ -1,4 +1,4 @@
-//! ghw's snapshots (`../shared/fixtures/sysfs/ghw`): an arm64 cloud instance, an s390x guest, a VM
+//! ghw's snapshots (`tests/fixtures/sysfs/ghw`): an arm64 cloud instance, an s390x guest, a VM
 //! with offline CPUs, a hybrid laptop, a two-socket Xeon server. Expected values are the machines'
 //! published specifications and the snapshot's own files.
 

@@ -1,5 +1,5 @@
 //! GPUs through the fake NVML library, serving machines rebuilt from real `nvidia-smi -q`
-//! captures (`../shared/fixtures/nvidia/nvidia-smi`): the inventory must agree with the capture
+//! captures (`tests/fixtures/nvidia/nvidia-smi`): the inventory must agree with the capture
 //! field by field, and the fault cases must be reported.
 
 use std::path::{Path, PathBuf};
@@ -333,7 +333,7 @@ fn hgx_h100_eight_gpus_and_nvswitch_fabric() {
 fn committed_machine_matches_the_capture() {
     let generated = fixture(&capture("H100SXMx8_smi_q.txt"), Wiring::NvSwitch18, |_, _| {});
     let header =
-        "# 8x H100 SXM HGX, generated from ../shared/fixtures/nvidia/nvidia-smi/H100SXMx8_smi_q.txt by tests/gpu.rs\n";
+        "# 8x H100 SXM HGX, generated from tests/fixtures/nvidia/nvidia-smi/H100SXMx8_smi_q.txt by tests/gpu.rs\n";
     let want = format!("{header}{generated}");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/machines/hgx-h100x8.txt");
     if std::env::var_os("KILN_UPDATE_FIXTURES").is_some() {

@@ -1,4 +1,4 @@
-//! Every hwloc snapshot in `../shared/fixtures/hwloc` is a real machine's `/proc` and `/sys`.
+//! Every hwloc snapshot in `tests/fixtures/hwloc` is a real machine's `/proc` and `/sys`.
 //! `kiln inventory --root` must agree with hwloc's own expected topology (`expected.json`) and with
 //! the raw facts read from each snapshot. The few cases where it cannot are listed in
 //! [`KNOWN_DIFFERENCES`] with the reason; a listed difference that disappears fails the test too.

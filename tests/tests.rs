@@ -1,5 +1,5 @@
 //! Integration tests: every test drives the built `kiln` binary as a user would, on the live
-//! machine or on real machines' snapshots from `../shared/fixtures`.
+//! machine or on real machines' snapshots from `tests/fixtures`.
 
 mod util;
 

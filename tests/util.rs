@@ -1,17 +1,14 @@
-//! Helpers for the integration tests: run the real `kiln` binary, find and unpack the shared
-//! fixtures, and report a failing command in full.
+//! Helpers for the integration tests: run the real `kiln` binary, find and unpack the fixtures
+//! (`tests/fixtures`, real machines' data with their origin in its README), and report a failing
+//! command in full.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-/// `../shared/fixtures` beside the checkout, or `$KILN_FIXTURES`.
+/// `tests/fixtures` in the repository: what a plain clone needs to pass its own tests.
 pub fn fixtures() -> PathBuf {
-    let dir = std::env::var_os("KILN_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"));
-    assert!(dir.is_dir(), "fixtures not found at {}: set KILN_FIXTURES", dir.display());
-    dir
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 static UNPACK: Mutex<()> = Mutex::new(());
@@ -165,7 +162,7 @@ pub fn cpu_set(text: &str) -> std::collections::BTreeSet<u64> {
     out
 }
 
-/// hwloc's expected results per test case (`../shared/fixtures/hwloc/expected.json`), by case name.
+/// hwloc's expected results per test case (`tests/fixtures/hwloc/expected.json`), by case name.
 pub fn hwloc_expected() -> std::collections::BTreeMap<String, serde_json::Value> {
     let path = fixtures().join("hwloc/expected.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()

@@ -1,6 +1,6 @@
 """PyTorch anchor for kiln's reference training benchmark, with the model's sizes as arguments.
 
-A copy of ../shared/anchors/torch_train.py (the anchor the issue measured, fixed at the `anchor`
+A copy of the team's anchors/torch_train.py (the anchor the issue measured, fixed at the `anchor`
 size) whose only change is that the sizes come from the command line, so that benches/train.rs
 can compare every named size: python torch_train.py STEPS MODE VOCAB D_MODEL LAYERS HEADS SEQ BATCH,
 and, as a tenth argument, the device (`cpu`, the default, or `cuda:0`: scripts/gpu-check.sh's
