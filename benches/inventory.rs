@@ -1,6 +1,6 @@
 //! How fast is a full host inventory? Two measurements, one run:
 //!
-//! 1. the library path (`kiln::inventory::collect`) under criterion, on the live machine and, when
+//! 1. the library path (`kiln_inventory::collect`) under criterion, on the live machine and, when
 //!    `KILN_BENCH_ROOT` names one, on a snapshot;
 //! 2. the whole process, `kiln inventory --json`, against the anchors a user would otherwise reach
 //!    for (`hwloc-ls`, `lshw -json`, `inxi -Fxxx`), interleaved round by round so that both see the
@@ -27,25 +27,25 @@ use kiln_bench::stats::summarize;
 fn library(c: &mut Criterion) {
     let mut group = c.benchmark_group("inventory");
     group.measurement_time(Duration::from_secs(5));
-    group.bench_function("collect /", |b| b.iter(|| black_box(kiln::inventory::collect(Path::new("/")).unwrap())));
+    group.bench_function("collect /", |b| b.iter(|| black_box(kiln_inventory::collect(Path::new("/")).unwrap())));
     // The bare CPU/NUMA part (goal: under 2 ms): what a job launcher placing ranks would read.
     group.bench_function("cpu + numa /", |b| {
         b.iter(|| {
-            let src = kiln::inventory::Source::new("/");
-            let cpu = kiln::inventory::cpu::collect(&src);
+            let src = kiln_inventory::Source::new("/");
+            let cpu = kiln_inventory::cpu::collect(&src);
             let present = cpu.logical_cpus.iter().map(|c| c.id).collect();
-            black_box((kiln::inventory::numa::collect(&src, &present), cpu))
+            black_box((kiln_inventory::numa::collect(&src, &present), cpu))
         })
     });
     group.bench_function("collect / + json", |b| {
         b.iter(|| {
-            let inv = kiln::inventory::collect(Path::new("/")).unwrap();
+            let inv = kiln_inventory::collect(Path::new("/")).unwrap();
             black_box(serde_json::to_string_pretty(&inv).unwrap())
         })
     });
     if let Some(root) = std::env::var_os("KILN_BENCH_ROOT") {
         let root = std::path::PathBuf::from(root);
-        group.bench_function("collect snapshot", |b| b.iter(|| black_box(kiln::inventory::collect(&root).unwrap())));
+        group.bench_function("collect snapshot", |b| b.iter(|| black_box(kiln_inventory::collect(&root).unwrap())));
     }
     group.finish();
 }

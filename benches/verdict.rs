@@ -1,6 +1,6 @@
 //! How fast is a verdict? The targets are the anchors, printed as ratios in one run:
 //!
-//! 1. `kiln::verdict::judge` on the stored evidence of an 8-GPU box (the inventory of the synthetic
+//! 1. `kiln_sku::verdict::judge` on the stored evidence of an 8-GPU box (the inventory of the synthetic
 //!    Azure ND H100 v5 tree served by the fake NVML, read back from the database as `kiln verdict`
 //!    reads it) against the shipped H100 spec — target < 20 ms;
 //! 2. the whole process `kiln verdict --inventory ID --no-save` (open the database, read the
@@ -77,22 +77,22 @@ fn main() {
     let rejudge = ["--db", db_s, "verdict", "--inventory", &inventory, "--spec", spec_s, "--no-save", "--json"];
 
     // The evidence as `kiln verdict` reads it.
-    let inv: kiln::inventory::Inventory = serde_json::from_value(doc["inventory"].clone()).unwrap();
-    let loaded = kiln::spec::load(&spec).unwrap();
+    let inv: kiln_inventory::Inventory = serde_json::from_value(doc["inventory"].clone()).unwrap();
+    let loaded = kiln_sku::spec::load(&spec).unwrap();
     let fleet = std::collections::BTreeMap::new();
-    let evidence = kiln::verdict::Evidence {
+    let evidence = kiln_sku::verdict::Evidence {
         inventory: &inv,
         inventory_id: Some(&inventory),
         runs: &[],
         fleet: &fleet,
         performance_judged: false,
     };
-    let checks = kiln::verdict::judge(&loaded, &evidence, false).checks.len();
+    let checks = kiln_sku::verdict::judge(&loaded, &evidence, false).checks.len();
 
     let (mut judge_ms, mut verdict_ms, mut commission_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let t = Instant::now();
-        let v = kiln::verdict::judge(&loaded, &evidence, false);
+        let v = kiln_sku::verdict::judge(&loaded, &evidence, false);
         judge_ms.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(v);
         verdict_ms.push(run(&rejudge, &env).0);

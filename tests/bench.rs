@@ -13,7 +13,7 @@ fn membw_run_is_measured_stored_and_shown() {
     )
     .success();
     let out = run.json();
-    let typed: kiln::runs::MembwReport = run.report();
+    let typed: kiln_app::runs::MembwReport = run.report();
     assert!(typed.scopes.iter().all(|s| s.kernels.len() == 4), "{typed:?}");
     let scopes = out["report"]["scopes"].as_array().unwrap();
     let all = scopes.iter().find(|s| s["scope"] == "all").unwrap();
@@ -160,7 +160,7 @@ fn tiny_training_run_learns_and_is_stored() {
     let db = dir.path().join("kiln.db");
     let run = kiln(&["bench", "train", "--size", "tiny", "--seq", "32", "--json"], &[("KILN_DB", &db)]);
     let out = run.json();
-    let typed: kiln::runs::TrainReport = run.report();
+    let typed: kiln_app::runs::TrainReport = run.report();
     assert_eq!(typed.train.loss_curve.len(), typed.train.config.steps);
     let r = &out["report"]["train"];
     assert_eq!(out["status"].as_str().map(|s| s != "failed"), Some(true), "{}", run.describe());
@@ -291,7 +291,7 @@ fn gemm_small_sizes_against_the_peak() {
     )
     .success();
     let out = run.json();
-    let typed: kiln::runs::GemmReport = run.report();
+    let typed: kiln_app::runs::GemmReport = run.report();
     // candle's f32 and bf16 at both sizes, and kiln's own bf16 kernel where the CPU has AVX512-BF16.
     let expected = if kiln_bench::bf16::available() { 6 } else { 4 };
     assert_eq!(typed.results.len(), expected);
@@ -354,7 +354,7 @@ fn gemm_through_the_libraries_found() {
     let db = dir.path().join("kiln.db");
     let args = ["bench", "gemm", "--sizes", "96", "--dtypes", "f32,bf16,int8", "--repetitions", "2", "--json"];
     let run = kiln(&args, &[("KILN_DB", &db)]).success();
-    let typed: kiln::runs::GemmReport = run.report();
+    let typed: kiln_app::runs::GemmReport = run.report();
     let got: Vec<(&str, &str)> = typed.results.iter().map(|r| (r.backend.as_str(), r.dtype.as_str())).collect();
     // kiln's own bf16 kernel runs where the CPU has AVX512-BF16.
     let own: &[(&str, &str)] = if kiln_bench::bf16::available() { &[("kiln", "bf16")] } else { &[] };

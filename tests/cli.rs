@@ -24,7 +24,7 @@ fn live_inventory_summary_and_json() {
         assert!(text.contains(label), "summary lacks {label:?}\n{}", summary.describe());
     }
     let inv = kiln(&["inventory", "--json"], &[]).success().json();
-    assert_eq!(inv["schema_version"], kiln::inventory::SCHEMA_VERSION);
+    assert_eq!(inv["schema_version"], kiln_inventory::SCHEMA_VERSION);
     assert_eq!(inv["root"], "/");
     assert_eq!(inv["cpu"]["online"].as_u64().unwrap() as usize, live_online_cpus());
     assert!(inv["cpu"]["cores"].as_u64().unwrap() >= 1);

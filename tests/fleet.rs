@@ -25,7 +25,7 @@ pub fn spec_seeded(seed: u64) -> FleetSpec {
         sampled_metrics: 2,
         gpus: 2,
         telemetry_points: 3,
-        end: kiln::timefmt::now_unix() - 3600,
+        end: kiln_text::timefmt::now_unix() - 3600,
         seed,
     }
 }

@@ -43,7 +43,7 @@ fn uuid(kind: u8, a: u64, b: u64) -> String {
     )
 }
 
-use kiln::timefmt::rfc3339;
+use kiln_text::timefmt::rfc3339;
 
 pub const CONFIG_NAMES: [&str; 4] = [
     "2× EPYC 9654 · 8× H100 80GB HBM3 · 2 TiB",

@@ -112,7 +112,7 @@ impl Run {
     #[track_caller]
     pub fn json(&self) -> serde_json::Value {
         let value = self.any_json();
-        let want = if value.get("collected_at").is_some() { kiln::inventory::SCHEMA_VERSION } else { 1 };
+        let want = if value.get("collected_at").is_some() { kiln_inventory::SCHEMA_VERSION } else { 1 };
         assert_eq!(value["schema_version"], want, "--json document with the wrong schema_version\n{}", self.describe());
         value
     }

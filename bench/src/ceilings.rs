@@ -17,8 +17,136 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gemm::PeakResult;
 use crate::stats::{pin_to_cpu, summarize, Summary};
+
+/// The f32 FMA peak: every allowed CPU running independent FMA chains of the widest form.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeakResult {
+    /// GFLOP/s (f32) with every thread running independent FMA chains.
+    pub gflops: Vec<f64>,
+    pub summary: Summary,
+    /// "avx512f", "avx2+fma" or "scalar": the widest instructions used.
+    pub isa: String,
+    /// GFLOP/s of all CPUs at the best rate one of them showed over its own CPU time: the
+    /// ceiling's basis (`ceilings::best_rate`).
+    #[serde(default)]
+    pub best_gflops: f64,
+    /// Per repetition, every CPU's rate over its own CPU time, summed (see
+    /// `ceilings::own_rate`): what the stored peak and MFU divide by.
+    #[serde(default)]
+    pub own_gflops: Vec<f64>,
+}
+
+impl PeakResult {
+    /// The peak as the cores deliver it (`ceilings::own_rate`).
+    pub fn rate(&self) -> f64 {
+        own_rate(&self.own_gflops, self.best_gflops, self.summary.median)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains_avx512(iterations: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    acc.iter().map(|x| _mm512_reduce_add_ps(*x)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_avx2(iterations: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
+        }
+    }
+    let mut out = [0f32; 8];
+    let mut sum = 0.0;
+    for x in acc {
+        // SAFETY: `out` holds the 8 floats the store writes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), x) };
+        sum += out.iter().sum::<f32>();
+    }
+    sum
+}
+
+fn fma_chains_scalar(iterations: u64) -> f32 {
+    let mut acc = [1.0f32; 16];
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(0.999_999, 1e-7);
+        }
+    }
+    acc.iter().sum()
+}
+
+/// f32 lanes of one FMA instruction of the peak's instruction set (`PeakResult::isa`).
+pub fn f32_lanes(isa: &str) -> f64 {
+    match isa {
+        "avx512f" => 16.0,
+        "avx2+fma" => 8.0,
+        _ => 1.0,
+    }
+}
+
+/// The instruction set used for the peak, and FLOPs per iteration of one thread: its chains
+/// (12 vector, 16 scalar) × lanes × 2.
+fn isa() -> (&'static str, f64) {
+    let flops = |name: &'static str, chains: f64| (name, chains * f32_lanes(name) * 2.0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return flops("avx512f", 12.0);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return flops("avx2+fma", 12.0);
+        }
+    }
+    flops("scalar", 16.0)
+}
+
+fn run_chains(iterations: u64) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (name, _) = isa();
+        // SAFETY: the features were detected at run time just above.
+        unsafe {
+            match name {
+                "avx512f" => return fma_chains_avx512(iterations),
+                "avx2+fma" => return fma_chains_avx2(iterations),
+                _ => {}
+            }
+        }
+    }
+    fma_chains_scalar(iterations)
+}
+
+/// Measures the f32 FMA peak over `cpus` (one pinned thread each, all at once).
+pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult {
+    let (name, flops_per_iter) = isa();
+    let threads = cpus.len().max(1) as f64;
+    let timed = on_all_cpus(cpus, repetitions, || {
+        std::hint::black_box(run_chains(iterations));
+    });
+    let per_thread = iterations as f64 * flops_per_iter;
+    let gflops: Vec<f64> = timed.iter().map(|t| per_thread * threads / t.window / 1e9).collect();
+    PeakResult {
+        summary: summarize(&gflops).expect("repetitions"),
+        gflops,
+        isa: name.to_string(),
+        best_gflops: best_rate(&timed, per_thread) / 1e9,
+        own_gflops: timed.iter().map(|t| t.own_rate(per_thread) / 1e9).collect(),
+    }
+}
 
 /// A GEMM figure may exceed its type's measured peak by this factor before it is impossible: the
 /// peak's repetitions and the GEMM's are taken seconds apart, and a clock can move that much.
@@ -434,7 +562,7 @@ mod tests {
                     std::hint::spin_loop();
                 }
             });
-            let peak = crate::gemm::fma_peak(&[0], 3, 20_000_000);
+            let peak = fma_peak(&[0], 3, 20_000_000);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             (peak.summary.median, peak.best_gflops, peak.rate())
         });

@@ -1,6 +1,6 @@
 //! Peak dense FLOP/s of accelerators by model and data type, from the vendors' datasheets
 //! (dense figures: the datasheets' "with sparsity" numbers are twice these). MFU is reported
-//! against them; CPUs are measured instead (`gemm::fma_peak`).
+//! against them; CPUs are measured instead (`ceilings::fma_peak`).
 
 /// A datasheet row: how NVML names the part, and TFLOP/s for bf16 (and fp16) tensor, tf32, fp32,
 /// and fp8 tensor with f32 accumulation (none before compute capability 8.9).

@@ -248,7 +248,7 @@ fn validate(record: &Record<'_>) -> std::result::Result<(), String> {
         _ => Ok(()),
     };
     let time = |what: &str, v: &str| {
-        crate::fleet::parse_rfc3339(v).map(|_| ()).ok_or_else(|| format!("{what} {v:?} is not an RFC 3339 time"))
+        kiln_text::timefmt::parse_rfc3339(v).map(|_| ()).ok_or_else(|| format!("{what} {v:?} is not an RFC 3339 time"))
     };
     let count = |what: &str, v: Option<i64>| match v {
         Some(n) if n < 0 => Err(format!("{what} is negative ({n})")),

@@ -26,48 +26,6 @@ pub struct Fleet {
     pub hosts: Vec<FleetHost>,
 }
 
-/// Seconds since the epoch of an RFC 3339 UTC time (`2026-12-02T15:33:58.126Z`, `+00:00` too);
-/// offsets other than UTC are applied.
-pub fn parse_rfc3339(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 19
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !(b[10] == b'T' || b[10] == b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        rest = &frac[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" | "" => 0,
-        _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) => {
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (rest[1..3].parse::<i64>().ok()? * 3600 + rest[4..6].parse::<i64>().ok()? * 60)
-        }
-        _ => return None,
-    };
-    // Howard Hinnant's days-from-civil.
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h * 3600 + mi * 60 + se - offset)
-}
-
 pub(crate) fn direction_of(s: &str) -> Direction {
     match s {
         "higher" => Direction::Higher,
@@ -138,19 +96,5 @@ impl Store {
         index_runs(&mut tx, &runs).await.map_err(&err)?;
         tx.commit().await.map_err(&err)?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339() {
-        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339("2000-02-29T00:00:00Z"), Some(951_782_400));
-        assert_eq!(parse_rfc3339("2026-12-02T15:33:58.126Z"), Some(1_796_225_638));
-        assert_eq!(parse_rfc3339("2026-12-02T16:33:58+01:00"), Some(1_796_225_638));
-        assert_eq!(parse_rfc3339("yesterday"), None);
     }
 }

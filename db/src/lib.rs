@@ -30,8 +30,9 @@ mod tokens;
 mod verdicts;
 pub use any::{AnyStore, Location};
 pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
-pub use fleet::{mean_power, parse_rfc3339, Fleet, FleetHost};
+pub use fleet::{mean_power, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
+pub use kiln_text::timefmt::parse_rfc3339;
 pub use outbox::{Pending, UploadBatch};
 pub use pg::{redact, PgStore};
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
@@ -1037,9 +1038,9 @@ pub(crate) mod tests {
         store.save_run(&old).await.unwrap();
         let all = store.fleet(None).await.unwrap();
         assert_eq!(all.hosts[0].data.runs.len(), 3);
-        assert_eq!(all.hosts[0].data.runs[0].t, fleet::parse_rfc3339("2026-08-24T10:00:00Z").unwrap());
+        assert_eq!(all.hosts[0].data.runs[0].t, parse_rfc3339("2026-08-24T10:00:00Z").unwrap());
         assert_eq!(all.hosts[0].data.series[0].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2]);
-        let recent = store.fleet(fleet::parse_rfc3339("2026-11-25T00:00:00Z")).await.unwrap();
+        let recent = store.fleet(parse_rfc3339("2026-11-25T00:00:00Z")).await.unwrap();
         assert_eq!(recent.hosts[0].data, *series);
         let partitions: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM host_series").fetch_one(&mut store.conn).await.unwrap();

@@ -4,7 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    std::hint::black_box(kiln::inventory::smbios::parse_memory_devices(data));
-    std::hint::black_box(kiln::inventory::nvme::parse_smart(data));
-    std::hint::black_box(kiln::inventory::pci::parse_acs(data));
+    std::hint::black_box(kiln_inventory::smbios::parse_memory_devices(data));
+    std::hint::black_box(kiln_inventory::nvme::parse_smart(data));
+    std::hint::black_box(kiln_inventory::pci::parse_acs(data));
 });

@@ -4,5 +4,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = std::hint::black_box(kiln_provision::spec::parse(std::path::Path::new("/nonexistent/fuzz/image.toml"), text.to_string()));
+    let _ = std::hint::black_box(kiln_provision::image::parse(std::path::Path::new("/nonexistent/fuzz/image.toml"), text.to_string()));
 });

@@ -4,5 +4,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    std::hint::black_box(kiln::inventory::kmsg::parse_xids(&text));
+    std::hint::black_box(kiln_inventory::kmsg::parse_xids(&text));
 });

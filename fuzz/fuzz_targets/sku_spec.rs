@@ -4,6 +4,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = std::hint::black_box(kiln::spec::parse("fuzz.toml", text.to_string()));
-    let _ = std::hint::black_box(kiln::spec::units::parse_any(text));
+    let _ = std::hint::black_box(kiln_sku::spec::parse("fuzz.toml", text.to_string()));
+    let _ = std::hint::black_box(kiln_sku::spec::units::parse_any(text));
 });

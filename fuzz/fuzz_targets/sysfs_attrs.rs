@@ -3,7 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-use kiln::inventory::{cpulist, numa, os, pci};
+use kiln_inventory::{cpulist, numa, os, pci};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

@@ -2,14 +2,15 @@
 //! measurements and their documents, which kiln reads back typed). A binary built with candle's
 //! CUDA backend links `libcuda.so.1` and cannot even start where no NVIDIA driver is installed,
 //! and commissioning installs that driver: so `kiln` itself never links CUDA, and is to run this
-//! program, shipped beside it, when NVML finds GPUs (`kiln bench gpu gemm|memory`, in
-//! `agent/src/runs/gpu/`). It answers one JSON document on stdout per command, `{"error": …}` with exit status 2
+//! program, shipped beside it, when NVML finds GPUs (`kiln bench gpu …`, in `app/src/runs/gpu/`,
+//! launched through [`child`]). It answers one JSON document on stdout per command, `{"error": …}` with exit status 2
 //! when it cannot measure.
 //!
 //! Built without the `cuda` feature (the default, so that the workspace builds anywhere) it says
 //! what to build. `deploy/cuda/cuda-root.sh` assembles the CUDA toolkit the `cuda` build needs.
 
 pub mod bandwidth;
+pub mod child;
 pub mod collectives;
 pub mod fp8;
 pub mod gemm;

@@ -130,11 +130,11 @@ run = ["echo", "$(reboot); rm -rf /", "${root}/x"]
 unless = ["test", "-e", "${root}/done"]
 "#;
 
-    fn setup() -> (tempfile::TempDir, crate::spec::Image, Target, Facts) {
+    fn setup() -> (tempfile::TempDir, crate::image::Image, Target, Facts) {
         let dir = tempfile::tempdir().unwrap();
         let spec = dir.path().join("rec.toml");
         std::fs::write(&spec, SPEC).unwrap();
-        let image = crate::spec::load(&spec).unwrap();
+        let image = crate::image::load(&spec).unwrap();
         let root = dir.path().join("root");
         std::fs::create_dir_all(&root).unwrap();
         let target = Target::new(&root);

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use crate::spec::{split_requirement, Image, SourceText, SpecError};
+use crate::image::{split_requirement, Image, SourceText, SpecError};
 use toml::Spanned;
 
 /// Minimum Linux driver for each CUDA toolkit release (the "Toolkit Driver Version" table of the

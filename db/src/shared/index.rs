@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use sqlx::{QueryBuilder, Row};
 
 use super::Conn;
-use crate::fleet::parse_rfc3339;
 use crate::series::{period_of, HostSeries, RunPoint};
+use kiln_text::timefmt::parse_rfc3339;
 
 /// A run to add to the series.
 pub(crate) struct IndexRun<'a> {

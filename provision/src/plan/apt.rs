@@ -2,23 +2,11 @@
 //! `apt-get install` and holds.
 
 use super::state::KeyFile;
-use super::{apt_root_options, glob_match, is_glob, preferences_path, sources_path, PlanError, Planner};
+use super::{
+    apt_root_options, glob_match, is_glob, pinned_fingerprint, preferences_path, source_header, sources_path,
+    PlanError, Planner,
+};
 use crate::exec::{signed_by_field, Action, Cmd};
-use crate::spec::{AptRepository, RepositoryKey};
-
-/// The part of a deb822 source kiln writes before its `Signed-By` (or `Trusted`) field.
-pub(super) fn source_header(repo: &AptRepository) -> String {
-    let mut header = format!("Types: deb\nURIs: {}\nSuites: {}\n", repo.uri.get_ref(), repo.suite);
-    if !repo.components.is_empty() {
-        header += &format!("Components: {}\n", repo.components.join(" "));
-    }
-    header
-}
-
-/// The pinned fingerprint as gpg prints it: no spaces, upper case.
-pub(super) fn pinned_fingerprint(key: &RepositoryKey) -> String {
-    key.fingerprint.get_ref().replace(' ', "").to_ascii_uppercase()
-}
 
 pub(super) fn plan(p: &mut Planner) -> Result<(), PlanError> {
     skeleton(p);

@@ -2,7 +2,7 @@
 
 use super::{PlanError, Planner};
 use crate::exec::Action;
-use crate::spec::{sha256_hex, FileSpec};
+use crate::image::{sha256_hex, FileSpec};
 
 pub(super) fn plan(p: &mut Planner) -> Result<(), PlanError> {
     for f in &p.image.spec.files {
@@ -25,7 +25,7 @@ fn file(p: &mut Planner, file: &FileSpec) -> Result<(), PlanError> {
         },
         (None, None) => unreachable!("validated"),
     };
-    let mode = file.mode.as_ref().and_then(|m| crate::spec::parse_mode(m.get_ref()));
+    let mode = file.mode.as_ref().and_then(|m| crate::image::parse_mode(m.get_ref()));
     let id = |table: &str, who: &Option<toml::Spanned<String>>, what: &str| match who {
         None => Ok(None),
         Some(w) => match state.ids.get(&(table.to_string(), w.get_ref().clone())) {

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::exec::{Action, Cmd, Executor};
-use crate::spec::{normalize_dist, Image, SpecError};
+use crate::image::{normalize_dist, Image, SpecError};
 pub use state::State;
 
 /// The machine, or root, that a plan targets.
@@ -385,6 +385,20 @@ pub fn unit_name(name: &str) -> String {
     }
 }
 
+/// The part of a deb822 source kiln writes before its `Signed-By` (or `Trusted`) field.
+pub(crate) fn source_header(repo: &crate::image::AptRepository) -> String {
+    let mut header = format!("Types: deb\nURIs: {}\nSuites: {}\n", repo.uri.get_ref(), repo.suite);
+    if !repo.components.is_empty() {
+        header += &format!("Components: {}\n", repo.components.join(" "));
+    }
+    header
+}
+
+/// The pinned fingerprint as gpg prints it: no spaces, upper case.
+pub(crate) fn pinned_fingerprint(key: &crate::image::RepositoryKey) -> String {
+    key.fingerprint.get_ref().replace(' ', "").to_ascii_uppercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::state::{FileState, Guard, KeyFile};
@@ -409,7 +423,7 @@ mod tests {
     /// Decides `spec` (after the image header) against `state`; returns each step's key and why,
     /// the notes, and how many items were satisfied.
     fn decided(spec: &str, state: &State, live: bool) -> Result<(Vec<(String, String)>, Vec<String>, usize), String> {
-        let image = crate::spec::parse(Path::new("t.toml"), format!("{HEAD}{spec}")).map_err(|e| e.to_string())?;
+        let image = crate::image::parse(Path::new("t.toml"), format!("{HEAD}{spec}")).map_err(|e| e.to_string())?;
         let target = Target { root: PathBuf::from(if live { "/" } else { "/srv/root" }) };
         let mut state = state.clone();
         state.recorded_hash.get_or_insert_with(|| image.hash.clone());

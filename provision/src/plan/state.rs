@@ -14,7 +14,7 @@ use super::{
 };
 use crate::dpkg;
 use crate::exec::{armored_key, key_fingerprints, Cmd, Executor};
-use crate::spec::Image;
+use crate::image::Image;
 
 /// What is at a path of the target now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -158,8 +158,8 @@ impl State {
             let file = file_state(&target.path(&abs));
             if let Some(k) = &repo.key {
                 let key = k.get_ref();
-                let fingerprint = super::apt::pinned_fingerprint(key);
-                let header = super::apt::source_header(repo);
+                let fingerprint = super::pinned_fingerprint(key);
+                let header = super::source_header(repo);
                 let pinned = match file.content.as_deref().map(String::from_utf8_lossy) {
                     Some(text) if text.starts_with(&header) => {
                         signed_by_holds(exec, &text[header.len()..], &fingerprint)
@@ -242,7 +242,7 @@ pub fn file_state(path: &Path) -> FileState {
 }
 
 /// A command's guard, checked now.
-fn guard(cmd: &crate::spec::CommandSpec, target: &Target, facts: &Facts, exec: &mut dyn Executor) -> Guard {
+fn guard(cmd: &crate::image::CommandSpec, target: &Target, facts: &Facts, exec: &mut dyn Executor) -> Guard {
     if let Some(creates) = &cmd.creates {
         if target.path(&expand(creates, target, facts)).exists() {
             return Guard::Satisfied;

@@ -2,7 +2,7 @@
 
 use super::{normalize_dist, Planner};
 use crate::exec::{Action, Cmd};
-use crate::spec::{split_requirement, Venv};
+use crate::image::{split_requirement, Venv};
 
 pub(super) fn plan(p: &mut Planner) {
     for v in &p.image.spec.venvs {

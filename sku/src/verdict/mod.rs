@@ -1,0 +1,348 @@
+//! The commissioning verdict: a SKU spec and the evidence of one box (its stored inventory, the
+//! benchmark runs taken with it, and what the fleet says about its configuration) in, one
+//! ACCEPT / REJECT / INCONCLUSIVE out, with every check that led there.
+//!
+//! `judge` is a pure function of its inputs — no clock, no randomness, no I/O — so the same
+//! evidence and spec give the same verdict byte for byte, and a stored inventory can be re-judged
+//! against a tightened spec without touching the box (`kiln verdict --inventory ID`).
+
+pub mod hardware;
+pub mod health;
+pub mod ocp;
+pub mod perf;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use kiln_db::RunStatus;
+use serde::{Deserialize, Serialize};
+
+use crate::spec::LoadedSpec;
+use kiln_inventory::Inventory;
+
+/// The status of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Fail,
+    Skip,
+    Warn,
+    Pass,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Fail => "fail",
+            Status::Skip => "skip",
+            Status::Warn => "warn",
+            Status::Pass => "pass",
+        }
+    }
+}
+
+/// How bad a failure of a check is: the order REJECT lists failures in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The hardware is failing: uncorrectable errors, XIDs, a GPU gone from the bus.
+    Critical,
+    /// The box is not what was bought: a missing or wrong part, a degraded link.
+    Major,
+    /// Misconfigured: persistence, power limit, firmware, platform settings.
+    Minor,
+    /// Slower than it should be.
+    Performance,
+}
+
+/// One check: what was expected of what, what was measured, and where that came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    /// Stable across releases: scripts match on it ("gpu.pcie.link", "nvlink.active").
+    pub id: String,
+    /// What was checked: "GPU 3 0000:1b:00.0", "upstream port 0000:15:01.0", "mlx5_2 port 1".
+    pub subject: String,
+    pub status: Status,
+    pub severity: Severity,
+    pub expected: String,
+    pub measured: String,
+    /// Why it failed, warned or skipped; empty when it passed.
+    pub reason: String,
+    /// Where the measurement came from: a sysfs file, an NVML call, a benchmark run id.
+    pub evidence: String,
+}
+
+impl Check {
+    /// The columns of a table of checks, and a check as its row.
+    pub const COLUMNS: [&'static str; 6] = ["status", "check", "subject", "expected", "measured", "reason"];
+
+    pub fn row(&self) -> Vec<String> {
+        vec![
+            self.status.as_str().to_uppercase(),
+            self.id.clone(),
+            self.subject.clone(),
+            self.expected.clone(),
+            self.measured.clone(),
+            self.reason.clone(),
+        ]
+    }
+}
+
+/// The decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Accept,
+    Reject,
+    Inconclusive,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Accept => "accept",
+            Decision::Reject => "reject",
+            Decision::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// The spec a verdict was reached with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecRef {
+    pub name: String,
+    pub file: String,
+    /// SHA-256 of the spec's text.
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub pass: usize,
+    pub warn: usize,
+    pub skip: usize,
+    pub fail: usize,
+}
+
+/// A verdict with its checks: the `--json` document and what is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub verdict: Decision,
+    pub spec: SpecRef,
+    pub inventory_id: Option<String>,
+    pub hostname: Option<String>,
+    /// Whether performance was judged (not with `--no-bench`).
+    pub performance_judged: bool,
+    /// Skipped checks were allowed (`--allow-skip`).
+    pub allow_skip: bool,
+    pub counts: Counts,
+    /// Failures first (most severe first), then skips, warnings and passes, each in check order.
+    pub checks: Vec<Check>,
+}
+
+/// One stored benchmark run, as evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEvidence {
+    pub id: String,
+    pub benchmark: String,
+    pub status: RunStatus,
+    /// (name, value, unit).
+    pub metrics: Vec<(String, f64, String)>,
+    /// PCIe links read while this run loaded their device.
+    #[serde(default)]
+    pub links: Vec<kiln_inventory::linkwatch::LinkUnderLoad>,
+    /// Per GPU (NVML index): (samples, samples held back by heat) during this run.
+    #[serde(default)]
+    pub thermal: Vec<(u32, u32, u32)>,
+}
+
+/// Per GPU, how many telemetry samples of a run there were and how many saw thermal throttling.
+pub fn thermal_of(telemetry: &[kiln_inventory::telemetry::Sample]) -> Vec<(u32, u32, u32)> {
+    let mut by: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+    for (_, source, name, v) in telemetry {
+        let Some(i) = source.strip_prefix("gpu").and_then(|n| n.parse().ok()) else { continue };
+        if name == "throttled_thermal" {
+            let e = by.entry(i).or_default();
+            e.0 += 1;
+            e.1 += u32::from(*v > 0.5);
+        }
+    }
+    by.into_iter().map(|(i, (n, hot))| (i, n, hot)).collect()
+}
+
+/// Everything a verdict is reached from.
+pub struct Evidence<'a> {
+    pub inventory: &'a Inventory,
+    pub inventory_id: Option<&'a str>,
+    /// The runs taken with this inventory.
+    pub runs: &'a [RunEvidence],
+    /// Per metric, the values of accepted boxes of this configuration (for `fleet_p10`).
+    pub fleet: &'a BTreeMap<String, Vec<f64>>,
+    /// False with `--no-bench`: performance checks are out of scope, not missing.
+    pub performance_judged: bool,
+}
+
+/// Collects checks.
+#[derive(Default)]
+pub struct Checks {
+    pub list: Vec<Check>,
+}
+
+/// What a check measured: a value that passes or not, or nothing (and why).
+pub enum Measured {
+    Value {
+        text: String,
+        ok: bool,
+    },
+    /// Passes, but with a warning.
+    Warn {
+        text: String,
+        why: String,
+    },
+    Missing {
+        why: String,
+    },
+}
+
+impl Measured {
+    pub fn of(text: impl Into<String>, ok: bool) -> Measured {
+        Measured::Value { text: text.into(), ok }
+    }
+    pub fn missing(why: impl Into<String>) -> Measured {
+        Measured::Missing { why: why.into() }
+    }
+}
+
+impl Checks {
+    /// Adds a check. `reason` says what a failure means ("trained down"); it is left empty on a
+    /// pass.
+    // Each argument is a column of the check table: a struct literal at every call would say no more.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add(
+        &mut self,
+        id: &str,
+        subject: &str,
+        severity: Severity,
+        expected: impl Into<String>,
+        measured: Measured,
+        reason: &str,
+        evidence: &str,
+    ) {
+        let (status, measured, reason) = match measured {
+            Measured::Value { text, ok: true } => (Status::Pass, text, String::new()),
+            Measured::Value { text, ok: false } => (Status::Fail, text, reason.to_string()),
+            Measured::Warn { text, why } => (Status::Warn, text, why),
+            Measured::Missing { why } => (Status::Skip, String::new(), why),
+        };
+        self.list.push(Check {
+            id: id.to_string(),
+            subject: subject.to_string(),
+            status,
+            severity,
+            expected: expected.into(),
+            measured,
+            reason,
+            evidence: evidence.to_string(),
+        });
+    }
+}
+
+/// The GPUs of the box: NVML's count, or the PCI tree's when NVML answered nothing.
+pub fn gpu_count(inv: &Inventory) -> u32 {
+    if inv.gpus.devices.is_empty() {
+        inv.gpus.pci_gpus.len() as u32
+    } else {
+        inv.gpus.devices.len() as u32
+    }
+}
+
+/// The GPU model names: NVML's, or the PCI device names.
+pub fn gpu_models(inv: &Inventory) -> Vec<String> {
+    if inv.gpus.devices.is_empty() {
+        inv.gpus
+            .pci_gpus
+            .iter()
+            .map(|a| inv.pci.iter().find(|d| &d.address == a).and_then(|d| d.device_name.clone()).unwrap_or_default())
+            .collect()
+    } else {
+        inv.gpus.devices.iter().map(|g| g.name.clone().unwrap_or_default()).collect()
+    }
+}
+
+/// Judges `evidence` against `spec`. Pure and deterministic.
+pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Verdict {
+    let mut checks = Checks::default();
+    hardware::check(&spec.spec, evidence.inventory, &mut checks);
+    hardware::links_under_load(&spec.spec, evidence, &mut checks);
+    health::thermal(&spec.spec, evidence, &mut checks);
+    health::check(&spec.spec, evidence.inventory, &mut checks);
+    if evidence.performance_judged {
+        perf::check(&spec.spec, evidence, &mut checks);
+    }
+    let mut list = checks.list;
+    // A stable sort: failures by severity, then skips, warnings and passes, each in check order.
+    list.sort_by_key(|c| (c.status, if c.status == Status::Fail { c.severity } else { Severity::Critical }));
+    let mut counts = Counts::default();
+    for c in &list {
+        match c.status {
+            Status::Pass => counts.pass += 1,
+            Status::Warn => counts.warn += 1,
+            Status::Skip => counts.skip += 1,
+            Status::Fail => counts.fail += 1,
+        }
+    }
+    let verdict = if counts.fail > 0 {
+        Decision::Reject
+    } else if counts.skip > 0 && !allow_skip {
+        Decision::Inconclusive
+    } else {
+        Decision::Accept
+    };
+    Verdict {
+        verdict,
+        spec: SpecRef { name: spec.spec.name.clone(), file: spec.file.clone(), hash: spec.hash.clone() },
+        inventory_id: evidence.inventory_id.map(str::to_string),
+        hostname: evidence.inventory.os.hostname.clone(),
+        performance_judged: evidence.performance_judged,
+        allow_skip,
+        counts,
+        checks: list,
+    }
+}
+
+impl Verdict {
+    /// The human summary: failing (and skipped) checks as a table, then one verdict line.
+    pub fn render(&self, verbose: bool) -> String {
+        let mut out = String::new();
+        let shown: Vec<&Check> = self
+            .checks
+            .iter()
+            .filter(|c| verbose || matches!(c.status, Status::Fail | Status::Skip | Status::Warn))
+            .collect();
+        if !shown.is_empty() {
+            let rows: Vec<Vec<String>> = shown.iter().map(|c| c.row()).collect();
+            let head: Vec<String> = Check::COLUMNS.iter().map(|h| h.to_uppercase()).collect();
+            let head: Vec<&str> = head.iter().map(String::as_str).collect();
+            out.push_str(&kiln_text::table(&head, &rows));
+        }
+        let c = &self.counts;
+        let _ = writeln!(
+            out,
+            "{}: {} against spec {} ({} checks: {} passed, {} failed, {} skipped, {} warnings{}{})",
+            self.verdict.as_str().to_uppercase(),
+            self.hostname.as_deref().unwrap_or("this box"),
+            self.spec.name,
+            self.checks.len(),
+            c.pass,
+            c.fail,
+            c.skip,
+            c.warn,
+            if self.performance_judged { "" } else { "; performance not judged: --no-bench" },
+            if self.allow_skip && c.skip > 0 { "; skips allowed" } else { "" },
+        );
+        if self.verdict == Decision::Inconclusive {
+            out.push_str("Checks the spec requires could not run (see SKIP above); run as root, or pass --allow-skip to accept without them.\n");
+        }
+        out
+    }
+}

@@ -1,0 +1,455 @@
+//! `kiln bench …` and `kiln commission`: run benchmarks on this host, store each run the moment it
+//! finishes, and print what was measured.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kiln_db::SavedInventory;
+use serde::Serialize;
+
+use super::args::{self, Bench, Dtype, GpuBench, Judge, Source};
+use super::inventory::{is_live, live_inventory, store_inventory, take_inventory};
+use super::{catch_interrupts, preflight, store_outcome, Ctx, Exit, Output, View, INTERRUPTED};
+use kiln_app::commission::{run_suite, BenchRun, Commission, CommissionRun, Stored, SuiteEntry, SuiteRun};
+use kiln_app::runs::{self, Outcome, Report};
+use kiln_inventory::Inventory;
+use kiln_text::progress;
+
+pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
+    match what {
+        Bench::Membw { array_mib, warmup, repetitions, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(repetitions >= 1, "--repetitions must be at least 1");
+            let inv = live_inventory()?;
+            let elements = match array_mib {
+                Some(0) => anyhow::bail!("--array-mib must be at least 1"),
+                Some(mib) => mib << 17,
+                None => runs::default_membw_elements(&inv),
+            };
+            let outcome = runs::membw(&inv, kiln_bench::membw::Config { elements, warmup, repetitions });
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Disk { path, size_mib, seconds, qd, destructive, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
+            anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
+            anyhow::ensure!(
+                !qd.is_empty() && qd.iter().all(|&d| (1..=256).contains(&d)),
+                "--qd takes depths from 1 to 256"
+            );
+            catch_interrupts();
+            let inv = live_inventory()?;
+            let config = kiln_bench::disk::Config { size_bytes: size_mib << 20, seconds, queue_depths: qd };
+            let outcome = runs::disk(&path, config, destructive, &INTERRUPTED)?;
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Net { serve, connect, streams, seconds, repetitions, idle, store } => {
+            if let Some(addr) = serve {
+                return serve_net(&addr, idle);
+            }
+            let Some(server) = connect else {
+                anyhow::bail!("give --serve [ADDR] on one host and --connect HOST:PORT on the other")
+            };
+            anyhow::ensure!(
+                streams >= 1 && repetitions >= 1 && seconds > 0.0,
+                "--streams, --repetitions and --seconds must be positive"
+            );
+            preflight(ctx, store)?;
+            let config = kiln_bench::net::Config {
+                streams,
+                seconds_per_repetition: seconds,
+                repetitions,
+                latency_messages: 2000,
+            };
+            let outcome = runs::net(&server, config)?;
+            let inv = live_inventory()?;
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, gemm, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(
+                dtype == Dtype::F32,
+                "--dtype {}: the CPU run trains in f32 (bf16 arrives with the CUDA build)",
+                format!("{dtype:?}").to_lowercase()
+            );
+            let mut config = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
+            config.layers = layers.unwrap_or(config.layers);
+            config.d_model = d_model.unwrap_or(config.d_model);
+            config.heads = heads.unwrap_or(config.heads);
+            config.seq = seq.unwrap_or(config.seq);
+            config.batch = batch.unwrap_or(config.batch);
+            config.steps = steps.unwrap_or(config.steps);
+            config.warmup_steps = (config.steps / 10).max(2).min(config.steps);
+            config.seed = seed.unwrap_or(config.seed);
+            config.kernels = kernels;
+            // The composed path is candle's reference: it multiplies with candle.
+            config.gemm =
+                if kernels == kiln_bench::train::Kernels::Fused { gemm } else { kiln_bench::train::Gemm::Candle };
+            config.gemm.library()?;
+            config.validate()?;
+            anyhow::ensure!(
+                config.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,
+                "--steps {}: a run needs at least {} steps for its learning check to mean anything",
+                config.steps,
+                kiln_bench::train::MIN_STEPS_FOR_VERDICT
+            );
+            let inv = live_inventory()?;
+            let outcome = runs::train(&inv, &config)?;
+            if let Report::Train(t) = &outcome.report {
+                if !t.train.learned {
+                    let r = &t.train;
+                    eprintln!(
+                        "kiln: the model did not learn: loss {:.3} -> {:.3}, above the bar of {:.3} for {} steps \
+                         (chance {:.3}); the numerics of this machine or stack are suspect",
+                        r.loss_start, r.loss_end, r.loss_bar, r.config.steps, r.loss_chance
+                    );
+                }
+            }
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Gemm { sizes, dtypes, repetitions, libraries, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(
+                repetitions >= 1 && !sizes.is_empty() && sizes.iter().all(|&n| n >= 1),
+                "--sizes and --repetitions must be positive"
+            );
+            let libraries = gemm_libraries(&libraries)?;
+            let dtypes: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+            let inv = live_inventory()?;
+            let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions, &libraries);
+            finish(ctx, &inv, outcome, store)
+        }
+        Bench::Suite { quick, budget, disk_path, store } => suite(ctx, quick, budget, disk_path, store),
+        Bench::Gpu { what } => gpu(what, ctx),
+    }
+}
+
+/// `kiln bench gpu …`: skipped with the reason where the box cannot run it.
+fn gpu(what: GpuBench, ctx: &Ctx) -> Result<Output> {
+    let (benchmark, store, gpus) = checked_gpu_options(&what)?;
+    preflight(ctx, store)?;
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let gpus = if inv.gpus.devices.is_empty() { Vec::new() } else { gpu_indices(gpus, &inv)? };
+    let prepared = match runs::gpu::prepare(&inv, &INTERRUPTED) {
+        Ok(p) => p,
+        Err(skip) => return skipped(ctx, benchmark, skip),
+    };
+    let pair_needed = matches!(
+        what,
+        GpuBench::P2p { .. } | GpuBench::Collectives { .. } | GpuBench::Train { data_parallel: true, .. }
+    );
+    if pair_needed && gpus.len() < 2 {
+        let why = format!("{benchmark} needs two GPUs or more; given {gpus:?}");
+        return skipped(ctx, benchmark, runs::gpu::Skip(why));
+    }
+    let outcome = run_gpu(what, &inv, &prepared, gpus)?;
+    anyhow::ensure!(
+        !INTERRUPTED.load(Ordering::Relaxed),
+        "interrupted before the GPU benchmark finished; nothing stored"
+    );
+    finish(ctx, &inv, outcome, store)
+}
+
+/// A GPU benchmark's options checked before anything runs: its name, how it stores, its `--gpus`.
+fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &Vec<String>)> {
+    Ok(match what {
+        GpuBench::Gemm { dtypes, n, reps, samples, gpus, timeout, sweep, burn, store } => {
+            if let Some(duration) = burn {
+                runs::gpu::parse_duration(duration).context("--burn")?;
+            }
+            if let Some(shapes) = sweep {
+                for shape in shapes.split(',') {
+                    kiln_gpu::gemm::Shape::parse(shape).context("--sweep")?;
+                }
+            }
+            for d in dtypes {
+                anyhow::ensure!(
+                    ["bf16", "f16", "f32", "tf32", "fp8"].contains(&d.as_str()),
+                    "--dtypes {d}: bf16, f16, f32, tf32 or fp8"
+                );
+            }
+            anyhow::ensure!((16..=65_536).contains(n), "--n {n}: between 16 and 65536");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            anyhow::ensure!((1..=*n).contains(samples), "--samples {samples}: between 1 and --n");
+            (if burn.is_some() { "gpu-burn" } else { "gpu-gemm" }, *store, gpus)
+        }
+        GpuBench::Memory { mib, reps, gpus, timeout, store } => {
+            anyhow::ensure!((1..=65_536).contains(mib), "--mib {mib}: between 1 and 65536");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            ("gpu-memory", *store, gpus)
+        }
+        GpuBench::P2p { mib, reps, gpus, timeout, store } => {
+            anyhow::ensure!((1..=16_384).contains(mib), "--mib {mib}: between 1 and 16384");
+            anyhow::ensure!(*reps >= 1 && *timeout >= 1, "--reps and --timeout must be positive");
+            ("gpu-p2p", *store, gpus)
+        }
+        GpuBench::Collectives { min_bytes, max_bytes, ops, iterations, gpus, timeout, store } => {
+            anyhow::ensure!(
+                (4..=*max_bytes).contains(min_bytes) && *max_bytes <= 16 << 30,
+                "--min-bytes and --max-bytes: from 4 bytes to 16G, the smaller first"
+            );
+            anyhow::ensure!(*iterations >= 1 && *timeout >= 1, "--iterations and --timeout must be positive");
+            anyhow::ensure!(
+                !ops.iter().any(|o| matches!(o, args::CollectiveOp::AllToAll)),
+                "--ops all-to-all: NCCL has no all-to-all call (it is point-to-point sends); all-reduce, \
+                 all-gather or reduce-scatter"
+            );
+            ("gpu-collectives", *store, gpus)
+        }
+        GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store, .. } => {
+            let options = kiln_gpu::train::Options {
+                device: 0,
+                size: size.clone(),
+                steps: *steps,
+                batch: *batch,
+                precision: kiln_gpu::gemm::Precision::parse(dtype).context("--dtype")?,
+                as_rank: None,
+            };
+            options.config()?;
+            anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
+            ("gpu-train", *store, gpus)
+        }
+    })
+}
+
+/// Runs a GPU benchmark whose options are checked on `gpus`.
+fn run_gpu(what: GpuBench, inv: &Inventory, prepared: &runs::gpu::Prepared, gpus: Vec<usize>) -> Result<Outcome> {
+    Ok(match what {
+        GpuBench::Gemm { dtypes, n, samples, burn: Some(duration), .. } => {
+            let config = runs::gpu::BurnConfig {
+                dtype: dtypes[0].clone(),
+                n,
+                seconds: runs::gpu::parse_duration(&duration)?,
+                samples,
+                gpus,
+            };
+            runs::gpu::burn(inv, prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Gemm { dtypes, n, reps, samples, timeout, sweep, burn: None, .. } => {
+            let config = runs::gpu::GemmConfig { dtypes, n, reps, samples, gpus, timeout_s: timeout, sweep };
+            runs::gpu::gemm(inv, prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Memory { mib, reps, timeout, .. } => {
+            let config = runs::gpu::MemoryConfig { mib, reps, gpus, timeout_s: timeout };
+            runs::gpu::memory(inv, prepared, config, &INTERRUPTED)
+        }
+        GpuBench::P2p { mib, reps, timeout, .. } => {
+            let config = runs::gpu::P2pConfig { mib, reps, gpus, timeout_s: timeout };
+            runs::gpu::p2p(inv, prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Collectives { min_bytes, max_bytes, ops, iterations, timeout, .. } => {
+            let collectives = if ops.is_empty() {
+                kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec()
+            } else {
+                ops.into_iter().map(Into::into).collect()
+            };
+            let config = runs::gpu::CollectivesConfig {
+                collectives,
+                min_bytes,
+                max_bytes,
+                iterations,
+                gpus,
+                timeout_s: timeout,
+            };
+            runs::gpu::collectives(inv, prepared, config, &INTERRUPTED)
+        }
+        GpuBench::Train { size, steps, batch, dtype, timeout, data_parallel, .. } => {
+            let config = runs::gpu::TrainConfig { size, steps, batch, dtype, gpus, timeout_s: timeout, data_parallel };
+            runs::gpu::train(inv, prepared, config, &INTERRUPTED)
+        }
+    })
+}
+
+/// `--gpus`: `all` (every GPU NVML sees), or NVML indices it sees.
+fn gpu_indices(values: &[String], inv: &Inventory) -> Result<Vec<usize>> {
+    let known: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
+    if let [one] = values {
+        if one == "all" {
+            return Ok(known);
+        }
+    }
+    let mut chosen = Vec::new();
+    for v in values {
+        let i: usize = v.trim().parse().with_context(|| format!("--gpus {v}: give all, or GPU indices"))?;
+        anyhow::ensure!(known.contains(&i), "--gpus {i}: NVML sees GPUs {known:?}");
+        if !chosen.contains(&i) {
+            chosen.push(i);
+        }
+    }
+    Ok(chosen)
+}
+
+/// A benchmark that cannot run on this box, and why.
+#[derive(Serialize)]
+pub struct Skipped {
+    pub benchmark: &'static str,
+    pub skipped: String,
+}
+
+impl View for Skipped {
+    fn render(&self) -> String {
+        format!("{}: skipped: {}\n", self.benchmark, self.skipped)
+    }
+}
+
+/// Says why a benchmark was skipped; exit 3, so that a script tells "not measured" from "measured".
+fn skipped(ctx: &Ctx, benchmark: &'static str, why: runs::gpu::Skip) -> Result<Output> {
+    Ok(ctx.output(&Skipped { benchmark, skipped: why.0 })?.with_exit(Exit::Inconclusive))
+}
+
+/// `--libraries`: `all`, `none`, or library keys.
+fn gemm_libraries(values: &[String]) -> Result<runs::Libraries> {
+    let known = kiln_bench::blas::Kind::ALL.map(kiln_bench::blas::Kind::key);
+    match values {
+        [one] if one == "all" => Ok(runs::Libraries::All),
+        [one] if one == "none" => Ok(runs::Libraries::Only(Vec::new())),
+        keys => {
+            for k in keys {
+                anyhow::ensure!(
+                    known.contains(&k.as_str()),
+                    "--libraries {k}: give all, none, or some of {}",
+                    known.join(", ")
+                );
+            }
+            Ok(runs::Libraries::Only(keys.to_vec()))
+        }
+    }
+}
+
+fn serve_net(addr: &str, idle: u64) -> Result<Output> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+    // The address first, flushed: a script (or a test) reads it to learn the port.
+    Output::new(format!("listening on {}", listener.local_addr()?)).print()?;
+    kiln_bench::net::serve(listener, Duration::from_secs(idle)).context("serving")?;
+    Ok(Output::empty(Exit::Ok))
+}
+
+/// Stores the run unless told not to, and prints it; a failed check exits 1.
+fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> Result<Output> {
+    let run_id = if store.no_save {
+        None
+    } else {
+        let saved = store_inventory(ctx, inv)?;
+        Some(store_outcome(ctx, inv, &saved, &outcome)?)
+    };
+    let view = BenchRun::of(&outcome, run_id);
+    Ok(ctx.output(&view)?.with_exit(Exit::check(outcome.failed_check())))
+}
+
+/// Runs the suite; with a store, the inventory is stored first and each run as it finishes, so
+/// that a failure or a kill later loses only the benchmark that was running.
+fn stored_suite(
+    ctx: &Ctx,
+    inv: &Inventory,
+    saved: Option<&SavedInventory>,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+) -> Result<Vec<(Outcome, Option<String>)>> {
+    let mut done = Vec::new();
+    run_suite(inv, quick, budget, disk_path, &INTERRUPTED, &mut |outcome| {
+        let id = saved.map(|s| store_outcome(ctx, inv, s, &outcome)).transpose()?;
+        done.push((outcome, id));
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+fn suite(
+    ctx: &Ctx,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+    store: args::Store,
+) -> Result<Output> {
+    preflight(ctx, store)?;
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let saved = if store.no_save { None } else { Some(store_inventory(ctx, &inv)?) };
+    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, disk_path)?;
+    let failed = done.iter().any(|(o, _)| o.failed_check());
+    let runs = done
+        .iter()
+        .map(|(o, id)| SuiteEntry {
+            benchmark: o.benchmark(),
+            status: o.status,
+            run_id: id.clone(),
+            headline: &o.headline,
+            report: &o.report,
+            text: &o.text,
+        })
+        .collect();
+    let view = SuiteRun { suite: if quick { "quick" } else { "full" }, runs };
+    Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
+}
+
+/// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
+/// run stored as it finishes), the summary.
+/// Whether and how long `commission` benchmarks.
+pub struct Suite {
+    pub no_bench: bool,
+    pub budget: Option<u64>,
+}
+
+pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool, ctx: &Ctx) -> Result<Output> {
+    let Suite { no_bench, budget } = suite;
+    ctx.open_store()?;
+    progress("taking the inventory");
+    let inv = take_inventory(source)?;
+    // The spec is chosen (and a malformed one refused) before minutes of benchmarks.
+    let spec = if no_verdict { Err("--no-verdict".to_string()) } else { super::verdict::choose_spec(judge, &inv)? };
+    let saved = store_inventory(ctx, &inv)?;
+    let live = is_live(source);
+    let done = if no_bench || !live {
+        Vec::new()
+    } else {
+        catch_interrupts();
+        stored_suite(ctx, &inv, Some(&saved), true, budget, None)?
+    };
+    let failed = done.iter().any(|(o, _)| o.failed_check());
+    let benchmarks = done
+        .into_iter()
+        .map(|(o, id)| CommissionRun {
+            benchmark: o.benchmark(),
+            status: o.status,
+            run_id: id.unwrap_or_default(),
+            headline: o.headline,
+        })
+        .collect();
+    let (judgement, verdict_id, why_none) = match spec {
+        Ok(spec) => {
+            let stored = super::verdict::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
+            let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, true, true)?;
+            (Some(v), id, None)
+        }
+        Err(why) => (None, None, Some(why)),
+    };
+    // The verdict decides the exit; without one (no spec applies), the box is not judged: 3,
+    // unless --no-verdict asked for none.
+    let exit = match (&judgement, no_verdict) {
+        (Some(v), _) => super::verdict::exit_of(v.verdict),
+        (None, true) => Exit::check(failed),
+        (None, false) => Exit::Inconclusive,
+    };
+    let stored = Stored {
+        database: ctx.db_path()?,
+        inventory_id: saved.inventory_id,
+        host_id: saved.host_id,
+        new_host: saved.new_host,
+    };
+    let view = Commission {
+        kind: "commission",
+        inventory: inv,
+        benchmarks,
+        stored,
+        judgement,
+        no_verdict: why_none,
+        verdict_id,
+        live,
+    };
+    let exit = if failed && exit == Exit::Ok { Exit::CheckFailed } else { exit };
+    Ok(ctx.output(&view)?.with_exit(exit))
+}
