@@ -129,7 +129,8 @@ fn right_gpus_pass_and_a_hung_a_wrong_and_a_disagreeing_gpu_are_each_named() {
     for device in [0, 1] {
         let args: Vec<String> =
             "--dtype bf16 --shapes 32,64,48x64x32 --reps 2 --samples 8".split_whitespace().map(String::from).collect();
-        let options = gemm::SweepOptions { device, ..gemm::SweepOptions::parse(&args).unwrap() };
+        let options =
+            gemm::SweepOptions { device, ..kiln_gpu::request::checked::<kiln_gpu::request::SweepArgs>(&args).unwrap() };
         let mut sweep = gemm::sweep(&Device::Cpu, &options, Some("NVIDIA H100 80GB HBM3".into())).unwrap();
         for (i, r) in sweep.results.iter_mut().enumerate() {
             let rate = if i == 1 { measured(device).tflops_median } else { 1e-6 };
@@ -289,7 +290,9 @@ fn a_burn_names_the_gpu_that_miscomputed_while_all_ran_at_once() {
     let program = stand_in(stand.path(), &[]);
     // A real burn of the library on the CPU, then GPU 1's copy with a failed check.
     let args: Vec<String> = "--n 64 --seconds 1.2 --samples 8".split_whitespace().map(String::from).collect();
-    let burn = gemm::burn(&Device::Cpu, &gemm::BurnOptions::parse(&args).unwrap(), None).unwrap();
+    let burn =
+        gemm::burn(&Device::Cpu, &kiln_gpu::request::checked::<kiln_gpu::request::BurnArgs>(&args).unwrap(), None)
+            .unwrap();
     for device in [0, 1] {
         let mut b = burn.clone();
         b.device = device;

@@ -15,6 +15,7 @@ use super::{
     Watchdog,
 };
 use kiln_gpu::child::{interpret, locate, read_document, run_all_seeing, Visible};
+use kiln_gpu::request::{CollectivesArgs, RankArgs, Request, TrainArgs};
 use kiln_text::Progress;
 
 /// kiln-gpu, found on every rank before any runs it (a rank without it is named, and all stop).
@@ -35,7 +36,7 @@ pub fn shared_id(c: &dyn Control, program: &Path, watchdog: &Watchdog) -> Result
     let made: Result<String> = if c.rank() == 0 {
         let timeout = Duration::from_secs(120);
         let never = std::sync::atomic::AtomicBool::new(false);
-        let ended = run_all_seeing(program, &[vec!["nccl-id".to_string()]], timeout, &never, Visible::Launcher);
+        let ended = run_all_seeing(program, &[Request::NcclId.to_args()], timeout, &never, Visible::Launcher);
         let (doc, error) = read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended[0], timeout), "nccl-id");
         match (doc, error) {
             (Some(d), _) if d.nccl_id.len() == 256 && d.nccl_id.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(d.nccl_id),
@@ -87,20 +88,18 @@ pub fn collectives(
     let hex = shared_id(c, &program, watchdog)?;
     let device = rank_gpu(launch);
     let ops: Vec<&str> = config.collectives.iter().map(|c| c.name()).collect();
-    let mut args: Vec<String> = ["collectives", "--nccl-id", &hex].iter().map(|s| s.to_string()).collect();
-    for (flag, value) in [
-        ("--rank", rank.to_string()),
-        ("--ranks", n.to_string()),
-        ("--device", device.to_string()),
-        ("--ops", ops.join(",")),
-        ("--min-bytes", config.min_bytes.to_string()),
-        ("--max-bytes", config.max_bytes.to_string()),
-        ("--iterations", config.iterations.to_string()),
-        ("--warmup", config.warmup.to_string()),
-        ("--seconds-per-size", config.seconds_per_size.to_string()),
-    ] {
-        args.extend([flag.to_string(), value]);
-    }
+    let args = Request::Collectives(CollectivesArgs {
+        devices: "all".into(),
+        ops: ops.join(","),
+        min_bytes: config.min_bytes.to_string(),
+        max_bytes: config.max_bytes.to_string(),
+        iterations: config.iterations,
+        warmup: config.warmup,
+        seconds_per_size: config.seconds_per_size,
+        job: RankArgs::of(hex, rank, n),
+        device: Some(device),
+    })
+    .to_args();
     // A limit per size and a few more for NCCL's set-up: the child is killed first, and this
     // rank's watchdog allows one limit beyond it.
     let steps = u32::try_from(config.collectives.len() * sizes(config.min_bytes, config.max_bytes).len())
@@ -208,20 +207,15 @@ fn group(
     let part = if rank < k {
         let device = rank_gpu(launch);
         let t = &config.train;
-        let mut args: Vec<String> = vec!["train".into()];
-        for (flag, value) in [
-            ("--device", device.to_string()),
-            ("--size", t.size.clone()),
-            ("--dtype", config.dtype.clone().unwrap_or_else(|| "bf16".into())),
-            ("--steps", t.steps.to_string()),
-            ("--batch", t.batch.to_string()),
-        ] {
-            args.extend([flag.to_string(), value]);
-        }
-        if let Some(hex) = &hex {
-            args.extend(["--nccl-id".into(), hex.clone(), "--rank".into(), rank.to_string()]);
-            args.extend(["--ranks".into(), k.to_string()]);
-        }
+        let args = Request::Train(TrainArgs {
+            device,
+            size: t.size.clone(),
+            steps: Some(t.steps),
+            batch: Some(t.batch),
+            dtype: config.dtype.clone().unwrap_or_else(|| "bf16".into()),
+            job: hex.map(|id| RankArgs::of(id, rank, k)).unwrap_or_default(),
+        })
+        .to_args();
         watchdog.waiting(format!("training on {k} ranks in kiln-gpu on GPU {device}"), limits.saturating_add(1));
         let never = std::sync::atomic::AtomicBool::new(false);
         let timeout = stall.saturating_mul(limits);

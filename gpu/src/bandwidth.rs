@@ -24,31 +24,6 @@ pub struct Options {
     pub cpus: Option<String>,
 }
 
-impl Options {
-    /// `--device N --mib N --reps N --cpus LIST`, each optional.
-    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, bytes: 1 << 30, reps: 20, cpus: None };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
-            match flag.as_str() {
-                "--device" => o.device = number()?,
-                "--mib" => o.bytes = number()?.checked_mul(1 << 20).context("--mib: too large")?,
-                "--reps" => o.reps = number()?,
-                "--cpus" => o.cpus = Some(value.clone()),
-                other => anyhow::bail!("unknown option {other:?}"),
-            }
-        }
-        anyhow::ensure!((1 << 20..=64 << 30).contains(&o.bytes), "--mib {}: between 1 and 65536", o.bytes >> 20);
-        anyhow::ensure!((1..=10_000).contains(&o.reps), "--reps {}: between 1 and 10000", o.reps);
-        if let Some(list) = &o.cpus {
-            parse_cpus(list)?;
-        }
-        Ok(o)
-    }
-}
-
 /// A kernel CPU list ("0-15,32-47") as CPU numbers.
 pub fn parse_cpus(list: &str) -> anyhow::Result<Vec<usize>> {
     let mut cpus = Vec::new();
@@ -139,11 +114,14 @@ mod tests {
     #[test]
     fn options_and_cpu_lists_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = Options::parse(&args("--device 2 --mib 256 --reps 5 --cpus 0-3,8")).unwrap();
+        let o = crate::request::checked::<crate::request::BandwidthArgs>(&args(
+            "--device 2 --mib 256 --reps 5 --cpus 0-3,8",
+        ))
+        .unwrap();
         assert_eq!((o.device, o.bytes, o.reps, o.cpus.as_deref()), (2, 256 << 20, 5, Some("0-3,8")));
         assert_eq!(parse_cpus("0-3,8").unwrap(), [0, 1, 2, 3, 8]);
         for bad in ["--mib 0", "--reps 0", "--cpus 3-1", "--cpus x", "--cpus ,", "--size 3"] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+            assert!(crate::request::checked::<crate::request::BandwidthArgs>(&args(bad)).is_err(), "{bad}");
         }
     }
 

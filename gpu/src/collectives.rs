@@ -7,7 +7,7 @@
 //! values whose sum or gathering is known, and what each GPU received must equal it exactly.
 
 use anyhow::Context;
-use kiln_bench::cluster::{parse_size, Collective};
+use kiln_bench::cluster::Collective;
 use serde::{Deserialize, Serialize};
 
 /// One rank of a job across processes or servers: NCCL joins the ranks through the unique id
@@ -84,85 +84,6 @@ pub struct Options {
 
 /// The collectives NCCL has as calls (all-to-all is point-to-point sends in NCCL, not measured here).
 pub const NCCL_COLLECTIVES: [Collective; 3] = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
-
-impl Options {
-    /// `--devices all|0,1,… --ops all_reduce,… --min-bytes B --max-bytes B --iterations N --warmup N
-    /// --seconds-per-size S`, each optional; as one rank of a job, `--nccl-id HEX --rank R --ranks N
-    /// --device D` instead of `--devices`.
-    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let (mut id, mut rank, mut ranks, mut device) = (None, None, None, None);
-        let mut o = Options {
-            devices: None,
-            as_rank: None,
-            collectives: NCCL_COLLECTIVES.to_vec(),
-            min_bytes: 8,
-            max_bytes: 1 << 30,
-            iterations: 20,
-            warmup: 5,
-            seconds_per_size: 0.5,
-        };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
-            match flag.as_str() {
-                "--devices" if value == "all" => o.devices = None,
-                "--devices" => {
-                    let mut list = Vec::new();
-                    for d in value.split(',') {
-                        let d: usize =
-                            d.trim().parse().with_context(|| format!("--devices {value:?}: all, or 0,1,…"))?;
-                        anyhow::ensure!(!list.contains(&d), "--devices {value:?}: device {d} twice");
-                        list.push(d);
-                    }
-                    o.devices = Some(list);
-                }
-                "--ops" => {
-                    o.collectives = Vec::new();
-                    for name in value.split(',') {
-                        let c = NCCL_COLLECTIVES
-                            .into_iter()
-                            .find(|c| c.name() == name.trim())
-                            .with_context(|| format!("--ops {name:?}: all_reduce, all_gather or reduce_scatter"))?;
-                        o.collectives.push(c);
-                    }
-                }
-                "--nccl-id" => id = Some(id_from_hex(value)?),
-                "--rank" => rank = Some(number()?),
-                "--ranks" => ranks = Some(number()?),
-                "--device" => device = Some(number()?),
-                "--min-bytes" => o.min_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
-                "--max-bytes" => o.max_bytes = parse_size(value).map_err(anyhow::Error::msg)?,
-                "--iterations" => o.iterations = number()?,
-                "--warmup" => o.warmup = number()?,
-                "--seconds-per-size" => {
-                    o.seconds_per_size =
-                        value.parse().with_context(|| format!("--seconds-per-size {value:?}: seconds"))?;
-                }
-                other => anyhow::bail!("unknown option {other:?}"),
-            }
-        }
-        anyhow::ensure!(
-            o.min_bytes >= 4 && o.min_bytes <= o.max_bytes,
-            "--min-bytes: 4 or more, and not above --max-bytes"
-        );
-        anyhow::ensure!(o.max_bytes <= 16 << 30, "--max-bytes: 16G at most");
-        anyhow::ensure!((1..=10_000).contains(&o.iterations), "--iterations: between 1 and 10000");
-        anyhow::ensure!(
-            o.seconds_per_size > 0.0 && o.seconds_per_size <= 60.0,
-            "--seconds-per-size: above 0, 60 at most"
-        );
-        if let Some(d) = &o.devices {
-            anyhow::ensure!(d.len() >= 2, "--devices: collectives need two devices or more");
-        }
-        o.as_rank = as_rank(id, rank, ranks, device.unwrap_or(0))?;
-        match &o.as_rank {
-            Some(_) => anyhow::ensure!(o.devices.is_none(), "--devices: a rank (--nccl-id) uses one --device"),
-            None => anyhow::ensure!(device.is_none(), "--device: for a rank of a job (--nccl-id); else --devices"),
-        }
-        Ok(o)
-    }
-}
 
 /// One collective at one size.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -242,14 +163,22 @@ mod tests {
     #[test]
     fn options_and_sizes_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = Options::parse(&args("--devices 0,1 --ops all_reduce --min-bytes 1K --max-bytes 8G --iterations 5"))
-            .unwrap();
+        let o = crate::request::checked::<crate::request::CollectivesArgs>(&args(
+            "--devices 0,1 --ops all_reduce --min-bytes 1K --max-bytes 8G --iterations 5",
+        ))
+        .unwrap();
         assert_eq!((o.min_bytes, o.max_bytes, o.iterations), (1024, 8 << 30, 5));
         assert_eq!(o.collectives, [Collective::AllReduce]);
-        assert_eq!(Options::parse(&[]).unwrap().collectives, NCCL_COLLECTIVES);
+        assert_eq!(
+            crate::request::checked::<crate::request::CollectivesArgs>(&[]).unwrap().collectives,
+            NCCL_COLLECTIVES
+        );
         let id: [u8; 128] = std::array::from_fn(|i| (i * 7) as u8);
         let hex = id_to_hex(&id);
-        let o = Options::parse(&args(&format!("--nccl-id {hex} --rank 3 --ranks 4 --device 1"))).unwrap();
+        let o = crate::request::checked::<crate::request::CollectivesArgs>(&args(&format!(
+            "--nccl-id {hex} --rank 3 --ranks 4 --device 1"
+        )))
+        .unwrap();
         assert_eq!(o.as_rank, Some(AsRank { id, rank: 3, ranks: 4, device: 1 }));
         for bad in [
             format!("--nccl-id {hex} --rank 4 --ranks 4"),
@@ -258,7 +187,7 @@ mod tests {
             format!("--nccl-id {} --rank 0 --ranks 2", &hex[..254]),
             "--device 1".to_string(),
         ] {
-            assert!(Options::parse(&args(&bad)).is_err(), "{bad}");
+            assert!(crate::request::checked::<crate::request::CollectivesArgs>(&args(&bad)).is_err(), "{bad}");
         }
         for bad in [
             "--devices 3",
@@ -271,7 +200,7 @@ mod tests {
             "--seconds-per-size 0",
             "--what 1",
         ] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+            assert!(crate::request::checked::<crate::request::CollectivesArgs>(&args(bad)).is_err(), "{bad}");
         }
     }
 

@@ -136,32 +136,6 @@ pub struct Options {
     pub samples: usize,
 }
 
-impl Options {
-    /// `--device N --dtype bf16|f16|f32 --n N|--shape MxNxK --reps N --samples N`, each optional.
-    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { device: 0, dtype: Precision::Bf16, shape: Shape::square(8192), reps: 20, samples: 32 };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
-            match flag.as_str() {
-                "--device" => o.device = number()?,
-                "--n" => o.shape = Shape::parse(value).context("--n")?,
-                "--shape" => o.shape = Shape::parse(value).context("--shape")?,
-                "--reps" => o.reps = number()?,
-                "--samples" => o.samples = number()?,
-                "--dtype" => o.dtype = Precision::parse(value)?,
-                other => anyhow::bail!("unknown option {other:?}"),
-            }
-        }
-
-        anyhow::ensure!((1..=100_000).contains(&o.reps), "--reps {}: between 1 and 100000", o.reps);
-        let least = o.shape.m.min(o.shape.n);
-        anyhow::ensure!((1..=least).contains(&o.samples), "--samples {}: between 1 and the shape's m and n", o.samples);
-        Ok(o)
-    }
-}
-
 /// One device's GEMM: every repetition's time and the check.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
@@ -286,26 +260,6 @@ pub struct SweepOptions {
     pub shapes: Vec<Shape>,
     pub reps: usize,
     pub samples: usize,
-}
-
-impl SweepOptions {
-    /// `--device N --dtype bf16|f16|f32 --shapes S,S,… --reps N --samples N`, each optional.
-    pub fn parse(args: &[String]) -> anyhow::Result<SweepOptions> {
-        let mut shapes = DEFAULT_SWEEP.to_string();
-        let mut rest = Vec::new();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            if flag == "--shapes" {
-                shapes = it.next().context("--shapes needs a value")?.clone();
-            } else {
-                rest.push(flag.clone());
-            }
-        }
-        let base = Options::parse(&rest)?;
-        let shapes: Vec<Shape> = shapes.split(',').map(Shape::parse).collect::<anyhow::Result<_>>()?;
-        anyhow::ensure!(!shapes.is_empty(), "--shapes: at least one");
-        Ok(SweepOptions { device: base.device, dtype: base.dtype, shapes, reps: base.reps, samples: base.samples })
-    }
 }
 
 /// `kiln-gpu sweep`'s document: every shape's product, checked, and the fastest right one.
@@ -440,26 +394,6 @@ pub struct BurnOptions {
     pub shape: Shape,
     pub seconds: f64,
     pub samples: usize,
-}
-
-impl BurnOptions {
-    /// `--device N --dtype T --n N|--shape MxNxK --seconds S --samples N`, each optional.
-    pub fn parse(args: &[String]) -> anyhow::Result<BurnOptions> {
-        let mut seconds = 60.0;
-        let mut rest = Vec::new();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            if flag == "--seconds" {
-                let value = it.next().context("--seconds needs a value")?;
-                seconds = value.parse::<f64>().with_context(|| format!("--seconds {value:?}: not a number"))?;
-            } else {
-                rest.push(flag.clone());
-            }
-        }
-        anyhow::ensure!(seconds > 0.0 && seconds <= 7.0 * 86_400.0, "--seconds {seconds}: above 0, at most a week");
-        let o = Options::parse(&rest)?;
-        Ok(BurnOptions { device: o.device, dtype: o.dtype, shape: o.shape, seconds, samples: o.samples })
-    }
 }
 
 /// One second (or so) of a burn.
@@ -618,7 +552,10 @@ mod tests {
         assert!(r.check.ok, "{:?}", r.check);
         assert_eq!((r.shape, r.flops_per_rep), (o.shape, 2.0 * 48.0 * 80.0 * 112.0));
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let so = SweepOptions::parse(&args("--dtype f32 --shapes 32,64x96x48,128 --reps 2 --samples 40")).unwrap();
+        let so = crate::request::checked::<crate::request::SweepArgs>(&args(
+            "--dtype f32 --shapes 32,64x96x48,128 --reps 2 --samples 40",
+        ))
+        .unwrap();
         let sweep = sweep(&Device::Cpu, &so, None).unwrap();
         assert_eq!(sweep.results.len(), 3);
         assert!(sweep.results.iter().all(|r| r.check.ok && r.check.values <= 40 * 40));
@@ -626,14 +563,16 @@ mod tests {
         let best = sweep.best.unwrap();
         let top = sweep.results.iter().map(|r| r.tflops_median).fold(0.0, f64::max);
         assert_eq!(sweep.results[best].tflops_median, top);
-        assert_eq!(SweepOptions::parse(&[]).unwrap().shapes.len(), 12);
+        assert_eq!(crate::request::checked::<crate::request::SweepArgs>(&[]).unwrap().shapes.len(), 12);
     }
 
     /// A short burn on the CPU: products counted, an interval about every second, each checked.
     #[test]
     fn a_burn_counts_products_and_checks_each_interval() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = BurnOptions::parse(&args("--dtype bf16 --n 64 --seconds 2.2 --samples 8")).unwrap();
+        let o =
+            crate::request::checked::<crate::request::BurnArgs>(&args("--dtype bf16 --n 64 --seconds 2.2 --samples 8"))
+                .unwrap();
         let burn = burn(&Device::Cpu, &o, None).unwrap();
         assert!(burn.seconds >= 2.2 && burn.products > 10, "{burn:?}");
         assert!((2..=4).contains(&burn.intervals.len()), "{:?}", burn.intervals);
@@ -641,24 +580,31 @@ mod tests {
         assert!(burn.intervals.iter().all(|i| i.ok && i.tflops > 0.0));
         assert_eq!((burn.failed_checks, burn.first_failure_s), (0, None));
         assert!(burn.worst.ok);
-        assert!(BurnOptions::parse(&args("--seconds 0")).is_err());
-        assert!(BurnOptions::parse(&args("--seconds x")).is_err());
+        assert!(crate::request::checked::<crate::request::BurnArgs>(&args("--seconds 0")).is_err());
+        assert!(crate::request::checked::<crate::request::BurnArgs>(&args("--seconds x")).is_err());
     }
 
     #[test]
     fn options_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = Options::parse(&args("--dtype f16 --n 4096 --reps 5 --device 3")).unwrap();
+        let o = crate::request::checked::<crate::request::GemmArgs>(&args("--dtype f16 --n 4096 --reps 5 --device 3"))
+            .unwrap();
         assert_eq!((o.dtype, o.shape, o.reps, o.device), (Precision::F16, Shape::square(4096), 5, 3));
-        assert_eq!(Options::parse(&args("--dtype tf32")).unwrap().dtype.storage(), DType::F32);
-        let o = Options::parse(&args("--shape 256x512x128")).unwrap();
+        assert_eq!(
+            crate::request::checked::<crate::request::GemmArgs>(&args("--dtype tf32")).unwrap().dtype.storage(),
+            DType::F32
+        );
+        let o = crate::request::checked::<crate::request::GemmArgs>(&args("--shape 256x512x128")).unwrap();
         assert_eq!(o.shape, Shape { m: 256, n: 512, k: 128 });
         assert_eq!(o.shape.flops(), 2.0 * 256.0 * 512.0 * 128.0);
-        assert!(Options::parse(&args("--shape 256x512")).is_err());
-        assert!(Options::parse(&args("--shape 32x32x32 --samples 33")).is_err());
-        assert_eq!(Options::parse(&args("--dtype fp8")).unwrap().dtype.storage(), DType::F8E4M3);
-        assert!(Options::parse(&args("--dtype fp4")).is_err());
-        assert!(Options::parse(&args("--n 8")).is_err());
-        assert!(Options::parse(&args("--reps")).is_err());
+        assert!(crate::request::checked::<crate::request::GemmArgs>(&args("--shape 256x512")).is_err());
+        assert!(crate::request::checked::<crate::request::GemmArgs>(&args("--shape 32x32x32 --samples 33")).is_err());
+        assert_eq!(
+            crate::request::checked::<crate::request::GemmArgs>(&args("--dtype fp8")).unwrap().dtype.storage(),
+            DType::F8E4M3
+        );
+        assert!(crate::request::checked::<crate::request::GemmArgs>(&args("--dtype fp4")).is_err());
+        assert!(crate::request::checked::<crate::request::GemmArgs>(&args("--n 8")).is_err());
+        assert!(crate::request::checked::<crate::request::GemmArgs>(&args("--reps")).is_err());
     }
 }

@@ -15,6 +15,7 @@ pub mod collectives;
 pub mod fp8;
 pub mod gemm;
 pub mod p2p;
+pub mod request;
 pub mod train;
 
 use serde::{Deserialize, Serialize};

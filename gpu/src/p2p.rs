@@ -8,7 +8,6 @@
 //! NVLink path from a slow one. Every copy is **checked**: the sender's buffer carries a pattern
 //! from the host, and what arrives must equal it.
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::bandwidth::Copies;
@@ -25,40 +24,6 @@ pub struct Options {
 
 /// Bytes of the small copy whose time is the pair's latency.
 pub const SMALL_COPY: usize = 4096;
-
-impl Options {
-    /// `--devices all|0,1,… --mib N --reps N`, each optional.
-    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let mut o = Options { devices: None, bytes: 256 << 20, reps: 20 };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
-            match flag.as_str() {
-                "--devices" if value == "all" => o.devices = None,
-                "--devices" => {
-                    let mut list = Vec::new();
-                    for d in value.split(',') {
-                        let d: usize =
-                            d.trim().parse().with_context(|| format!("--devices {value:?}: all, or 0,1,…"))?;
-                        anyhow::ensure!(!list.contains(&d), "--devices {value:?}: device {d} twice");
-                        list.push(d);
-                    }
-                    o.devices = Some(list);
-                }
-                "--mib" => o.bytes = number()?.checked_mul(1 << 20).context("--mib: too large")?,
-                "--reps" => o.reps = number()?,
-                other => anyhow::bail!("unknown option {other:?}"),
-            }
-        }
-        anyhow::ensure!((1 << 20..=16 << 30).contains(&o.bytes), "--mib {}: between 1 and 16384", o.bytes >> 20);
-        anyhow::ensure!((1..=10_000).contains(&o.reps), "--reps {}: between 1 and 10000", o.reps);
-        if let Some(d) = &o.devices {
-            anyhow::ensure!(d.len() >= 2, "--devices: peer to peer needs two devices or more");
-        }
-        Ok(o)
-    }
-}
 
 /// One direction of one pair: `from`'s memory copied into `to`'s.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,11 +89,11 @@ mod tests {
     #[test]
     fn options_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = Options::parse(&args("--devices 0,2,3 --mib 64 --reps 5")).unwrap();
+        let o = crate::request::checked::<crate::request::P2pArgs>(&args("--devices 0,2,3 --mib 64 --reps 5")).unwrap();
         assert_eq!(o, Options { devices: Some(vec![0, 2, 3]), bytes: 64 << 20, reps: 5 });
-        assert_eq!(Options::parse(&args("--devices all")).unwrap().devices, None);
+        assert_eq!(crate::request::checked::<crate::request::P2pArgs>(&args("--devices all")).unwrap().devices, None);
         for bad in ["--devices 1", "--devices 0,0", "--devices x", "--mib 0", "--reps 0", "--size 3", "--mib"] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+            assert!(crate::request::checked::<crate::request::P2pArgs>(&args(bad)).is_err(), "{bad}");
         }
     }
 

@@ -25,39 +25,6 @@ pub struct Options {
 }
 
 impl Options {
-    /// `--device N --size S --steps N --batch N --dtype bf16|tf32|f32`, each optional; as one rank
-    /// of data-parallel training, `--nccl-id HEX --rank R --ranks N` besides.
-    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
-        let (mut id, mut rank, mut ranks) = (None, None, None);
-        let mut o = Options {
-            device: 0,
-            size: "gpt2".into(),
-            steps: None,
-            batch: None,
-            precision: Precision::Bf16,
-            as_rank: None,
-        };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-            let number = || value.parse::<usize>().with_context(|| format!("{flag} {value:?}: not a whole number"));
-            match flag.as_str() {
-                "--device" => o.device = number()?,
-                "--size" => o.size = value.clone(),
-                "--steps" => o.steps = Some(number()?),
-                "--batch" => o.batch = Some(number()?),
-                "--dtype" => o.precision = Precision::parse(value)?,
-                "--nccl-id" => id = Some(crate::collectives::id_from_hex(value)?),
-                "--rank" => rank = Some(number()?),
-                "--ranks" => ranks = Some(number()?),
-                other => anyhow::bail!("unknown option {other:?}"),
-            }
-        }
-        o.as_rank = crate::collectives::as_rank(id, rank, ranks, o.device)?;
-        o.config()?;
-        Ok(o)
-    }
-
     /// The run's configuration: the preset with `--steps` and `--batch`.
     pub fn config(&self) -> anyhow::Result<kiln_bench::train::Config> {
         anyhow::ensure!(
@@ -201,16 +168,25 @@ mod tests {
     #[test]
     fn options_are_checked() {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = Options::parse(&args("--device 1 --size 350m --steps 30 --dtype f32")).unwrap();
+        let o = crate::request::checked::<crate::request::TrainArgs>(&args(
+            "--device 1 --size 350m --steps 30 --dtype f32",
+        ))
+        .unwrap();
         assert_eq!((o.device, o.size.as_str(), o.steps, o.precision), (1, "350m", Some(30), Precision::F32));
         assert_eq!(o.config().unwrap().d_model, 1024);
-        assert_eq!(Options::parse(&[]).unwrap().config().unwrap().products, kiln_bench::train::Products::Bf16);
+        assert_eq!(
+            crate::request::checked::<crate::request::TrainArgs>(&[]).unwrap().config().unwrap().products,
+            kiln_bench::train::Products::Bf16
+        );
         assert_eq!([Precision::Bf16, Precision::Tf32, Precision::F32].map(peak_key), ["bf16", "tf32", "fp32"]);
         let hex = "0a".repeat(128);
-        let o = Options::parse(&args(&format!("--device 2 --nccl-id {hex} --rank 1 --ranks 4"))).unwrap();
+        let o = crate::request::checked::<crate::request::TrainArgs>(&args(&format!(
+            "--device 2 --nccl-id {hex} --rank 1 --ranks 4"
+        )))
+        .unwrap();
         assert_eq!(o.as_rank.map(|r| (r.rank, r.ranks, r.device)), Some((1, 4, 2)));
         for bad in ["--size 7b", "--steps 3", "--dtype f16", "--dtype fp8", "--batch 0", "--what 1", "--rank 1"] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad}");
+            assert!(crate::request::checked::<crate::request::TrainArgs>(&args(bad)).is_err(), "{bad}");
         }
     }
 

@@ -200,15 +200,9 @@ fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &V
             ("gpu-collectives", *store, gpus)
         }
         GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store, .. } => {
-            let options = kiln_gpu::train::Options {
-                device: 0,
-                size: size.clone(),
-                steps: *steps,
-                batch: *batch,
-                precision: kiln_gpu::gemm::Precision::parse(dtype).context("--dtype")?,
-                as_rank: None,
-            };
-            options.config()?;
+            // kiln-gpu's own check of what each GPU will be asked.
+            let (size, dtype) = (size.clone(), dtype.clone());
+            kiln_gpu::request::TrainArgs { size, steps: *steps, batch: *batch, dtype, ..Default::default() }.check()?;
             anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
             ("gpu-train", *store, gpus)
         }

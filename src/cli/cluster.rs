@@ -211,15 +211,10 @@ fn train(
     preflight(ctx, store)?;
     let train = match &gpu {
         // kiln-gpu's own reading of the options, so that every rank refuses what it would.
-        Some(dtype) => kiln_gpu::train::Options {
-            device: 0,
-            size: size.name().to_string(),
-            steps,
-            batch,
-            precision: kiln_gpu::gemm::Precision::parse(dtype)?,
-            as_rank: None,
+        Some(dtype) => {
+            let (size, dtype) = (size.name().to_string(), dtype.clone());
+            kiln_gpu::request::TrainArgs { size, steps, batch, dtype, ..Default::default() }.check()?.config()?
         }
-        .config()?,
         None => {
             let mut train = kiln_bench::train::Config::preset(size.name()).context("a preset of every size")?;
             train.steps = steps.unwrap_or(train.steps);

@@ -5,13 +5,14 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
 use kiln_gpu::gemm::Burn;
-use kiln_gpu::DeviceInfo;
+use kiln_gpu::request::{BurnArgs, Request};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, samples_of, Outcome, Report};
 use kiln_inventory::telemetry;
@@ -44,16 +45,12 @@ pub struct BurnResult {
 }
 
 /// `kiln bench gpu gemm --burn`'s document.
+pub type GpuBurnReport = GpuReport<BurnConfig, Burned>;
+
+/// What `GpuBurnReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuBurnReport {
-    pub program: String,
-    pub devices: Vec<DeviceInfo>,
-    pub config: BurnConfig,
+pub struct Burned {
     pub results: Vec<BurnResult>,
-    pub failures: Vec<String>,
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// Burns every GPU of `config` at once.
@@ -65,18 +62,15 @@ pub fn burn(inv: &Inventory, prepared: &Prepared, config: BurnConfig, interrupte
     let args: Vec<Vec<String>> = config
         .gpus
         .iter()
-        .map(|g| {
-            let mut a = vec!["burn".to_string()];
-            for (flag, value) in [
-                ("--device", g.to_string()),
-                ("--dtype", config.dtype.clone()),
-                ("--n", config.n.to_string()),
-                ("--seconds", config.seconds.to_string()),
-                ("--samples", config.samples.to_string()),
-            ] {
-                a.extend([flag.to_string(), value]);
-            }
-            a
+        .map(|&device| {
+            Request::Burn(BurnArgs {
+                device,
+                dtype: config.dtype.clone(),
+                shape: config.n.to_string(),
+                seconds: config.seconds,
+                samples: config.samples,
+            })
+            .to_args()
         })
         .collect();
     // The products' own time, and room for starting, the inputs and the last check.
@@ -145,31 +139,13 @@ fn judge(
             metrics.push(metric(format!("gpu{}.burn.{}.min_tflops", r.gpu, config.dtype), min));
         }
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = judged_status(&invalid, &failures, false);
-    let report = GpuBurnReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        results,
-        failures,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuBurn(Box::new(report)),
-        telemetry,
-    }
+    let body = Burned { results };
+    let closing = Closing { started_at, telemetry, above, failures, unstable: false, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuBurnReport` shows itself.
+const SHOWN: Shown<BurnConfig, Burned> = Shown { headline, render, report: Report::GpuBurn };
 
 fn headline(r: &GpuBurnReport) -> String {
     let medians: Vec<f64> = r.results.iter().filter_map(|x| x.median_tflops).collect();
@@ -237,6 +213,7 @@ pub fn parse_duration(text: &str) -> anyhow::Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
     use kiln_gpu::gemm::{Check, Interval, Shape};
 
     fn burned(gpu: usize, rates: &[f64], failed: u64) -> BurnResult {

@@ -11,14 +11,15 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kiln_bench::cluster::Collective;
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
 use kiln_gpu::collectives::{Report as Rows, Row};
-use kiln_gpu::DeviceInfo;
+use kiln_gpu::request::{CollectivesArgs, Request};
 use serde::{Deserialize, Serialize};
 
 use super::p2p::path;
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, Outcome, Report};
 use kiln_inventory::telemetry;
@@ -76,18 +77,14 @@ pub fn busbw_bound(c: Collective, n: usize, link: f64) -> f64 {
 }
 
 /// `kiln bench gpu collectives`' document.
+pub type GpuCollectivesReport = GpuReport<CollectivesConfig, CollectivesBody>;
+
+/// What `GpuCollectivesReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuCollectivesReport {
-    pub program: String,
-    pub devices: Vec<DeviceInfo>,
-    pub config: CollectivesConfig,
+pub struct CollectivesBody {
     pub bound: Option<LinkBound>,
     pub run: Option<Rows>,
     pub error: Option<String>,
-    pub failures: Vec<String>,
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// Runs `kiln-gpu collectives` over the chosen GPUs and judges the rows.
@@ -104,22 +101,15 @@ pub fn collectives(
     let timeout = Duration::from_secs(config.timeout_s);
     let devices: Vec<String> = config.gpus.iter().map(usize::to_string).collect();
     let ops: Vec<&str> = config.collectives.iter().map(|c| c.name()).collect();
-    let args: Vec<String> = [
-        "collectives",
-        "--devices",
-        &devices.join(","),
-        "--ops",
-        &ops.join(","),
-        "--min-bytes",
-        &config.min_bytes.to_string(),
-        "--max-bytes",
-        &config.max_bytes.to_string(),
-        "--iterations",
-        &config.iterations.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = Request::Collectives(CollectivesArgs {
+        devices: devices.join(","),
+        ops: ops.join(","),
+        min_bytes: config.min_bytes.to_string(),
+        max_bytes: config.max_bytes.to_string(),
+        iterations: config.iterations,
+        ..CollectivesArgs::default()
+    })
+    .to_args();
     let ended = run_all(&prepared.program, &[args], timeout, interrupted).remove(0);
     progress.finish();
     let (run, error) = read_document::<Rows>(interpret(&ended, timeout), "collectives");
@@ -164,35 +154,15 @@ fn judge(
             }
         }
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
     // Each row is one mean over its calls (as nccl-tests prints): no spread to judge.
-    let status = judged_status(&invalid, &failures, false);
     let (metrics, samples) = run.as_ref().map(|r| metrics_of(&config, &r.rows)).unwrap_or_default();
-    let report = GpuCollectivesReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        bound,
-        run,
-        error,
-        failures,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuCollectives(Box::new(report)),
-        telemetry,
-    }
+    let body = CollectivesBody { bound, run, error };
+    let closing = Closing { started_at, telemetry, above, failures, unstable: false, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuCollectivesReport` shows itself.
+const SHOWN: Shown<CollectivesConfig, CollectivesBody> = Shown { headline, render, report: Report::GpuCollectives };
 
 /// Per collective `gpus.nccl.<op>.busbw_gbs_max` (the best size) and `….time_us_smallest`; every
 /// size's bus bandwidth and time as samples indexed by bytes (the names `kiln cluster
@@ -291,6 +261,7 @@ pub fn render(r: &GpuCollectivesReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
 
     fn rows(n: usize, busbw: f64, wrong_at: Option<u64>) -> Rows {
         let mut rows = Vec::new();

@@ -4,14 +4,14 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
 use kiln_gpu::gemm::Report as GemmRun;
-use kiln_gpu::DeviceInfo;
+use kiln_gpu::request::{GemmArgs, Request, SweepArgs};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, wrong_by, ChildError, Prepared, PEAK_MARGIN,
-    TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, wrong_by, ChildError, Closing, GpuReport, Prepared,
+    Shown, PEAK_MARGIN, TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use kiln_inventory::telemetry;
@@ -77,41 +77,25 @@ pub struct Agreement {
 }
 
 /// `kiln bench gpu gemm`'s document.
+pub type GpuGemmReport = GpuReport<GemmConfig, GemmBody>;
+
+/// What `GpuGemmReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuGemmReport {
-    pub program: String,
-    /// The devices as CUDA names them.
-    pub devices: Vec<DeviceInfo>,
-    pub config: GemmConfig,
+pub struct GemmBody {
     pub results: Vec<GemmResult>,
     pub agreement: Vec<Agreement>,
     /// The shape sweeps (`--sweep`), per GPU and type.
     pub sweeps: Vec<SweepResult>,
-    /// Every GPU that failed, computed wrong or disagreed, in words.
-    pub failures: Vec<String>,
     /// A type a GPU was not asked for because it cannot multiply in it (fp8 before compute
     /// capability 8.9), in words: no failure, and no figure.
     #[serde(default)]
     pub skipped: Vec<String>,
-    /// Why the run is `invalid` (a figure above its datasheet peak), when it is.
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// The argument list of one `kiln-gpu gemm`.
-fn gemm_args(c: &GemmConfig, gpu: usize, dtype: &str) -> Vec<String> {
-    let mut args = vec!["gemm".to_string()];
-    for (flag, value) in [
-        ("--device", gpu.to_string()),
-        ("--dtype", dtype.to_string()),
-        ("--n", c.n.to_string()),
-        ("--reps", c.reps.to_string()),
-        ("--samples", c.samples.to_string()),
-    ] {
-        args.extend([flag.to_string(), value]);
-    }
-    args
+fn gemm_args(c: &GemmConfig, device: usize, dtype: &str) -> Vec<String> {
+    let shape = c.n.to_string();
+    Request::Gemm(GemmArgs { device, dtype: dtype.to_string(), shape, reps: c.reps, samples: c.samples }).to_args()
 }
 
 /// The GPUs of `gpus` that multiply in `dtype`, and a line for each that cannot: fp8 needs the
@@ -163,22 +147,14 @@ pub fn gemm(inv: &Inventory, prepared: &Prepared, config: GemmConfig, interrupte
         for dtype in &config.dtypes {
             for gpu in able(prepared, &config.gpus, dtype).0 {
                 progress.update(&format!("gpu gemm {dtype}: GPU {gpu}, sweep of {count} shapes"));
-                let args: Vec<String> = [
-                    "sweep",
-                    "--device",
-                    &gpu.to_string(),
-                    "--dtype",
-                    dtype,
-                    "--shapes",
-                    shapes,
-                    "--reps",
-                    &config.reps.to_string(),
-                    "--samples",
-                    &config.samples.to_string(),
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+                let args = Request::Sweep(SweepArgs {
+                    device: gpu,
+                    dtype: dtype.clone(),
+                    shapes: shapes.clone(),
+                    reps: config.reps,
+                    samples: config.samples,
+                })
+                .to_args();
                 let ended = run_all(&prepared.program, &[args], limit, interrupted).remove(0);
                 sweeps.push(sweep_of(gpu, dtype, interpret(&ended, limit)));
             }
@@ -340,8 +316,6 @@ fn judge(
             ));
         }
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = judged_status(&invalid, &failures, unstable);
     let (mut metrics, samples) = metrics_of(&config, &results);
     for sw in &sweeps {
         if let Some(best) = sw.best_tflops {
@@ -353,32 +327,13 @@ fn judge(
             });
         }
     }
-    let report = GpuGemmReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        results,
-        agreement,
-        sweeps,
-        failures,
-        skipped,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuGemm(Box::new(report)),
-        telemetry,
-    }
+    let body = GemmBody { results, agreement, sweeps, skipped };
+    let closing = Closing { started_at, telemetry, above, failures, unstable, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuGemmReport` shows itself.
+const SHOWN: Shown<GemmConfig, GemmBody> = Shown { headline, render, report: Report::GpuGemm };
 
 /// The datasheet peak a GPU's results in `dtype` were held to.
 fn prepared_peak(results: &[GemmResult], gpu: usize, dtype: &str) -> Option<f64> {
@@ -507,6 +462,8 @@ pub fn render(r: &GpuGemmReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
+    use kiln_gpu::DeviceInfo;
 
     fn run(gpu: usize, sum: f64, ok: bool, best: f64) -> GemmResult {
         let check = kiln_gpu::gemm::Check {

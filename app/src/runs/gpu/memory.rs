@@ -8,13 +8,14 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
 use kiln_gpu::bandwidth::{Copies, Report as Bandwidth};
-use kiln_gpu::DeviceInfo;
+use kiln_gpu::request::{BandwidthArgs, Request};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use kiln_inventory::telemetry;
@@ -132,17 +133,13 @@ fn ceilings_of(inv: &Inventory, gpu: usize) -> Ceilings {
 }
 
 /// `kiln bench gpu memory`'s document.
+pub type GpuMemoryReport = GpuReport<MemoryConfig, MemoryBody>;
+
+/// What `GpuMemoryReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuMemoryReport {
-    pub program: String,
-    pub devices: Vec<DeviceInfo>,
-    pub config: MemoryConfig,
+pub struct MemoryBody {
     pub ceilings: Vec<Ceilings>,
     pub results: Vec<MemoryResult>,
-    pub failures: Vec<String>,
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// Runs the rounds of [`plan`] and judges them.
@@ -161,13 +158,8 @@ pub fn memory(inv: &Inventory, prepared: &Prepared, config: MemoryConfig, interr
         let args: Vec<Vec<String>> = round
             .iter()
             .map(|p| {
-                let mut a: Vec<String> =
-                    ["bandwidth", "--device", &p.gpu.to_string(), "--mib"].iter().map(|s| s.to_string()).collect();
-                a.extend([config.mib.to_string(), "--reps".into(), config.reps.to_string()]);
-                if let Some(cpus) = &p.cpus {
-                    a.extend(["--cpus".to_string(), cpus.clone()]);
-                }
-                a
+                let (device, cpus) = (p.gpu, p.cpus.clone());
+                Request::Bandwidth(BandwidthArgs { device, mib: config.mib, reps: config.reps, cpus }).to_args()
             })
             .collect();
         for (planned, ended) in round.into_iter().zip(run_all(&prepared.program, &args, timeout, interrupted)) {
@@ -235,33 +227,14 @@ fn judge(
             unstable |= kiln_bench::stats::summarize(&c.seconds).is_some_and(|s| s.cv > MAX_CV);
         }
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = judged_status(&invalid, &failures, unstable);
     let (metrics, samples) = metrics_of(&results);
-    let report = GpuMemoryReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        ceilings,
-        results,
-        failures,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuMemory(Box::new(report)),
-        telemetry,
-    }
+    let body = MemoryBody { ceilings, results };
+    let closing = Closing { started_at, telemetry, above, failures, unstable, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuMemoryReport` shows itself.
+const SHOWN: Shown<MemoryConfig, MemoryBody> = Shown { headline, render, report: Report::GpuMemory };
 
 /// `gpu{i}.hbm_copy_gbps`, `.hbm_triad_gbps`, `.h2d_gbps`, `.d2h_gbps` (alone, from the GPU's own node or unpinned);
 /// `.h2d_remote_gbps`, `.d2h_remote_gbps` (from another node); `.hbm_copy_all_gbps`,
@@ -387,6 +360,7 @@ pub fn render(r: &GpuMemoryReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
 
     fn bandwidth(gpu: usize, hbm: f64, link: f64, intact: bool) -> Bandwidth {
         let bytes = (1u64 << 30) as f64;

@@ -10,8 +10,14 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use kiln_db::{Metric, RunStatus};
 pub use kiln_gpu::child::{interpret, locate, read_document, run_all, ChildError, Ended};
+use kiln_gpu::request::Request;
 use kiln_gpu::DeviceInfo;
+use kiln_inventory::telemetry;
+use serde::Serialize;
+
+use crate::runs::{Outcome, Report};
 
 use kiln_inventory::Inventory;
 
@@ -43,7 +49,7 @@ pub struct Skip(pub String);
 
 /// A GPU run's status: `invalid` when a figure broke its ceiling, else `failed` when a GPU failed,
 /// else `unstable` or `ok`.
-pub(super) fn judged_status(invalid: &Option<String>, failures: &[String], unstable: bool) -> kiln_db::RunStatus {
+fn judged_status(invalid: &Option<String>, failures: &[String], unstable: bool) -> kiln_db::RunStatus {
     if invalid.is_some() {
         kiln_db::RunStatus::Invalid
     } else if !failures.is_empty() {
@@ -80,6 +86,93 @@ pub(super) fn render_verdict(
     }
 }
 
+/// Every GPU benchmark's document: the program and the devices that measured, the options, the
+/// benchmark's own findings (`body`, whose fields stand at the top level of the JSON beside
+/// these), and how the run was judged. Reading a report reaches through to its body
+/// (`report.results`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport<C, B> {
+    pub program: String,
+    /// The devices as CUDA names them.
+    pub devices: Vec<DeviceInfo>,
+    pub config: C,
+    #[serde(flatten)]
+    pub body: B,
+    /// Every GPU that failed, computed wrong or disagreed, in words.
+    pub failures: Vec<String>,
+    /// Why the run is `invalid` (a figure above its physical ceiling), when it is.
+    pub invalid: Option<String>,
+    pub status: RunStatus,
+    /// The telemetry's summary lines.
+    pub telemetry: Vec<String>,
+}
+
+impl<C, B> std::ops::Deref for GpuReport<C, B> {
+    type Target = B;
+
+    fn deref(&self) -> &B {
+        &self.body
+    }
+}
+
+/// How one GPU benchmark shows its report: its headline and text, and which [`Report`] it is.
+pub(super) struct Shown<C, B> {
+    pub headline: fn(&GpuReport<C, B>) -> String,
+    pub render: fn(&GpuReport<C, B>) -> String,
+    pub report: fn(Box<GpuReport<C, B>>) -> Report,
+}
+
+/// What a GPU benchmark found, for the closing every one shares: when it began, the telemetry's
+/// samples, each figure above its physical ceiling and each failure in words, whether the
+/// repetitions spread too far, and the metrics with their samples.
+pub(super) struct Closing {
+    pub started_at: String,
+    pub telemetry: Vec<telemetry::Sample>,
+    pub above: Vec<String>,
+    pub failures: Vec<String>,
+    pub unstable: bool,
+    pub metrics: Vec<Metric>,
+    pub samples: Vec<(String, i64, f64)>,
+}
+
+/// The closing every GPU benchmark shares: the run judged (`invalid` where a figure broke its
+/// ceiling, else `failed` where a GPU failed, else `unstable` or `ok`), its findings in the
+/// envelope, and the outcome kiln stores (the telemetry's samples, and the summary lines the
+/// document keeps).
+pub(super) fn close<C: Serialize, B>(
+    prepared: &Prepared,
+    config: C,
+    body: B,
+    closing: Closing,
+    shown: &Shown<C, B>,
+) -> Outcome {
+    let Closing { started_at, telemetry, above, failures, unstable, metrics, samples } = closing;
+    let invalid = (!above.is_empty()).then(|| above.join("; "));
+    let status = judged_status(&invalid, &failures, unstable);
+    let report = GpuReport {
+        program: prepared.program.display().to_string(),
+        devices: prepared.devices.clone(),
+        config,
+        body,
+        failures,
+        invalid,
+        status,
+        telemetry: telemetry::summarize(&telemetry),
+    };
+    Outcome {
+        status,
+        status_reason: None,
+        started_at,
+        config: serde_json::to_value(&report.config).unwrap_or_default(),
+        headline: (shown.headline)(&report),
+        text: (shown.render)(&report),
+        metrics,
+        samples,
+        report: (shown.report)(Box::new(report)),
+        telemetry,
+    }
+}
+
 /// kiln-gpu found, and the devices CUDA sees through it.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -101,7 +194,7 @@ pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Sk
     }
     let program = locate().map_err(Skip)?;
     let timeout = Duration::from_secs(120);
-    let ended = run_all(&program, &[vec!["devices".to_string()]], timeout, interrupted).remove(0);
+    let ended = run_all(&program, &[Request::Devices.to_args()], timeout, interrupted).remove(0);
     let doc = interpret(&ended, timeout).map_err(|e| Skip(format!("{}: {e}", program.display())))?;
     let devices: kiln_gpu::Devices = serde_json::from_value(doc)
         .map_err(|e| Skip(format!("{}: `devices` printed a document kiln does not read: {e}", program.display())))?;

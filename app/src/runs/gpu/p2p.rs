@@ -12,13 +12,14 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kiln_bench::cluster::{judge_fabric, Direction as Way, FabricVerdict, Finding, Link, Quantity, Subject};
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
 use kiln_gpu::p2p::Report as Matrix;
-use kiln_gpu::DeviceInfo;
+use kiln_gpu::request::{P2pArgs, Request};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, Prepared, PEAK_MARGIN, TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
+    TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use kiln_inventory::telemetry;
@@ -84,19 +85,15 @@ pub struct PathVerdict {
 }
 
 /// `kiln bench gpu p2p`'s document.
+pub type GpuP2pReport = GpuReport<P2pConfig, P2pBody>;
+
+/// What `GpuP2pReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuP2pReport {
-    pub program: String,
-    pub devices: Vec<DeviceInfo>,
-    pub config: P2pConfig,
+pub struct P2pBody {
     pub paths: Vec<Path>,
     pub matrix: Option<Matrix>,
     pub error: Option<String>,
     pub verdicts: Vec<PathVerdict>,
-    pub failures: Vec<String>,
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// Runs `kiln-gpu p2p` over the chosen GPUs and judges the matrix.
@@ -107,11 +104,7 @@ pub fn p2p(inv: &Inventory, prepared: &Prepared, config: P2pConfig, interrupted:
     progress.update(&format!("gpu p2p: {} GPUs, every pair", config.gpus.len()));
     let timeout = Duration::from_secs(config.timeout_s);
     let devices: Vec<String> = config.gpus.iter().map(usize::to_string).collect();
-    let args: Vec<String> = ["p2p", "--devices", &devices.join(","), "--mib", &config.mib.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["--reps".to_string(), config.reps.to_string()])
-        .collect();
+    let args = Request::P2p(P2pArgs { devices: devices.join(","), mib: config.mib, reps: config.reps }).to_args();
     let ended = run_all(&prepared.program, &[args], timeout, interrupted).remove(0);
     progress.finish();
     let (matrix, error) = read_document::<Matrix>(interpret(&ended, timeout), "p2p");
@@ -249,35 +242,14 @@ fn judge(
             verdicts.push(PathVerdict { kind: kind.to_string(), verdict });
         }
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = judged_status(&invalid, &failures, unstable);
     let (metrics, samples) = matrix.as_ref().map(metrics_of).unwrap_or_default();
-    let report = GpuP2pReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        paths,
-        matrix,
-        error,
-        verdicts,
-        failures,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuP2p(Box::new(report)),
-        telemetry,
-    }
+    let body = P2pBody { paths, matrix, error, verdicts };
+    let closing = Closing { started_at, telemetry, above, failures, unstable, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuP2pReport` shows itself.
+const SHOWN: Shown<P2pConfig, P2pBody> = Shown { headline, render, report: Report::GpuP2p };
 
 fn median(values: &[f64]) -> Option<f64> {
     kiln_bench::stats::summarize(values).map(|s| s.median)
@@ -417,6 +389,7 @@ pub fn render(r: &GpuP2pReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
     use kiln_gpu::bandwidth::Copies;
     use kiln_gpu::p2p::{Both, Pair};
 

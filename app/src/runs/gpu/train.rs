@@ -10,14 +10,14 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use kiln_db::{Direction, Metric, RunStatus};
+use kiln_db::{Direction, Metric};
+use kiln_gpu::request::{RankArgs, Request, TrainArgs};
 use kiln_gpu::train::Report as Trained;
-use kiln_gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    interpret, judged_status, read_document, render_verdict, run_all, wrong_by, Prepared, PEAK_MARGIN,
-    TELEMETRY_INTERVAL,
+    close, interpret, read_document, render_verdict, run_all, wrong_by, Closing, GpuReport, Prepared, Shown,
+    PEAK_MARGIN, TELEMETRY_INTERVAL,
 };
 use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
 use kiln_inventory::telemetry;
@@ -59,16 +59,12 @@ pub struct TrainResult {
 }
 
 /// `kiln bench gpu train`'s document.
+pub type GpuTrainReport = GpuReport<TrainConfig, TrainBody>;
+
+/// What `GpuTrainReport` holds besides the envelope every GPU benchmark shares.
 #[derive(Debug, Clone, Serialize)]
-pub struct GpuTrainReport {
-    pub program: String,
-    pub devices: Vec<DeviceInfo>,
-    pub config: TrainConfig,
+pub struct TrainBody {
     pub results: Vec<TrainResult>,
-    pub failures: Vec<String>,
-    pub invalid: Option<String>,
-    pub status: RunStatus,
-    pub telemetry: Vec<String>,
 }
 
 /// Trains on every GPU of `config` at once.
@@ -82,7 +78,7 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
     let id = match config.data_parallel {
         false => Ok(None),
         true => {
-            let ended = run_all(&prepared.program, &[vec!["nccl-id".to_string()]], timeout, interrupted).remove(0);
+            let ended = run_all(&prepared.program, &[Request::NcclId.to_args()], timeout, interrupted).remove(0);
             match read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended, timeout), "nccl-id") {
                 (Some(id), _) => Ok(Some(id.nccl_id)),
                 (None, e) => Err(format!("kiln-gpu nccl-id: {}", e.unwrap_or_default())),
@@ -102,22 +98,17 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
         .gpus
         .iter()
         .enumerate()
-        .map(|(rank, gpu)| {
-            let mut a: Vec<String> =
-                ["train", "--device", &gpu.to_string(), "--size", &config.size, "--dtype", &config.dtype]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
-            for (flag, value) in [("--steps", config.steps), ("--batch", config.batch)] {
-                if let Some(v) = value {
-                    a.extend([flag.to_string(), v.to_string()]);
-                }
-            }
-            if let Some(id) = &id {
-                let n = config.gpus.len().to_string();
-                a.extend(["--nccl-id".to_string(), id.clone(), "--rank".into(), rank.to_string(), "--ranks".into(), n]);
-            }
-            a
+        .map(|(rank, &device)| {
+            let ranks = config.gpus.len();
+            Request::Train(TrainArgs {
+                device,
+                size: config.size.clone(),
+                steps: config.steps,
+                batch: config.batch,
+                dtype: config.dtype.clone(),
+                job: id.clone().map(|id| RankArgs::of(id, rank, ranks)).unwrap_or_default(),
+            })
+            .to_args()
         })
         .collect();
     let mut results = Vec::new();
@@ -184,32 +175,14 @@ fn judge(
         }
         unstable |= run.step_s.cv > MAX_CV;
     }
-    let invalid = (!above.is_empty()).then(|| above.join("; "));
-    let status = judged_status(&invalid, &failures, unstable);
     let (metrics, samples) = metrics_of(&config, &results);
-    let report = GpuTrainReport {
-        program: prepared.program.display().to_string(),
-        devices: prepared.devices.clone(),
-        config,
-        results,
-        failures,
-        invalid,
-        status,
-        telemetry: telemetry::summarize(&telemetry),
-    };
-    Outcome {
-        status,
-        status_reason: None,
-        started_at,
-        config: serde_json::to_value(&report.config).unwrap_or_default(),
-        headline: headline(&report),
-        text: render(&report),
-        metrics,
-        samples,
-        report: Report::GpuTrain(Box::new(report)),
-        telemetry,
-    }
+    let body = TrainBody { results };
+    let closing = Closing { started_at, telemetry, above, failures, unstable, metrics, samples };
+    close(prepared, config, body, closing, &SHOWN)
 }
+
+/// How `GpuTrainReport` shows itself.
+const SHOWN: Shown<TrainConfig, TrainBody> = Shown { headline, render, report: Report::GpuTrain };
 
 /// `gpu<i>.train.<size>.tokens_per_s`, `….mfu`, `….step_p50_s`, `….loss_end` per GPU (each step's
 /// time and the loss curve as samples), the GEMM ceiling at the model's products and the MFU
@@ -327,6 +300,7 @@ pub fn render(r: &GpuTrainReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_db::RunStatus;
 
     /// A real run of the reference model on the CPU through kiln-gpu's library, as GPU `gpu`.
     fn trained(gpu: usize) -> Trained {
