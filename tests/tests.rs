@@ -15,6 +15,7 @@ mod ghw;
 mod gpu;
 mod gpu_bench;
 mod gpu_check;
+mod house;
 mod hwloc;
 mod kill;
 mod lab;

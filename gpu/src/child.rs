@@ -125,14 +125,19 @@ pub fn read_document<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// Why kiln-gpu cannot be found: what was looked at, and what to do.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotFound(pub String);
+
 /// `kiln-gpu`: `KILN_GPU` when set, else the one beside this kiln, else the first on `PATH`.
-pub fn locate() -> Result<PathBuf, String> {
+pub fn locate() -> Result<PathBuf, NotFound> {
     if let Some(path) = std::env::var_os("KILN_GPU").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)
         } else {
-            Err(format!("KILN_GPU names {}, which is not a file", path.display()))
+            Err(NotFound(format!("KILN_GPU names {}, which is not a file", path.display())))
         };
     }
     let mut looked = Vec::new();
@@ -143,12 +148,12 @@ pub fn locate() -> Result<PathBuf, String> {
         looked.extend(std::env::split_paths(&path).map(|d| d.join("kiln-gpu")));
     }
     looked.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        format!(
+        NotFound(format!(
             "kiln-gpu, the program that runs kiln's GPU benchmarks, is not installed (looked beside kiln and on \
              PATH: {}); build it with deploy/cuda/cuda-root.sh and `cargo build --release -p kiln-gpu --features \
              cuda,nccl` and put it beside kiln, or name it with KILN_GPU",
             looked.first().map_or_else(|| "-".to_string(), |p| p.display().to_string())
-        )
+        ))
     })
 }
 

@@ -192,7 +192,7 @@ pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Sk
         };
         return Err(Skip(why));
     }
-    let program = locate().map_err(Skip)?;
+    let program = locate().map_err(|e| Skip(e.to_string()))?;
     let timeout = Duration::from_secs(120);
     let ended = run_all(&program, &[Request::Devices.to_args()], timeout, interrupted).remove(0);
     let doc = interpret(&ended, timeout).map_err(|e| Skip(format!("{}: {e}", program.display())))?;
