@@ -28,7 +28,14 @@ pub fn has_fp8(compute_capability: &str) -> bool {
 }
 
 /// Bᵀ (n×k, contiguous) from B (k×n): the layout the fp8 product reads its second operand in.
+/// An fp8 operand on a GPU is laid out on the host and copied back: candle-core 0.11.1 asks the
+/// GPU for `ucopy_f8e4m3`, which candle-kernels 0.11.1 exports as `ucopy_f8_e4m3` (upstream issue
+/// 3886), so a strided fp8 copy on CUDA fails with CUDA_ERROR_NOT_FOUND; whole-buffer copies
+/// between host and device are plain memcpys and work. (`kernels::tests` holds the names.)
 pub fn transposed(b: &Tensor) -> candle_core::Result<Tensor> {
+    if b.dtype() == DType::F8E4M3 && !b.device().is_cpu() {
+        return b.to_device(&candle_core::Device::Cpu)?.t()?.contiguous()?.to_device(b.device());
+    }
     b.t()?.contiguous()
 }
 

@@ -275,7 +275,8 @@ pub struct Sweep {
 
 /// Measures every shape of `o` on `device`. The inputs are drawn on the device (a sweep's
 /// largest operands would take seconds to make on the host), so they differ between devices: a
-/// sweep is checked against its own inputs, not compared across GPUs.
+/// sweep is checked against its own inputs, not compared across GPUs. fp8 operands are made on
+/// the host and copied (candle 0.11.1 cannot cast to fp8 on a GPU: see `fp8::transposed`).
 ///
 /// # Errors
 /// The device fails an operation (out of memory, a lost device).
@@ -283,8 +284,11 @@ pub fn sweep(device: &Device, o: &SweepOptions, name: Option<String>) -> anyhow:
     let mut results = Vec::with_capacity(o.shapes.len());
     for &shape in &o.shapes {
         let Shape { m, n, k } = shape;
-        let a = Tensor::rand(-1f32, 1f32, (m, k), device)?.to_dtype(o.dtype.storage())?;
-        let b = Tensor::rand(-1f32, 1f32, (k, n), device)?.to_dtype(o.dtype.storage())?;
+        let draw = |rows: usize, cols: usize, seed: u64| match o.dtype {
+            Precision::Fp8 => input(rows, cols, seed, DType::F8E4M3)?.to_device(device),
+            _ => Tensor::rand(-1f32, 1f32, (rows, cols), device)?.to_dtype(o.dtype.storage()),
+        };
+        let (a, b) = (draw(m, k, 1)?, draw(k, n, 2)?);
         let options =
             Options { device: o.device, dtype: o.dtype, shape, reps: o.reps, samples: o.samples.min(m).min(n) };
         results.push(timed(device, &options, &a, &b, name.clone())?);
@@ -337,19 +341,23 @@ fn unit_roundoff(dtype: DType) -> f64 {
 /// [`Precision::accumulation_roundoff`]), plus, where the product reads its operands rounded
 /// (TF32: [`Precision::input_roundoff`] u_in), 2·u_in·Σ|aᵢbᵢ|; anything beyond is a wrong result.
 pub fn check(a: &Tensor, b: &Tensor, c: &Tensor, samples: usize, precision: Precision) -> anyhow::Result<Check> {
-    // fp8 operands are read as bf16, which holds every e4m3 value exactly.
-    let widen = |t: &Tensor| if t.dtype() == DType::F8E4M3 { t.to_dtype(DType::BF16) } else { Ok(t.clone()) };
+    // fp8 operands are read as bf16, which holds every e4m3 value exactly — widened on the host:
+    // candle 0.11.1 has no CUDA cast from fp8 under the name it asks for (see `fp8::transposed`).
+    let widen = |t: &Tensor| match t.dtype() {
+        DType::F8E4M3 => t.to_device(&Device::Cpu)?.to_dtype(DType::BF16),
+        _ => Ok(t.clone()),
+    };
     let (a, b) = (&widen(a)?, &widen(b)?);
     let input_roundoff = precision.input_roundoff();
     let (n, k) = a.dims2()?;
     let m = b.dims2()?.1;
     let rows = sampled(n, samples);
     let cols = sampled(m, samples);
-    let on = |t: &[u32]| Tensor::new(t, a.device());
-    let a_rows: Vec<Vec<f32>> = a.index_select(&on(&rows)?, 0)?.to_dtype(DType::F32)?.to_vec2()?;
-    let b_cols: Vec<Vec<f32>> = b.index_select(&on(&cols)?, 1)?.to_dtype(DType::F32)?.t()?.to_vec2()?;
+    let on = |t: &[u32], of: &Tensor| Tensor::new(t, of.device());
+    let a_rows: Vec<Vec<f32>> = a.index_select(&on(&rows, a)?, 0)?.to_dtype(DType::F32)?.to_vec2()?;
+    let b_cols: Vec<Vec<f32>> = b.index_select(&on(&cols, b)?, 1)?.to_dtype(DType::F32)?.t()?.to_vec2()?;
     let c_grid: Vec<Vec<f32>> =
-        c.index_select(&on(&rows)?, 0)?.index_select(&on(&cols)?, 1)?.to_dtype(DType::F32)?.to_vec2()?;
+        c.index_select(&on(&rows, c)?, 0)?.index_select(&on(&cols, c)?, 1)?.to_dtype(DType::F32)?.to_vec2()?;
     let u_out = unit_roundoff(c.dtype());
     let accumulation = 16.0 * precision.accumulation_roundoff() * (k as f64).sqrt();
     let mut worst = (0.0f64, (0usize, 0usize));

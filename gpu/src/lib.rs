@@ -14,6 +14,7 @@ pub mod child;
 pub mod collectives;
 pub mod fp8;
 pub mod gemm;
+pub mod kernels;
 pub mod p2p;
 pub mod request;
 pub mod train;
@@ -79,6 +80,40 @@ pub mod backend {
         crate::driver_supports_build(version)
     }
 
+    /// One CUDA device as candle uses it, and its name. Only this device is touched: a context
+    /// on every GPU (as [`devices`] makes for `kiln-gpu devices`) would disturb runs measuring the
+    /// others at the same time, and fails outright where a GPU is in EXCLUSIVE_PROCESS mode. Its
+    /// cuBLAS handle sums partial products in f32 ([`exact_reductions`]).
+    fn open(ordinal: usize) -> anyhow::Result<(candle_core::Device, Option<String>)> {
+        let device = candle_core::Device::new_cuda(ordinal)
+            .with_context(|| format!("opening CUDA device {ordinal} (is the NVIDIA driver loaded?)"))?;
+        let candle_core::Device::Cuda(cuda) = &device else { unreachable!("new_cuda makes a CUDA device") };
+        let name = cuda.cuda_stream().context().name().ok();
+        exact_reductions(cuda)?;
+        Ok((device, name))
+    }
+
+    /// cuBLAS may sum a split-K product's partial results in its output type (bf16, f16) unless
+    /// the handle forbids it (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`), and candle never
+    /// does: a bf16 reduction of a small m·n, large k product can fail kiln's accuracy check on a
+    /// healthy GPU. Every product kiln-gpu checks is therefore reduced in f32, as the check's bound
+    /// assumes (TF32 stays a compute type candle chooses per call). No CPU test can show this: it
+    /// is cuBLAS's choice of kernel on a GPU.
+    fn exact_reductions(cuda: &candle_core::CudaDevice) -> anyhow::Result<()> {
+        use candle_core::cuda_backend::cudarc::cublas::sys;
+        let blas = cuda.cublas_handle();
+        // SAFETY: the handle is candle's live cuBLAS handle of this device, kept alive by `blas`
+        // for the call; the math mode is a host-side setting read by later calls on the handle.
+        let status = unsafe {
+            sys::cublasSetMathMode(*blas.handle(), sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+        };
+        anyhow::ensure!(
+            status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            "cuBLAS refused its math mode: {status:?}"
+        );
+        Ok(())
+    }
+
     /// Every CUDA device the driver sees.
     pub fn devices() -> anyhow::Result<Devices> {
         let count = CudaContext::device_count().context("the CUDA driver cannot count its devices")?;
@@ -98,29 +133,23 @@ pub mod backend {
     }
 
     pub fn gemm(options: &gemm::Options) -> anyhow::Result<gemm::Report> {
-        let device = candle_core::Device::new_cuda(options.device)
-            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
-        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
-        gemm::measure(&device, options, info.map(|d| d.name))
+        let (device, name) = open(options.device)?;
+        gemm::measure(&device, options, name)
     }
 
     pub fn burn(options: &gemm::BurnOptions) -> anyhow::Result<gemm::Burn> {
-        let device = candle_core::Device::new_cuda(options.device)
-            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
-        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
-        gemm::burn(&device, options, info.map(|d| d.name))
+        let (device, name) = open(options.device)?;
+        gemm::burn(&device, options, name)
     }
 
     /// The reference training run on one GPU.
     pub fn train(options: &crate::train::Options) -> anyhow::Result<crate::train::Report> {
-        let device = candle_core::Device::new_cuda(options.device)
-            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
-        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
+        let (device, name) = open(options.device)?;
         match &options.as_rank {
-            None => crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {}, None),
+            None => crate::train::measure(&device, options, name, |_, _, _| {}, None),
             Some(rank) => {
                 let mut dp = nccl_gradients(&device, rank)?;
-                crate::train::measure(&device, options, info.map(|d| d.name), |_, _, _| {}, Some(&mut *dp))
+                crate::train::measure(&device, options, name, |_, _, _| {}, Some(&mut *dp))
             }
         }
     }
@@ -183,6 +212,10 @@ pub mod backend {
         }
         let candle_core::Device::Cuda(cuda) = device else { anyhow::bail!("NCCL needs a CUDA device") };
         let stream = cuda.cuda_stream();
+        // NCCL joins on the calling thread's current device, and cudarc leaves current whichever
+        // context was made or dropped last (any other GPU this process touched): bind this rank's
+        // own first, or every rank's communicator lands on one GPU. No CPU test can show it.
+        stream.context().bind_to_thread().context("making the rank's own GPU current")?;
         let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
         let comm = Comm::from_rank(stream.clone(), r.rank, r.ranks, Id::uninit(internal))
             .map_err(|e| anyhow::anyhow!("rank {} of {}: NCCL cannot join the job: {e:?}", r.rank, r.ranks))?;
@@ -198,10 +231,8 @@ pub mod backend {
     }
 
     pub fn sweep(options: &gemm::SweepOptions) -> anyhow::Result<gemm::Sweep> {
-        let device = candle_core::Device::new_cuda(options.device)
-            .with_context(|| format!("opening CUDA device {} (is the NVIDIA driver loaded?)", options.device))?;
-        let info = devices()?.devices.into_iter().find(|d| d.ordinal == options.device);
-        gemm::sweep(&device, options, info.map(|d| d.name))
+        let (device, name) = open(options.device)?;
+        gemm::sweep(&device, options, name)
     }
 
     /// Device copy, host to device and device to host on one GPU, each copy checked.
@@ -435,6 +466,8 @@ pub mod backend {
             Some(r) => {
                 // The id's bytes back as the c_char array NCCL made them from.
                 let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
+                // NCCL joins on the current device: this rank's own (see `nccl_gradients`).
+                ctxs[0].bind_to_thread().context("making the rank's own GPU current")?;
                 let comm = Comm::from_rank(streams[0].clone(), r.rank, r.ranks, Id::uninit(internal))
                     .map_err(nccl_error)
                     .with_context(|| format!("rank {} of {}: NCCL cannot join the job", r.rank, r.ranks))?;
