@@ -172,17 +172,21 @@ print(c["vocab"], c["d_model"], c["layers"], c["heads"], c["seq"], c["batch"])' 
     fi
 fi
 
-# Data parallelism's device path on one GPU: a one-rank NCCL job (`kiln-gpu nccl-id`, then
-# `kiln-gpu train … --nccl-id ID --rank 0 --ranks 1`) sums every gradient in GPU memory each step
-# (NCCL alone, the mean and the views of one flat tensor), so its loss curve must follow the
-# plain run's and its tokens/s say what that path costs; both go into summary.json.
+# Data parallelism's device path on one GPU: a one-rank NCCL job (`kiln-gpu nccl-id --root`, then
+# `kiln-gpu train … --nccl-id ID --rank 0 --ranks 1 --nccl-root`) sums every gradient in GPU memory
+# each step (NCCL alone, the mean and the views of one flat tensor), so its loss curve must follow
+# the plain run's and its tokens/s say what that path costs; both go into summary.json. The root is
+# a loopback port free now, where the training process hosts NCCL's bootstrap (the id names it,
+# so it outlives `nccl-id`).
 if [ "$train" != none ]; then
-    step nccl-id 60 "$work/nccl-id.json" "$work/kiln-gpu" nccl-id
+    root=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print("127.0.0.1:%d" % s.getsockname()[1])' \
+        2>>"$log")
+    step nccl-id 60 "$work/nccl-id.json" "$work/kiln-gpu" nccl-id --root "$root"
     id=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["nccl_id"])' "$work/nccl-id.json" \
         2>>"$log")
     if [ -n "$id" ]; then
         step train-nccl 240 "$work/train-nccl.json" "$work/kiln-gpu" train --device 0 --size "$train" \
-            --steps "$train_steps" --nccl-id "$id" --rank 0 --ranks 1
+            --steps "$train_steps" --nccl-id "$id" --rank 0 --ranks 1 --nccl-root "$root"
     else
         skip train-nccl "kiln-gpu made no NCCL id"
     fi

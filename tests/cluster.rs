@@ -509,10 +509,10 @@ fn nccl_stand_in(dir: &Path, parts: &[kiln_gpu::collectives::Report]) -> PathBuf
             printf '{\"schema_version\":1,\"nccl_id\":\"%0256x\"}\\n' $$; exit 0; fi\n\
          shift\n\
          while [ $# -gt 1 ]; do\n\
-           case \"$1\" in --nccl-id) id=$2;; --rank) rank=$2;; --device) dev=$2;; esac\n\
+           case \"$1\" in --nccl-id) id=$2;; --rank) rank=$2;; --device) dev=$2;; --nccl-root) root=$2;; esac\n\
            shift 2\n\
          done\n\
-         echo \"$id $dev\" > \"$dir/seen-$rank\"\n\
+         echo \"$id $dev $root\" > \"$dir/seen-$rank\"\n\
          cat \"$dir/collectives-$rank.json\"\n",
     )
     .unwrap();
@@ -574,8 +574,12 @@ fn nccl_collectives_hand_rank_0s_id_to_every_rank_and_keep_the_slowest_ranks_tim
         (0..4).map(|r| std::fs::read_to_string(stand.path().join(format!("seen-{r}"))).unwrap()).collect();
     let id = seen[0].split_whitespace().next().unwrap();
     assert_eq!(id.len(), 256, "{seen:?}");
+    // With the id, where rank 0's own process hosts NCCL's bootstrap: the process that made the
+    // id has exited by the time the ranks join.
+    let root = seen[0].split_whitespace().nth(2).unwrap_or_else(|| panic!("{seen:?}"));
+    assert!(root.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok_and(|p| p > 0)), "{root}");
     for (r, s) in seen.iter().enumerate() {
-        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), [id, &r.to_string()], "rank {r}");
+        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), [id, &r.to_string(), root], "rank {r}");
     }
     let doc = document(&run);
     let report = &doc["report"];
@@ -730,9 +734,13 @@ fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_worl
     let id_of = |call: &str| call.split("--nccl-id ").nth(1).unwrap().split(' ').next().unwrap().to_string();
     let mut ids = std::collections::BTreeSet::new();
     for ranks in [2usize, 4] {
-        let group: Vec<&&str> = calls.iter().filter(|c| c.ends_with(&format!("--ranks {ranks}"))).collect();
+        let group: Vec<&&str> = calls.iter().filter(|c| c.contains(&format!("--ranks {ranks} "))).collect();
         assert_eq!(group.len(), ranks, "{log}");
         let id = id_of(group[0]);
+        // Every rank of the group is told where rank 0 hosts NCCL's bootstrap, the same place.
+        let root_of = |call: &str| call.split("--nccl-root ").nth(1).map(str::to_string);
+        let root = root_of(group[0]).unwrap_or_else(|| panic!("no --nccl-root: {log}"));
+        assert!(group.iter().all(|c| root_of(c).as_ref() == Some(&root)), "{log}");
         assert_eq!(id.len(), 256);
         for rank in 0..ranks {
             let mine = format!("--device {rank} ");
@@ -909,8 +917,10 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
     let seen: Vec<String> =
         (0..4).map(|r| std::fs::read_to_string(stand.path().join(format!("seen-{r}"))).unwrap()).collect();
     let id = seen[0].split_whitespace().next().unwrap();
+    let root = seen[0].split_whitespace().nth(2).unwrap_or_else(|| panic!("no NCCL root: {seen:?}"));
     for (r, s) in seen.iter().enumerate() {
-        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), [id, &r.to_string()], "rank {r}: one id, its GPU");
+        let want = [id, &r.to_string(), root];
+        assert_eq!(s.split_whitespace().collect::<Vec<_>>(), want, "rank {r}: one id and root, its GPU");
     }
     let report = &document(&runs[0])["report"];
     assert_eq!(report["launcher"]["launcher"], "torchrun", "{report}");

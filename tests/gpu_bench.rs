@@ -554,11 +554,17 @@ fn gpu_training_is_stored_per_gpu_and_a_gpu_whose_model_does_not_learn_fails_the
     let log = std::fs::read_to_string(stand.path().join("args.log")).unwrap();
     let calls: Vec<&str> = log.lines().filter(|l| !l.starts_with("devices")).collect();
     assert_eq!(calls.iter().filter(|l| l.starts_with("nccl-id")).count(), 1, "{log}");
+    // The id names a loopback port where rank 0's own process hosts NCCL's bootstrap, and every
+    // rank is told it: `nccl-id` exits before any rank joins, so nothing of it may be needed then.
+    let made = calls.iter().find(|l| l.starts_with("nccl-id")).unwrap();
+    let root = made.strip_prefix("nccl-id --root ").unwrap_or_else(|| panic!("{made}"));
+    let port: u16 = root.strip_prefix("127.0.0.1:").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{root}"));
+    assert!(port > 0, "{root}");
     let id = "5a".repeat(128);
     for rank in [0, 1] {
         let mine = format!("--device {rank} ");
         let call = calls.iter().find(|l| l.starts_with("train") && l.contains(&mine)).expect("a train call per GPU");
-        assert!(call.contains(&format!("--nccl-id {id} --rank {rank} --ranks 2")), "{call}");
+        assert!(call.contains(&format!("--nccl-id {id} --rank {rank} --ranks 2 --nccl-root {root}")), "{call}");
     }
     let shown =
         kiln(&["show", "run", dp.json()["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use kiln_bench::cluster::{bandwidths, sizes, Launch};
 
 use super::rendezvous::{self, agree_on, broadcast, reduce, Control};
@@ -15,7 +15,7 @@ use super::{
     Watchdog,
 };
 use kiln_gpu::child::{interpret, locate, read_document, run_all_seeing, Visible};
-use kiln_gpu::request::{CollectivesArgs, RankArgs, Request, TrainArgs};
+use kiln_gpu::request::{CollectivesArgs, NcclIdArgs, NcclJob, RankArgs, Request, TrainArgs};
 use kiln_text::Progress;
 
 /// kiln-gpu, found on every rank before any runs it (a rank without it is named, and all stop).
@@ -26,34 +26,53 @@ pub fn program(c: &dyn Control, watchdog: &Watchdog) -> Result<PathBuf> {
     agree_on(c, watchdog, "find kiln-gpu", locate().map_err(|s| anyhow::anyhow!("{s}")))
 }
 
-/// NCCL's unique id for a job of `c`'s ranks: rank 0 runs `kiln-gpu nccl-id`, and the id (or
-/// rank 0's failure, with its reason) reaches every rank.
+/// Where rank 0 hosts NCCL's bootstrap: `KILN_NCCL_HOST` (an address or name the other ranks
+/// reach rank 0 at) where set, else this machine's host name; a port free now.
+fn rank0_root() -> Result<String> {
+    let host = match std::env::var("KILN_NCCL_HOST").ok().filter(|h| !h.is_empty()) {
+        Some(host) => host,
+        None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
+    };
+    let any = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    kiln_gpu::child::nccl_root(any, &host).context("a free port for NCCL's bootstrap")
+}
+
+/// NCCL's unique id for a job of `c`'s ranks, and where rank 0 hosts its bootstrap: rank 0 picks
+/// the root and runs `kiln-gpu nccl-id --root` (whose id names it, so it outlives that process),
+/// and the job (or rank 0's failure, with its reason) reaches every rank.
 ///
 /// # Errors
 /// Rank 0 could not make one, or the control plane failed.
-pub fn shared_id(c: &dyn Control, program: &Path, watchdog: &Watchdog) -> Result<String> {
+pub fn shared_id(c: &dyn Control, program: &Path, watchdog: &Watchdog) -> Result<NcclJob> {
     watchdog.at("rank 0 making NCCL's unique id");
     let made: Result<String> = if c.rank() == 0 {
         let timeout = Duration::from_secs(120);
         let never = std::sync::atomic::AtomicBool::new(false);
-        let ended = run_all_seeing(program, &[Request::NcclId.to_args()], timeout, &never, Visible::Launcher);
-        let (doc, error) = read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended[0], timeout), "nccl-id");
-        match (doc, error) {
-            (Some(d), _) if d.nccl_id.len() == 256 && d.nccl_id.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(d.nccl_id),
-            (_, e) => Err(anyhow::anyhow!(
-                "{}: nccl-id: {}",
-                program.display(),
-                e.unwrap_or_else(|| "not 256 hex digits".into())
-            )),
-        }
+        rank0_root().and_then(|root| {
+            let asked = Request::NcclId(NcclIdArgs { root: root.clone() }).to_args();
+            let ended = run_all_seeing(program, &[asked], timeout, &never, Visible::Launcher);
+            let (doc, error) = read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended[0], timeout), "nccl-id");
+            match (doc, error) {
+                (Some(d), _) if d.nccl_id.len() == 256 && d.nccl_id.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                    Ok(format!("{} {root}", d.nccl_id))
+                }
+                (_, e) => Err(anyhow::anyhow!(
+                    "{}: nccl-id: {}",
+                    program.display(),
+                    e.unwrap_or_else(|| "not 256 hex digits".into())
+                )),
+            }
+        })
     } else {
         Ok(String::new())
     };
     let made = agree_on(c, watchdog, "make NCCL's unique id", made)?;
-    let id = broadcast(c, made.as_bytes(), watchdog, "hearing NCCL's unique id from rank 0")?;
-    let id = String::from_utf8(id).unwrap_or_default();
+    let job = broadcast(c, made.as_bytes(), watchdog, "hearing NCCL's unique id from rank 0")?;
+    let job = String::from_utf8(job).unwrap_or_default();
+    let (id, root) = job.split_once(' ').unwrap_or((&job, ""));
     anyhow::ensure!(id.len() == 256, "rank 0 sent an NCCL id of {} bytes, not 256 hex digits", id.len());
-    Ok(id)
+    anyhow::ensure!(!root.is_empty(), "rank 0 sent an NCCL id without its bootstrap's address");
+    Ok(NcclJob { id: id.to_string(), root: root.to_string() })
 }
 
 /// This rank's GPU, as CUDA numbers what it sees: the one the launcher left it
@@ -96,7 +115,7 @@ pub fn collectives(
         iterations: config.iterations,
         warmup: config.warmup,
         seconds_per_size: config.seconds_per_size,
-        job: RankArgs::of(hex, rank, n),
+        job: RankArgs::of(&hex, rank, n),
         device: Some(device),
     })
     .to_args();
@@ -213,7 +232,7 @@ fn group(
             steps: Some(t.steps),
             batch: Some(t.batch),
             dtype: config.dtype.clone().unwrap_or_else(|| "bf16".into()),
-            job: hex.map(|id| RankArgs::of(id, rank, k)).unwrap_or_default(),
+            job: hex.as_ref().map(|job| RankArgs::of(job, rank, k)).unwrap_or_default(),
         })
         .to_args();
         watchdog.waiting(format!("training on {k} ranks in kiln-gpu on GPU {device}"), limits.saturating_add(1));

@@ -125,6 +125,17 @@ pub fn read_document<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// A root for an NCCL job's bootstrap, `HOST:PORT`: `host` as the other ranks reach this machine
+/// (bound as `bind`), and a port the kernel hands out free now. Rank 0's kiln-gpu binds it
+/// moments later, inside `ncclCommInitRank` (see `request::NcclJob`).
+///
+/// # Errors
+/// No port can be had.
+pub fn nccl_root(bind: std::net::IpAddr, host: &str) -> std::io::Result<String> {
+    let listener = std::net::TcpListener::bind((bind, 0))?;
+    Ok(format!("{host}:{}", listener.local_addr()?.port()))
+}
+
 /// Why kiln-gpu cannot be found: what was looked at, and what to do.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{0}")]

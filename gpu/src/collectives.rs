@@ -20,27 +20,31 @@ pub struct AsRank {
     pub ranks: usize,
     /// This rank's CUDA device.
     pub device: usize,
+    /// HOST:PORT where rank 0 hosts NCCL's bootstrap (`NCCL_COMM_ID` for `ncclCommInitRank`).
+    pub root: String,
 }
 
-/// One rank of a job from `--nccl-id`, `--rank`, `--ranks` (all or none) and `--device`.
+/// One rank of a job from `--nccl-id`, `--rank`, `--ranks`, `--nccl-root` (all or none) and
+/// `--device`.
 ///
 /// # Errors
-/// Some of the three without the others, or a rank outside the job.
+/// Some of the four without the others, or a rank outside the job.
 pub fn as_rank(
     id: Option<[u8; 128]>,
     rank: Option<usize>,
     ranks: Option<usize>,
+    root: Option<String>,
     device: usize,
 ) -> anyhow::Result<Option<AsRank>> {
-    match (id, rank, ranks) {
-        (Some(id), Some(rank), Some(ranks)) => {
+    match (id, rank, ranks, root) {
+        (Some(id), Some(rank), Some(ranks), Some(root)) => {
             // One rank is a job too: NCCL's calls then run alone, which is how one GPU tests the
             // data-parallel path (scripts/gpu-check.sh).
             anyhow::ensure!(rank < ranks, "--rank {rank} of --ranks {ranks}: the rank must be below the ranks");
-            Ok(Some(AsRank { id, rank, ranks, device }))
+            Ok(Some(AsRank { id, rank, ranks, device, root }))
         }
-        (None, None, None) => Ok(None),
-        _ => anyhow::bail!("--nccl-id, --rank and --ranks go together"),
+        (None, None, None, None) => Ok(None),
+        _ => anyhow::bail!("--nccl-id, --rank, --ranks and --nccl-root go together"),
     }
 }
 
@@ -176,12 +180,13 @@ mod tests {
         let id: [u8; 128] = std::array::from_fn(|i| (i * 7) as u8);
         let hex = id_to_hex(&id);
         let o = crate::request::checked::<crate::request::CollectivesArgs>(&args(&format!(
-            "--nccl-id {hex} --rank 3 --ranks 4 --device 1"
+            "--nccl-id {hex} --rank 3 --ranks 4 --nccl-root node0:29500 --device 1"
         )))
         .unwrap();
-        assert_eq!(o.as_rank, Some(AsRank { id, rank: 3, ranks: 4, device: 1 }));
+        assert_eq!(o.as_rank, Some(AsRank { id, rank: 3, ranks: 4, device: 1, root: "node0:29500".into() }));
         for bad in [
-            format!("--nccl-id {hex} --rank 4 --ranks 4"),
+            format!("--nccl-id {hex} --rank 4 --ranks 4 --nccl-root node0:29500"),
+            format!("--nccl-id {hex} --rank 0 --ranks 4"),
             format!("--nccl-id {hex} --rank 0"),
             format!("--nccl-id {hex} --rank 0 --ranks 2 --devices 0,1"),
             format!("--nccl-id {} --rank 0 --ranks 2", &hex[..254]),

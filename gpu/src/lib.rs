@@ -216,6 +216,7 @@ pub mod backend {
         // context was made or dropped last (any other GPU this process touched): bind this rank's
         // own first, or every rank's communicator lands on one GPU. No CPU test can show it.
         stream.context().bind_to_thread().context("making the rank's own GPU current")?;
+        nccl_root(&r.root);
         let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
         let comm = Comm::from_rank(stream.clone(), r.rank, r.ranks, Id::uninit(internal))
             .map_err(|e| anyhow::anyhow!("rank {} of {}: NCCL cannot join the job: {e:?}", r.rank, r.ranks))?;
@@ -468,6 +469,7 @@ pub mod backend {
                 let internal: [std::ffi::c_char; 128] = r.id.map(|b| b as std::ffi::c_char);
                 // NCCL joins on the current device: this rank's own (see `nccl_gradients`).
                 ctxs[0].bind_to_thread().context("making the rank's own GPU current")?;
+                nccl_root(&r.root);
                 let comm = Comm::from_rank(streams[0].clone(), r.rank, r.ranks, Id::uninit(internal))
                     .map_err(nccl_error)
                     .with_context(|| format!("rank {} of {}: NCCL cannot join the job", r.rank, r.ranks))?;
@@ -556,15 +558,26 @@ pub mod backend {
 
     /// A new NCCL unique id, for rank 0 of a job to hand to every rank.
     #[cfg(feature = "nccl")]
-    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
+    /// NCCL's unique id naming `root` (HOST:PORT) as the job's bootstrap: with `NCCL_COMM_ID`
+    /// set, `ncclGetUniqueId` starts no bootstrap root in this process (which exits at once), and
+    /// rank 0's `ncclCommInitRank`, given the same variable, hosts it there.
+    pub fn nccl_id(root: &str) -> anyhow::Result<crate::collectives::NcclId> {
         use candle_core::cuda_backend::cudarc::nccl::Id;
+        nccl_root(root);
         let id = Id::new().map_err(|e| anyhow::anyhow!("NCCL cannot make a unique id: {e:?}"))?;
         let bytes: [u8; 128] = id.internal().map(|c| c as u8);
         Ok(crate::collectives::NcclId { nccl_id: crate::collectives::id_to_hex(&bytes) })
     }
 
+    /// Points NCCL's bootstrap at `root` (`NCCL_COMM_ID`), read by NCCL when it first
+    /// initialises: called before any NCCL call, while this process runs one thread.
+    #[cfg(feature = "nccl")]
+    fn nccl_root(root: &str) {
+        std::env::set_var("NCCL_COMM_ID", root);
+    }
+
     #[cfg(not(feature = "nccl"))]
-    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
+    pub fn nccl_id(_: &str) -> anyhow::Result<crate::collectives::NcclId> {
         anyhow::bail!("kiln-gpu was built without NCCL: build it with `--features cuda,nccl`")
     }
 
@@ -618,7 +631,7 @@ pub mod backend {
         anyhow::bail!(NOT_BUILT)
     }
 
-    pub fn nccl_id() -> anyhow::Result<crate::collectives::NcclId> {
+    pub fn nccl_id(_: &str) -> anyhow::Result<crate::collectives::NcclId> {
         anyhow::bail!(NOT_BUILT)
     }
 }

@@ -58,7 +58,7 @@ fn run(args: &[String]) -> anyhow::Result<String> {
         Checked::Bandwidth(o) => document(&backend::bandwidth(&o)?),
         Checked::P2p(o) => document(&backend::p2p(&o)?),
         Checked::Collectives(o) => document(&backend::collectives(&o)?),
-        Checked::NcclId => document(&backend::nccl_id()?),
+        Checked::NcclId(root) => document(&backend::nccl_id(&root)?),
         Checked::Train(o) => document(&backend::train(&o)?),
     })
 }

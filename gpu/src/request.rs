@@ -33,8 +33,8 @@ pub enum Request {
     P2p(P2pArgs),
     /// NCCL collectives over the box's devices, or as one rank of a job
     Collectives(CollectivesArgs),
-    /// A new NCCL unique id for a job's ranks
-    NcclId,
+    /// A new NCCL unique id for a job's ranks, naming where rank 0 will host NCCL's bootstrap
+    NcclId(NcclIdArgs),
     /// The reference model's training steps on one device, or as one rank of a job
     Train(TrainArgs),
 }
@@ -167,6 +167,16 @@ pub struct CollectivesArgs {
     pub device: Option<usize>,
 }
 
+/// `kiln-gpu nccl-id`.
+#[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclIdArgs {
+    /// HOST:PORT where rank 0's process will host NCCL's bootstrap (`NCCL_COMM_ID`): the id names
+    /// it, so it outlives this process
+    #[arg(long)]
+    pub root: String,
+}
+
 /// `kiln-gpu train`.
 #[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
 pub struct TrainArgs {
@@ -204,12 +214,22 @@ pub struct RankArgs {
     /// As one rank of a job: the job's ranks
     #[arg(long)]
     pub ranks: Option<usize>,
+    /// As one rank of a job: HOST:PORT where rank 0 hosts NCCL's bootstrap (the `--root` the id
+    /// was made with)
+    #[arg(long)]
+    pub nccl_root: Option<String>,
 }
 
 impl RankArgs {
-    /// Rank `rank` of `ranks` in the job that `nccl_id` names.
-    pub fn of(nccl_id: String, rank: usize, ranks: usize) -> RankArgs {
-        RankArgs { nccl_id: Some(nccl_id), rank: Some(rank), ranks: Some(ranks) }
+    /// Rank `rank` of `ranks` in the job that `nccl_id` names, whose bootstrap rank 0 hosts at
+    /// `root`.
+    pub fn of(job: &NcclJob, rank: usize, ranks: usize) -> RankArgs {
+        RankArgs {
+            nccl_id: Some(job.id.clone()),
+            rank: Some(rank),
+            ranks: Some(ranks),
+            nccl_root: Some(job.root.clone()),
+        }
     }
 
     /// The job this rank belongs to, if any, on `device`.
@@ -217,8 +237,21 @@ impl RankArgs {
     /// # Errors
     /// Some of the three without the others, a rank outside the job, or an id that is not one.
     fn on(&self, device: usize) -> anyhow::Result<Option<collectives::AsRank>> {
-        as_rank(self.nccl_id.as_deref().map(id_from_hex).transpose()?, self.rank, self.ranks, device)
+        let id = self.nccl_id.as_deref().map(id_from_hex).transpose()?;
+        as_rank(id, self.rank, self.ranks, self.nccl_root.clone(), device)
     }
+}
+
+/// One NCCL job: the id rank 0's `kiln-gpu nccl-id --root` made, and that root (HOST:PORT).
+///
+/// Why the root travels: `ncclGetUniqueId` without `NCCL_COMM_ID` starts NCCL's bootstrap root
+/// inside the calling process, which `kiln-gpu nccl-id` is, and which exits before any rank joins.
+/// With `NCCL_COMM_ID=HOST:PORT` the id only names the address, and rank 0's own
+/// `ncclCommInitRank` hosts the root there; so every rank's process is given the same root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclJob {
+    pub id: String,
+    pub root: String,
 }
 
 /// A request checked: the options each measurement takes.
@@ -231,7 +264,8 @@ pub enum Checked {
     Bandwidth(bandwidth::Options),
     P2p(p2p::Options),
     Collectives(collectives::Options),
-    NcclId,
+    /// Where rank 0 will host NCCL's bootstrap.
+    NcclId(String),
     Train(train::Options),
 }
 
@@ -298,7 +332,7 @@ impl Request {
             Request::Bandwidth(a) => Checked::Bandwidth(a.check()?),
             Request::P2p(a) => Checked::P2p(a.check()?),
             Request::Collectives(a) => Checked::Collectives(a.check()?),
-            Request::NcclId => Checked::NcclId,
+            Request::NcclId(a) => Checked::NcclId(root(&a.root)?.to_string()),
             Request::Train(a) => Checked::Train(a.check()?),
         })
     }
@@ -370,6 +404,14 @@ macro_rules! defaults {
     };
 }
 defaults!(GemmArgs, SweepArgs, BurnArgs, BandwidthArgs, P2pArgs, CollectivesArgs, TrainArgs);
+
+/// `--root`/`--nccl-root`: HOST:PORT, as `NCCL_COMM_ID` takes it.
+fn root(text: &str) -> anyhow::Result<&str> {
+    let ok =
+        text.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    anyhow::ensure!(ok, "--root {text:?}: HOST:PORT where rank 0 hosts NCCL's bootstrap");
+    Ok(text)
+}
 
 /// A product's shape, `--shape`/`--n`'s value.
 fn shape(flag: &str, text: &str) -> anyhow::Result<Shape> {
@@ -567,7 +609,7 @@ mod tests {
         let hex = "ab".repeat(128);
         let requests = [
             Request::Devices,
-            Request::NcclId,
+            Request::NcclId(NcclIdArgs { root: "10.0.0.1:29500".into() }),
             Request::Gemm(GemmArgs {
                 device: 3,
                 dtype: "fp8".into(),
@@ -581,14 +623,18 @@ mod tests {
             Request::Bandwidth(BandwidthArgs::default()),
             Request::P2p(P2pArgs { devices: "0,2,3".into(), mib: 64, reps: 5 }),
             Request::Collectives(CollectivesArgs {
-                job: RankArgs::of(hex.clone(), 3, 4),
+                job: RankArgs::of(&NcclJob { id: hex.clone(), root: "node0:29500".into() }, 3, 4),
                 device: Some(1),
                 ops: "all_reduce".into(),
                 max_bytes: "8G".into(),
                 seconds_per_size: 0.25,
                 ..CollectivesArgs::default()
             }),
-            Request::Train(TrainArgs { steps: Some(30), job: RankArgs::of(hex, 0, 1), ..TrainArgs::default() }),
+            Request::Train(TrainArgs {
+                steps: Some(30),
+                job: RankArgs::of(&NcclJob { id: hex, root: "127.0.0.1:41000".into() }, 0, 1),
+                ..TrainArgs::default()
+            }),
         ];
         for request in requests {
             let args = request.to_args();
@@ -602,17 +648,15 @@ mod tests {
     /// kiln's line reads as a person would type it: the fields in their order, the job last.
     #[test]
     fn a_line_reads_as_typed() {
-        let train = TrainArgs {
-            size: "tiny".into(),
-            steps: Some(20),
-            job: RankArgs::of("ab".into(), 1, 2),
-            ..TrainArgs::default()
-        };
+        let job = NcclJob { id: "ab".into(), root: "node0:29500".into() };
+        let train =
+            TrainArgs { size: "tiny".into(), steps: Some(20), job: RankArgs::of(&job, 1, 2), ..TrainArgs::default() };
         assert_eq!(
             Request::Train(train).to_args().join(" "),
-            "train --device 0 --size tiny --dtype bf16 --steps 20 --nccl-id ab --rank 1 --ranks 2"
+            "train --device 0 --size tiny --dtype bf16 --steps 20 --nccl-id ab --rank 1 --ranks 2 --nccl-root node0:29500"
         );
-        assert_eq!(Request::NcclId.to_args(), ["nccl-id"]);
+        let id = Request::NcclId(NcclIdArgs { root: "node0:29500".into() });
+        assert_eq!(id.to_args(), ["nccl-id", "--root", "node0:29500"]);
     }
 
     /// A command with no options is the defaults, which `Default` gives kiln too.
@@ -625,6 +669,18 @@ mod tests {
         assert_eq!(CollectivesArgs::default().check().unwrap().collectives, NCCL_COLLECTIVES);
         // `--n` is `--shape`'s other name, as people have typed it.
         assert_eq!(Request::parse(&words("gemm --n 64")).unwrap(), Request::parse(&words("gemm --shape 64")).unwrap());
+    }
+
+    /// A job's id without its root cannot join: the root is asked for with the others, and must
+    /// be an address.
+    #[test]
+    fn a_rank_needs_its_root() {
+        let hex = "ab".repeat(128);
+        let half = Request::parse(&words(&format!("train --nccl-id {hex} --rank 0 --ranks 1"))).unwrap();
+        assert!(half.check().unwrap_err().to_string().contains("go together"));
+        assert!(Request::parse(&words("nccl-id")).is_err(), "--root is required");
+        let bad = Request::parse(&words("nccl-id --root node0")).unwrap();
+        assert!(bad.check().unwrap_err().to_string().contains("HOST:PORT"));
     }
 
     #[test]

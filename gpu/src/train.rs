@@ -181,7 +181,7 @@ mod tests {
         assert_eq!([Precision::Bf16, Precision::Tf32, Precision::F32].map(peak_key), ["bf16", "tf32", "fp32"]);
         let hex = "0a".repeat(128);
         let o = crate::request::checked::<crate::request::TrainArgs>(&args(&format!(
-            "--device 2 --nccl-id {hex} --rank 1 --ranks 4"
+            "--device 2 --nccl-id {hex} --rank 1 --ranks 4 --nccl-root 127.0.0.1:41000"
         )))
         .unwrap();
         assert_eq!(o.as_rank.map(|r| (r.rank, r.ranks, r.device)), Some((1, 4, 2)));

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kiln_db::{Direction, Metric};
-use kiln_gpu::request::{RankArgs, Request, TrainArgs};
+use kiln_gpu::request::{NcclIdArgs, NcclJob, RankArgs, Request, TrainArgs};
 use kiln_gpu::train::Report as Trained;
 use serde::{Deserialize, Serialize};
 
@@ -74,14 +74,22 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
     let progress = Progress::new();
     progress.update(&format!("gpu train {}: {} GPU(s) at once", config.size, config.gpus.len()));
     let timeout = Duration::from_secs(config.timeout_s);
-    // Data-parallel: the ranks' NCCL id first, from one run of its own.
+    // Data-parallel: the ranks' NCCL id first, from one run of its own, naming a loopback port
+    // where rank 0's process will host NCCL's bootstrap (the id outlives the run that made it).
     let id = match config.data_parallel {
         false => Ok(None),
         true => {
-            let ended = run_all(&prepared.program, &[Request::NcclId.to_args()], timeout, interrupted).remove(0);
-            match read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended, timeout), "nccl-id") {
-                (Some(id), _) => Ok(Some(id.nccl_id)),
-                (None, e) => Err(format!("kiln-gpu nccl-id: {}", e.unwrap_or_default())),
+            let localhost = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+            match kiln_gpu::child::nccl_root(localhost, "127.0.0.1") {
+                Err(e) => Err(format!("no free loopback port for NCCL's bootstrap: {e}")),
+                Ok(root) => {
+                    let asked = Request::NcclId(NcclIdArgs { root: root.clone() }).to_args();
+                    let ended = run_all(&prepared.program, &[asked], timeout, interrupted).remove(0);
+                    match read_document::<kiln_gpu::collectives::NcclId>(interpret(&ended, timeout), "nccl-id") {
+                        (Some(id), _) => Ok(Some(NcclJob { id: id.nccl_id, root })),
+                        (None, e) => Err(format!("kiln-gpu nccl-id: {}", e.unwrap_or_default())),
+                    }
+                }
             }
         }
     };
@@ -106,7 +114,7 @@ pub fn train(inv: &Inventory, prepared: &Prepared, config: TrainConfig, interrup
                 steps: config.steps,
                 batch: config.batch,
                 dtype: config.dtype.clone(),
-                job: id.clone().map(|id| RankArgs::of(id, rank, ranks)).unwrap_or_default(),
+                job: id.as_ref().map(|job| RankArgs::of(job, rank, ranks)).unwrap_or_default(),
             })
             .to_args()
         })
