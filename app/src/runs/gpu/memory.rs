@@ -114,6 +114,31 @@ pub struct Ceilings {
     /// "PCIe 5.0 x16", the link's most, and its rate one way, GB/s.
     pub link: Option<String>,
     pub link_gbps: Option<f64>,
+    /// Who set that most: the GPU's own link (a ceiling), or a hypervisor's virtual root port
+    /// (shown, never a ceiling).
+    #[serde(default)]
+    pub link_bound: Option<LinkBound>,
+}
+
+/// Where a host link's most, as NVML reads it, comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkBound {
+    /// Bare metal: the GPU's own link, a ceiling no copy can pass.
+    Device,
+    /// In a virtual machine NVML's maximum generation is the lower of the GPU's and the
+    /// hypervisor's virtual root port's, which the hardware did not set (a passed-through H100
+    /// behind an emulated Gen4 port moves Gen5 rates all the same): never a reason for `invalid`.
+    VirtualPort,
+}
+
+impl LinkBound {
+    fn says(self) -> &'static str {
+        match self {
+            LinkBound::Device => "the GPU's own link",
+            LinkBound::VirtualPort => "through the hypervisor's virtual root port: not a ceiling",
+        }
+    }
 }
 
 fn ceilings_of(inv: &Inventory, gpu: usize) -> Ceilings {
@@ -128,6 +153,10 @@ fn ceilings_of(inv: &Inventory, gpu: usize) -> Ceilings {
         memory_gbps: name.as_deref().and_then(kiln_bench::peaks::gpu_memory_gbps),
         link: generation.zip(width).map(|(g, w)| format!("PCIe {g}.0 x{w}")),
         link_gbps: generation.zip(width).and_then(|(g, w)| kiln_bench::peaks::pcie_gbps(g, w)),
+        link_bound: generation.map(|_| match inv.os.virtualization.is_virtual {
+            true => LinkBound::VirtualPort,
+            false => LinkBound::Device,
+        }),
         name,
     }
 }
@@ -187,8 +216,10 @@ fn copies<'a>(r: &'a Bandwidth, c: Option<&Ceilings>) -> Vec<(&'static str, &'a 
     let memory = c.and_then(|c| c.memory_gbps);
     let mut out = vec![("device copy", &r.device_copy, memory)];
     out.extend(r.triad.as_ref().map(|t| ("triad", t, memory)));
-    out.push(("host to device", &r.host_to_device, c.and_then(|c| c.link_gbps)));
-    out.push(("device to host", &r.device_to_host, c.and_then(|c| c.link_gbps)));
+    // Only a bound the hardware set is a ceiling (see `LinkBound`).
+    let link = c.filter(|c| c.link_bound == Some(LinkBound::Device)).and_then(|c| c.link_gbps);
+    out.push(("host to device", &r.host_to_device, link));
+    out.push(("device to host", &r.device_to_host, link));
     out
 }
 
@@ -316,7 +347,10 @@ pub fn render(r: &GpuMemoryReport) -> String {
             c.gpu,
             c.name.as_deref().unwrap_or("?"),
             c.memory_gbps.map_or_else(|| "unknown".into(), |g| format!("{g:.0} GB/s")),
-            c.link.as_ref().zip(c.link_gbps).map_or_else(|| "unknown".into(), |(l, g)| format!("{l} ({g:.1} GB/s)"))
+            c.link.as_ref().zip(c.link_gbps).map_or_else(
+                || "unknown".into(),
+                |(l, g)| format!("{l} ({g:.1} GB/s, {})", c.link_bound.map_or("bound unknown", LinkBound::says))
+            )
         ));
     }
     out.push_str(&format!(
@@ -379,6 +413,10 @@ mod tests {
     }
 
     fn judged(results: Vec<(Planned, Option<Bandwidth>)>) -> Outcome {
+        judged_behind(results, LinkBound::Device)
+    }
+
+    fn judged_behind(results: Vec<(Planned, Option<Bandwidth>)>, bound: LinkBound) -> Outcome {
         let prepared = Prepared { program: "/opt/kiln-gpu".into(), devices: Vec::new() };
         let config = MemoryConfig { mib: 1024, reps: 5, gpus: vec![0, 1], timeout_s: 60 };
         let ceilings = (0..2)
@@ -388,6 +426,7 @@ mod tests {
                 memory_gbps: Some(4800.0),
                 link: Some("PCIe 5.0 x16".into()),
                 link_gbps: kiln_bench::peaks::pcie_gbps(5, 16),
+                link_bound: Some(bound),
             })
             .collect();
         let results = results
@@ -427,6 +466,15 @@ mod tests {
         let o = judged(vec![(at(0, Placement::Local, false), Some(bandwidth(0, 4300.0, 70.0, true)))]);
         assert_eq!(o.status, RunStatus::Invalid);
         assert!(o.report.invalid_reason().unwrap().contains("host to device 70.0 GB/s, above the 63.0 GB/s"));
+        assert!(o.text.contains("PCIe 5.0 x16 (63.0 GB/s, the GPU's own link)"), "{}", o.text);
+        // In a virtual machine the link NVML shows may be the hypervisor's port's: the same
+        // figure is no breach, and the text says which bound that was.
+        let o = judged_behind(
+            vec![(at(0, Placement::Local, false), Some(bandwidth(0, 4300.0, 70.0, true)))],
+            LinkBound::VirtualPort,
+        );
+        assert_eq!(o.status, RunStatus::Ok, "{}", o.text);
+        assert!(o.text.contains("virtual root port: not a ceiling"), "{}", o.text);
         let o = judged(vec![
             (at(0, Placement::Unpinned, false), Some(bandwidth(0, 4300.0, 55.0, false))),
             (at(1, Placement::Unpinned, false), None),
