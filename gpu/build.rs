@@ -3,7 +3,8 @@
 //! driver compiles them for whatever GPU it finds (Turing and newer). Without the feature it does
 //! nothing and needs no CUDA.
 //!
-//! The CUDA build also records where NVIDIA's packages put CUDA 13.0's libraries
+//! The CUDA build also records the compute capability candle's kernels are compiled for
+//! (`CUDA_COMPUTE_CAP`, as `KILN_GPU_COMPUTE_CAP`), and where NVIDIA's packages put CUDA 13.0's libraries
 //! (`/usr/local/cuda-13.0/targets/<arch>-linux/lib`) as the executable's RUNPATH: a box with the
 //! toolkit installed there runs kiln-gpu even when that folder is not on the loader's path.
 //! `LD_LIBRARY_PATH` still comes first (scripts/gpu-check.sh points it at PyTorch's wheels).
@@ -14,6 +15,14 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=kernels/triad.cu");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    // The architecture candle-kernels compiles for (cudaforge reads the same variable), which
+    // kiln-gpu checks each GPU against before any work (`capability_in_build`).
+    let cap = match std::env::var_os("CARGO_FEATURE_CUDA") {
+        Some(_) => std::env::var("CUDA_COMPUTE_CAP").unwrap_or_default(),
+        None => String::new(),
+    };
+    println!("cargo:rustc-env=KILN_GPU_COMPUTE_CAP={cap}");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }

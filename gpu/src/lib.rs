@@ -61,6 +61,32 @@ pub fn driver_supports_build(driver_cuda: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The compute capability candle's kernels were built for (`CUDA_COMPUTE_CAP` at build time, as
+/// "90"); empty where the build did not say.
+pub const BUILT_FOR_CAPABILITY: &str = env!("KILN_GPU_COMPUTE_CAP");
+
+/// Whether a GPU of compute capability `device` (major, minor) can load candle's kernels built for
+/// `built` ("90"): they are compiled for that one architecture (sm_90a's code runs on 9.0 only),
+/// so any other GPU would fail at its first kernel with CUDA_ERROR_NO_BINARY_FOR_GPU or an
+/// invalid PTX; this says so before any work, with what to build.
+///
+/// # Errors
+/// Another capability than the build's.
+pub fn capability_in_build(ordinal: usize, device: (i32, i32), built: &str) -> anyhow::Result<()> {
+    let Ok(cap) = built.trim().parse::<i32>() else { return Ok(()) };
+    let (major, minor) = device;
+    if (major, minor) != (cap / 10, cap % 10) {
+        anyhow::bail!(
+            "GPU {ordinal} is of compute capability {major}.{minor}, and this kiln-gpu's kernels are built for {}.{} only \
+             (CUDA_COMPUTE_CAP={cap}): build kiln-gpu for this GPU with CUDA_COMPUTE_CAP={major}{minor} \
+             (deploy/cuda/cuda-root.sh), or use the package built for it",
+            cap / 10,
+            cap % 10
+        );
+    }
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 pub mod backend {
     use crate::{bandwidth, gemm, p2p, DeviceInfo, Devices};
@@ -88,7 +114,10 @@ pub mod backend {
         let device = candle_core::Device::new_cuda(ordinal)
             .with_context(|| format!("opening CUDA device {ordinal} (is the NVIDIA driver loaded?)"))?;
         let candle_core::Device::Cuda(cuda) = &device else { unreachable!("new_cuda makes a CUDA device") };
-        let name = cuda.cuda_stream().context().name().ok();
+        let context = cuda.cuda_stream().context().clone();
+        let capability = context.compute_capability().with_context(|| format!("CUDA device {ordinal}"))?;
+        crate::capability_in_build(ordinal, capability, crate::BUILT_FOR_CAPABILITY)?;
+        let name = context.name().ok();
         exact_reductions(cuda)?;
         Ok((device, name))
     }
@@ -639,6 +668,21 @@ pub mod backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_the_kernels_were_not_built_for_is_refused_with_what_to_build() {
+        assert!(capability_in_build(0, (9, 0), "90").is_ok());
+        let e = capability_in_build(3, (8, 0), "90").unwrap_err().to_string();
+        assert!(
+            e.starts_with("GPU 3 is of compute capability 8.0, and this kiln-gpu's kernels are built for 9.0 only"),
+            "{e}"
+        );
+        assert!(e.contains("CUDA_COMPUTE_CAP=80"), "{e}");
+        // sm_90a's code does not run on a B200 either.
+        assert!(capability_in_build(0, (10, 0), "90").is_err());
+        // A build that did not say (no CUDA build) refuses nothing.
+        assert!(capability_in_build(0, (8, 0), "").is_ok());
+    }
 
     #[test]
     fn a_driver_older_than_the_build_is_refused_with_what_to_do() {
