@@ -839,6 +839,26 @@ fn nccl_training_gives_each_group_a_fresh_id_and_scales_from_one_gpu_to_the_worl
 /// `{rank}` in its values replaced), the default build (no MPI), each
 /// run to its end or killed after `limit`; `absent` ranks are never started. Their outputs, by
 /// rank (absent ones `None`), and how long the slowest took.
+/// A loopback port for a job's rendezvous, free now and below the kernel's ephemeral range, so
+/// that no connection another test makes meanwhile takes it (`bind(0)` draws from that range, and
+/// a client's port from it once held the port one above a torchrun agent's); with `pair`, the
+/// port above it is free too (kiln listens there under torchrun's agent store).
+fn quiet_port(pair: bool) -> u16 {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768)
+        .clamp(12_000, 65_000);
+    let span = first_ephemeral - 10_001;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let seed = nanos ^ (std::process::id() << 8);
+    let free = |p: u32| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok();
+    (0..10_000u32)
+        .map(|i| 10_000 + (seed.wrapping_add(i.wrapping_mul(7919))) % span)
+        .find(|&p| free(p) && (!pair || free(p + 1)))
+        .expect("a free loopback port below the ephemeral range") as u16
+}
+
 fn torchrun(
     n: usize,
     dir: &Path,
@@ -848,7 +868,7 @@ fn torchrun(
     limit: Duration,
 ) -> (Vec<Option<Run>>, f64) {
     use std::process::Stdio;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = quiet_port(true);
     let _job = crate::util::machine_to_itself();
     let started = Instant::now();
     let children: Vec<Option<(String, std::process::Child)>> = (0..n)
@@ -969,7 +989,8 @@ fn under_torchrun_the_nccl_commands_meet_through_kilns_rendezvous_without_mpi() 
             std::fs::write(stand.path().join(format!("train-{rank}-{ranks}.json")), doc.to_string()).unwrap();
         }
     }
-    let agent = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    // torchrun's agent store holds MASTER_PORT; kiln listens one above it.
+    let agent = std::net::TcpListener::bind(("0.0.0.0", quiet_port(true))).unwrap();
     let held = agent.local_addr().unwrap().port().to_string();
     // Each run takes longer than the stall limit: rank 1, waiting while rank 0 trains alone, is
     // allowed what rank 0's run is.
