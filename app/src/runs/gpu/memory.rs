@@ -116,12 +116,11 @@ pub struct Ceilings {
     pub link_gbps: Option<f64>,
     /// Who set that most: the GPU's own link (a ceiling), or a hypervisor's virtual root port
     /// (shown, never a ceiling).
-    #[serde(default)]
     pub link_bound: Option<LinkBound>,
 }
 
 /// Where a host link's most, as NVML reads it, comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LinkBound {
     /// Bare metal: the GPU's own link, a ceiling no copy can pass.
