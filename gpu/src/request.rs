@@ -380,20 +380,6 @@ pub fn checked<A: Args + FromArgMatches + Check>(flags: &[String]) -> anyhow::Re
     from_flags::<A>(flags)?.check()
 }
 
-macro_rules! check {
-    ($($t:ty => $o:ty),*) => {
-        $(impl Check for $t {
-            type Options = $o;
-            fn check(&self) -> anyhow::Result<$o> {
-                <$t>::check(self)
-            }
-        })*
-    };
-}
-check!(GemmArgs => gemm::Options, SweepArgs => gemm::SweepOptions, BurnArgs => gemm::BurnOptions,
-    BandwidthArgs => bandwidth::Options, P2pArgs => p2p::Options, CollectivesArgs => collectives::Options,
-    TrainArgs => train::Options);
-
 macro_rules! defaults {
     ($($t:ty),*) => {
         $(impl Default for $t {
@@ -439,12 +425,14 @@ fn mib_bytes(mib: usize, max_mib: usize) -> anyhow::Result<usize> {
     Ok(mib << 20)
 }
 
-impl GemmArgs {
+impl Check for GemmArgs {
+    type Options = gemm::Options;
+
     /// The checked options.
     ///
     /// # Errors
     /// A value out of range, named by its flag.
-    pub fn check(&self) -> anyhow::Result<gemm::Options> {
+    fn check(&self) -> anyhow::Result<gemm::Options> {
         let o = gemm::Options {
             device: self.device,
             dtype: Precision::parse(&self.dtype)?,
@@ -459,13 +447,15 @@ impl GemmArgs {
     }
 }
 
-impl SweepArgs {
+impl Check for SweepArgs {
+    type Options = gemm::SweepOptions;
+
     /// The checked options. `--samples` is capped by each shape as it is measured, so a sweep
     /// that holds small shapes may ask for more rows than they have.
     ///
     /// # Errors
     /// A value out of range, named by its flag.
-    pub fn check(&self) -> anyhow::Result<gemm::SweepOptions> {
+    fn check(&self) -> anyhow::Result<gemm::SweepOptions> {
         let shapes: Vec<Shape> = self.shapes.split(',').map(|s| shape("shapes", s)).collect::<anyhow::Result<_>>()?;
         anyhow::ensure!(!shapes.is_empty(), "--shapes: at least one");
         anyhow::ensure!((1..=100_000).contains(&self.reps), "--reps {}: between 1 and 100000", self.reps);
@@ -475,12 +465,14 @@ impl SweepArgs {
     }
 }
 
-impl BurnArgs {
+impl Check for BurnArgs {
+    type Options = gemm::BurnOptions;
+
     /// The checked options.
     ///
     /// # Errors
     /// A value out of range, named by its flag.
-    pub fn check(&self) -> anyhow::Result<gemm::BurnOptions> {
+    fn check(&self) -> anyhow::Result<gemm::BurnOptions> {
         let seconds = self.seconds;
         anyhow::ensure!(seconds > 0.0 && seconds <= 7.0 * 86_400.0, "--seconds {seconds}: above 0, at most a week");
         let product = GemmArgs {
@@ -501,12 +493,14 @@ impl BurnArgs {
     }
 }
 
-impl BandwidthArgs {
+impl Check for BandwidthArgs {
+    type Options = bandwidth::Options;
+
     /// The checked options.
     ///
     /// # Errors
     /// A value out of range, named by its flag.
-    pub fn check(&self) -> anyhow::Result<bandwidth::Options> {
+    fn check(&self) -> anyhow::Result<bandwidth::Options> {
         anyhow::ensure!((1..=10_000).contains(&self.reps), "--reps {}: between 1 and 10000", self.reps);
         if let Some(list) = &self.cpus {
             bandwidth::parse_cpus(list)?;
@@ -520,12 +514,14 @@ impl BandwidthArgs {
     }
 }
 
-impl P2pArgs {
+impl Check for P2pArgs {
+    type Options = p2p::Options;
+
     /// The checked options.
     ///
     /// # Errors
     /// A value out of range, named by its flag.
-    pub fn check(&self) -> anyhow::Result<p2p::Options> {
+    fn check(&self) -> anyhow::Result<p2p::Options> {
         anyhow::ensure!((1..=10_000).contains(&self.reps), "--reps {}: between 1 and 10000", self.reps);
         Ok(p2p::Options {
             devices: device_list(&self.devices, 2, "peer to peer")?,
@@ -535,12 +531,14 @@ impl P2pArgs {
     }
 }
 
-impl CollectivesArgs {
+impl Check for CollectivesArgs {
+    type Options = collectives::Options;
+
     /// The checked options.
     ///
     /// # Errors
     /// A value out of range, named by its flag, or a rank's options without the others.
-    pub fn check(&self) -> anyhow::Result<collectives::Options> {
+    fn check(&self) -> anyhow::Result<collectives::Options> {
         let mut chosen = Vec::new();
         for name in self.ops.split(',') {
             let c = NCCL_COLLECTIVES
@@ -575,12 +573,14 @@ impl CollectivesArgs {
     }
 }
 
-impl TrainArgs {
+impl Check for TrainArgs {
+    type Options = train::Options;
+
     /// The checked options, the run's configuration among them.
     ///
     /// # Errors
     /// A value out of range, named by its flag; a size, type or step count training cannot run.
-    pub fn check(&self) -> anyhow::Result<train::Options> {
+    fn check(&self) -> anyhow::Result<train::Options> {
         let o = train::Options {
             device: self.device,
             size: self.size.clone(),

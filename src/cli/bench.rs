@@ -202,6 +202,7 @@ fn checked_gpu_options(what: &GpuBench) -> Result<(&'static str, args::Store, &V
         GpuBench::Train { size, steps, batch, dtype, gpus, timeout, store, .. } => {
             // kiln-gpu's own check of what each GPU will be asked.
             let (size, dtype) = (size.clone(), dtype.clone());
+            use kiln_gpu::request::Check;
             kiln_gpu::request::TrainArgs { size, steps: *steps, batch: *batch, dtype, ..Default::default() }.check()?;
             anyhow::ensure!(*timeout >= 1, "--timeout must be positive");
             ("gpu-train", *store, gpus)

@@ -212,6 +212,7 @@ fn train(
     let train = match &gpu {
         // kiln-gpu's own reading of the options, so that every rank refuses what it would.
         Some(dtype) => {
+            use kiln_gpu::request::Check;
             let (size, dtype) = (size.name().to_string(), dtype.clone());
             kiln_gpu::request::TrainArgs { size, steps, batch, dtype, ..Default::default() }.check()?.config()?
         }
