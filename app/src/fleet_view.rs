@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use kiln_db::{AnyStore, Direction};
+use kiln_db::{AnyStore, Direction, Queries};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use kiln_bench::stats::{median, percentile_sorted};
-use kiln_db::{AnyStore, Direction, Fleet, RunDetail};
+use kiln_db::{AnyStore, Direction, Fleet, Queries, RunDetail};
 
 use crate::fleet::{self, by_group, detect, Filter, FleetError, HostValues, Subject};
 use kiln_text::{num, pct, short, short6};

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use kiln_db::{AnyStore, ApplyRow, HostRow, RunRow, StepRow, StepStatus};
+use kiln_db::{AnyStore, ApplyRow, HostRow, Queries, RunRow, StepRow, StepStatus};
 use serde::Serialize;
 
 use crate::fleet::{self, Comparison, ConfigSummary, Filter, Regression};

@@ -1,14 +1,11 @@
 //! A store in either engine, for what the fleet service and the fleet's read commands do:
-//! [`Location`] is what `--db` names, [`AnyStore`] the open store. Each method runs the same
-//! query text (`shared`) on whichever engine holds the fleet.
+//! [`Location`] is what `--db` names, [`AnyStore`] the open store. The shared queries
+//! ([`crate::Queries`]) run on whichever engine holds the fleet.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::{
-    Access, ApplyRow, Fleet, HostRow, ImportError, ImportStats, InventoryRow, PgStore, Result, Role, RunContexts,
-    RunDetail, RunRow, StepRow, Store, TokenRow, VerdictRow,
-};
+use crate::engine::{Backend, Conn};
+use crate::{Access, DbError, PgStore, Result, Store};
 
 /// Where results are stored: an SQLite file (a path, or `sqlite://PATH`) or a PostgreSQL database
 /// (`postgres://` or `postgresql://` URL, as libpq takes it: `?host=/run/postgresql` for a socket).
@@ -50,19 +47,25 @@ pub enum AnyStore {
     Pg(Box<PgStore>),
 }
 
-/// Methods that run the shared queries on whichever engine this is.
-macro_rules! delegate {
-    ($($(#[$meta:meta])* fn $name:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
-        $(
-            $(#[$meta])*
-            pub async fn $name(&mut self $(, $arg: $ty)*) -> $ret {
-                match self {
-                    AnyStore::Sqlite(s) => s.$name($($arg),*).await,
-                    AnyStore::Pg(s) => s.$name($($arg),*).await,
-                }
-            }
-        )*
-    };
+impl Backend for AnyStore {
+    fn conn(&mut self) -> Conn<'_> {
+        match self {
+            AnyStore::Sqlite(s) => s.conn(),
+            AnyStore::Pg(s) => s.conn(),
+        }
+    }
+    fn path(&self) -> &Path {
+        match self {
+            AnyStore::Sqlite(s) => Backend::path(s),
+            AnyStore::Pg(s) => Backend::path(&**s),
+        }
+    }
+    fn classifier(&self) -> fn(&Path, sqlx::Error) -> DbError {
+        match self {
+            AnyStore::Sqlite(s) => s.classifier(),
+            AnyStore::Pg(s) => s.classifier(),
+        }
+    }
 }
 
 impl AnyStore {
@@ -103,51 +106,6 @@ impl AnyStore {
             AnyStore::Sqlite(s) => s.close().await,
             AnyStore::Pg(s) => s.close().await,
         }
-    }
-
-    delegate! {
-        /// Every known host, most recently seen first.
-        fn hosts(&mut self) -> Result<Vec<HostRow>>;
-        /// The most recent runs first, with their metrics.
-        fn runs(&mut self, limit: i64) -> Result<Vec<RunRow>>;
-        /// One run by id or unique prefix, with its samples and telemetry.
-        fn run(&mut self, id: &str) -> Result<RunDetail>;
-        /// Every rank's runs of one cluster run, with their samples (see [`Store::runs_of_cluster`]).
-        fn runs_of_cluster(&mut self, cluster_id: &str) -> Result<Vec<RunDetail>>;
-        /// One inventory by id or unique prefix.
-        fn inventory(&mut self, id: &str) -> Result<InventoryRow>;
-        /// Each host's newest run start, by host id.
-        fn last_runs(&mut self) -> Result<BTreeMap<String, String>>;
-        /// Every series key and host with its series (see [`Store::fleet`]).
-        fn fleet(&mut self, since: Option<i64>) -> Result<Fleet>;
-        /// What runs were measured on, batched (see [`Store::run_contexts`]).
-        fn run_contexts(&mut self, boundaries: &[(String, String)]) -> Result<RunContexts>;
-        /// The mean of each telemetry channel of a run.
-        fn telemetry_means(&mut self, run_id: &str) -> Result<Vec<(String, String, f64, i64)>>;
-        /// A host's newest inventory (collected at, document).
-        fn latest_inventory(&mut self, host_id: &str) -> Result<Option<(String, String)>>;
-        /// The newest verdict of every host that has one, without its document.
-        fn latest_verdicts(&mut self) -> Result<BTreeMap<String, VerdictRow>>;
-        /// The newest verdict of one host, with its document.
-        fn latest_verdict(&mut self, host_id: &str) -> Result<Option<VerdictRow>>;
-        /// Provisioning applies, newest first, optionally of one image.
-        fn applies(&mut self, image: Option<&str>, limit: i64) -> Result<Vec<ApplyRow>>;
-        /// One apply by id or unique prefix, with its steps in order.
-        fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)>;
-        /// Stores a new token's hash.
-        fn create_token(&mut self, id: &str, name: &str, role: Role, secret_sha256: &[u8], created_at: &str) -> Result<()>;
-        /// Every token, newest first.
-        fn tokens(&mut self) -> Result<Vec<TokenRow>>;
-        /// One token by its id.
-        fn token(&mut self, id: &str) -> Result<Option<TokenRow>>;
-        /// Revokes the live token with this name or id.
-        fn revoke_token(&mut self, name_or_id: &str, at: &str) -> Result<Option<TokenRow>>;
-        /// Records that a token was used.
-        fn token_used(&mut self, id: &str, at: &str) -> Result<()>;
-        /// Imports an export, all or nothing.
-        fn import(&mut self, file: &str, text: &str) -> std::result::Result<ImportStats, ImportError>;
-        /// Several uploads in one transaction, each whole or not at all.
-        fn import_many(&mut self, uploads: &[(String, String)]) -> Vec<std::result::Result<ImportStats, ImportError>>;
     }
 }
 

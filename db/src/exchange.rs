@@ -734,6 +734,7 @@ pub(crate) fn parse_export<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Queries;
 
     const HOST: &str = r#"{"type":"host","id":"h1","identity":"serial-1","hostname":"gpu-01","config_fingerprint":"cf","config_name":"8x H100","first_seen":"2026-11-01T00:00:00Z","last_seen":"2026-11-02T00:00:00Z"}"#;
     const INVENTORY: &str = r#"{"type":"inventory","id":"i1","host_id":"h1","collected_at":"2026-11-01T00:00:00Z","schema_version":1,"config_fingerprint":"cf","config_name":"8x H100","cpu_model":"x","cpu_packages":2,"cpu_cores":96,"cpu_threads":192,"memory_bytes":2199023255552,"kernel_release":"6.8.0","problem_count":0,"document":{"cpu":{"model_name":"x"}}}"#;
@@ -914,7 +915,7 @@ mod tests {
 mod roundtrip {
     use proptest::prelude::*;
 
-    use crate::{Direction, Metric, NewInventory, NewRun, NewVerdict, RunStatus, Store};
+    use crate::{Direction, Metric, NewInventory, NewRun, NewVerdict, Queries, RunStatus, Store};
 
     fn text() -> impl Strategy<Value = String> {
         proptest::string::string_regex("[a-zA-Z0-9 _.:/\"\\\\é✓-]{0,24}").unwrap()

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use sqlx::{Connection, Row};
 
+use crate::engine::Conn;
+use crate::queries::index::{index_runs, IndexRun};
 use crate::series::{HostSeries, SeriesKey};
-use crate::shared::index::{index_runs, IndexRun};
 use crate::{Direction, Result, Store};
 
 /// A host with its series.
@@ -93,7 +94,7 @@ impl Store {
                 power_watts: o.power,
             })
             .collect();
-        index_runs(&mut tx, &runs).await.map_err(&err)?;
+        index_runs(&mut Conn::Sqlite(&mut tx), &runs).await.map_err(&err)?;
         tx.commit().await.map_err(&err)?;
         Ok(())
     }

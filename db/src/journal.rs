@@ -3,11 +3,11 @@
 //! transaction so that a killed kiln leaves the story up to the step it was in. Where uploads are
 //! on, an apply is queued for the fleet service when it begins, resumes and ends (the upload
 //! carries the journal as it is then). Reading it (`applies`, `apply_journal`) is shared with the
-//! fleet service (`shared/reads.rs`).
+//! fleet service (`queries/reads.rs`).
 
 use sqlx::Row;
 
-use crate::shared::reads::{apply_row, step_row, APPLY_COLUMNS, STEP_COLUMNS};
+use crate::queries::reads::{apply_row, step_row, APPLY_COLUMNS, STEP_COLUMNS};
 use crate::{ApplyStatus, Result, StepStatus, Store};
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -85,7 +85,7 @@ impl Store {
         .fetch_optional(&mut self.conn)
         .await
         .map_err(self.sql_err())?;
-        Ok(row.map(|r| apply_row(&r)).filter(|a| a.status != ApplyStatus::Succeeded))
+        Ok(row.map(|r| apply_row(&crate::engine::Row::Sqlite(r))).filter(|a| a.status != ApplyStatus::Succeeded))
     }
 
     /// Continues an apply: steps a dead kiln left 'started' become 'interrupted'; returns them and
@@ -116,7 +116,7 @@ impl Store {
             crate::outbox::queue(&mut tx, "apply", id).await.map_err(&err)?;
         }
         tx.commit().await.map_err(&err)?;
-        Ok((dangling.iter().map(step_row).collect(), next))
+        Ok((dangling.into_iter().map(|r| step_row(&crate::engine::Row::Sqlite(r))).collect(), next))
     }
 
     pub async fn step_started(
@@ -188,6 +188,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Queries;
 
     /// The outbox's due entries as one upload, taken out of the outbox.
     async fn upload(agent: &mut Store, now: &str) -> String {

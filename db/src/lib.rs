@@ -1,12 +1,10 @@
 //! kiln's results store: SQLite through sqlx, with embedded migrations and WAL; for the fleet
-//! service, PostgreSQL too (`pg`), running the same queries (`shared`).
+//! service, PostgreSQL too (`pg`), running the same queries (`queries`, over `engine`'s one
+//! connection type for both).
 //!
 //! Invariants: the store never overwrites or "repairs" a file it did not create (a corrupt or
 //! foreign file is refused), never writes to a database from a newer kiln, and every write is one
 //! transaction. It knows nothing of kiln's JSON documents beyond storing them as text.
-
-// `shared` is compiled once per engine on purpose (see shared/mod.rs).
-#![allow(clippy::duplicate_mod)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,15 +14,18 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
 
+use engine::Conn;
+
 mod any;
 mod bulk;
+mod engine;
 mod exchange;
 mod fleet;
 mod journal;
 mod outbox;
 mod pg;
+mod queries;
 mod series;
-mod shared;
 mod status;
 mod tokens;
 mod verdicts;
@@ -35,6 +36,7 @@ pub use journal::{ApplyRow, NewApply, StepRow};
 pub use kiln_text::timefmt::parse_rfc3339;
 pub use outbox::{Pending, UploadBatch};
 pub use pg::{redact, PgStore};
+pub use queries::Queries;
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 pub use tokens::{Role, TokenRow};
@@ -46,41 +48,6 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// waited for (the busy timeout) instead of failing when a transaction that has read tries to
 /// write (SQLite refuses that upgrade at once to avoid a deadlock).
 pub(crate) const WRITE: &str = "BEGIN IMMEDIATE";
-
-// What `shared` (the queries both engines run) needs of SQLite.
-type Conn = SqliteConnection;
-type Db = sqlx::Sqlite;
-type DbRow = sqlx::sqlite::SqliteRow;
-const BEGIN_WRITE: &str = WRITE;
-/// SQLite has no COPY: bulk rows go through `bulk_insert`.
-const COPY_IN: bool = false;
-
-async fn copy_in(_conn: &mut Conn, _statement: &str, _data: String) -> std::result::Result<(), sqlx::Error> {
-    Err(sqlx::Error::Protocol("SQLite has no COPY".into()))
-}
-
-/// SQLite's bulk rows: one prepared statement stepped per row (`bulk::sqlite_insert`).
-async fn bulk_insert<'r, R>(
-    conn: &mut Conn,
-    into: &str,
-    width: usize,
-    rows: &'r [R],
-    fields: impl Fn(&'r R, &mut Vec<bulk::Field<'r>>),
-) -> std::result::Result<(), sqlx::Error> {
-    bulk::sqlite_insert(conn, into, width, rows, fields).await
-}
-
-/// Before a large import: a page cache big enough that the transaction does not spill pages
-/// mid-way (a hint: a failure here fails nothing).
-async fn prepare_import(conn: &mut Conn) {
-    let _ = sqlx::query("PRAGMA cache_size = -262144").execute(conn).await;
-}
-
-/// Makes an import's transaction the only writer of kiln's tables until it ends. Nothing to do on
-/// SQLite: `BEGIN IMMEDIATE` already takes the database's write lock.
-async fn one_writer(_tx: &mut Conn) -> std::result::Result<(), sqlx::Error> {
-    Ok(())
-}
 
 /// A hash map for the import's hot lookups (run ids, dictionary keys, series keys, millions of
 /// times per fleet import): keys are kiln's own ids and names, so a fast non-cryptographic hash
@@ -456,6 +423,18 @@ fn classify(path: &Path, cause: sqlx::Error) -> DbError {
     }
 }
 
+impl engine::Backend for Store {
+    fn conn(&mut self) -> Conn<'_> {
+        Conn::Sqlite(&mut self.conn)
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn classifier(&self) -> fn(&Path, sqlx::Error) -> DbError {
+        classify
+    }
+}
+
 impl Store {
     /// Opens the database at `path` for writing (creating it when absent) and brings its schema
     /// up to date: [`Store::open_for`] with [`Access::Write`].
@@ -679,8 +658,7 @@ impl Store {
 
     /// Maps an sqlx error to a `DbError` naming this store's file.
     pub(crate) fn sql_err(&self) -> impl Fn(sqlx::Error) -> DbError {
-        let path = self.path.clone();
-        move |source| classify(&path, source)
+        engine::sql_err(self)
     }
 
     /// Stores an inventory and creates or updates its host, in one transaction.
@@ -803,8 +781,8 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(&err)?;
-        let nums = shared::values::run_numbers(&mut tx, &[id.as_str()]).await.map_err(&err)?;
-        let v = shared::values::Values {
+        let nums = queries::values::run_numbers(&mut Conn::Sqlite(&mut tx), &[id.as_str()]).await.map_err(&err)?;
+        let v = queries::values::Values {
             metrics: run
                 .metrics
                 .iter()
@@ -817,7 +795,7 @@ impl Store {
                 .map(|(t, src, n, x)| (id.as_str(), src.as_str(), n.as_str(), *t, *x))
                 .collect(),
         };
-        shared::values::write(&mut tx, &nums, &v).await.map_err(&err)?;
+        queries::values::write(&mut Conn::Sqlite(&mut tx), &nums, &v).await.map_err(&err)?;
         let (config_fingerprint, config_name): (String, String) = sqlx::query_as(
             "SELECT COALESCE(i.config_fingerprint, h.config_fingerprint), COALESCE(i.config_name, h.config_name) \
              FROM hosts h LEFT JOIN inventories i ON i.id = ?2 WHERE h.id = ?1",
@@ -828,7 +806,7 @@ impl Store {
         .await
         .map_err(&err)?;
         if run.status.is_result() {
-            let index = shared::index::IndexRun {
+            let index = queries::index::IndexRun {
                 host_id: &run.host_id,
                 run_id: &id,
                 started_at: &run.started_at,
@@ -844,7 +822,7 @@ impl Store {
                     .collect(),
                 power_watts: fleet::mean_power(run.telemetry.iter().map(|(_, s, n, v)| (s.as_str(), n.as_str(), *v))),
             };
-            shared::index::index_runs(&mut tx, &[index]).await.map_err(&err)?;
+            queries::index::index_runs(&mut Conn::Sqlite(&mut tx), &[index]).await.map_err(&err)?;
         }
         if self.queue_uploads {
             outbox::queue(&mut tx, "run", &id).await.map_err(&err)?;

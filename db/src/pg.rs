@@ -1,6 +1,6 @@
 //! The fleet store on PostgreSQL (`--db postgres://…`), for a fleet service that outgrows one
-//! SQLite file: the same queries as SQLite's (`shared`, compiled here over `PgConnection`), the
-//! schema in `migrations-pg/`. Only what the fleet service and the fleet's read commands need
+//! SQLite file: the same queries as SQLite's (`crate::queries`, over `crate::engine`'s
+//! connection), the schema in `migrations-pg/`. Only what the fleet service and the fleet's read commands need
 //! lives here; an agent's own results (runs being measured, the provisioning journal, the upload
 //! outbox) stay in its SQLite file.
 
@@ -14,53 +14,6 @@ use sqlx::{ConnectOptions, Connection};
 use crate::{Access, DbError, Result};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations-pg");
-
-// What `shared` needs of PostgreSQL.
-type Conn = PgConnection;
-type Db = sqlx::Postgres;
-type DbRow = sqlx::postgres::PgRow;
-type Store = PgStore;
-const BEGIN_WRITE: &str = "BEGIN";
-/// Bulk rows (metric values, samples, telemetry) go in through COPY.
-const COPY_IN: bool = true;
-
-/// Sends `data` (COPY's text format) through `statement` (`COPY … FROM STDIN`).
-/// PostgreSQL's bulk rows go through COPY (`COPY_IN`); this is never called.
-async fn bulk_insert<'r, R>(
-    _conn: &mut Conn,
-    _into: &str,
-    _width: usize,
-    _rows: &'r [R],
-    _fields: impl Fn(&'r R, &mut Vec<crate::bulk::Field<'r>>),
-) -> std::result::Result<(), sqlx::Error> {
-    Err(sqlx::Error::Protocol("PostgreSQL's bulk rows go through COPY".into()))
-}
-
-async fn copy_in(conn: &mut Conn, statement: &str, data: String) -> std::result::Result<(), sqlx::Error> {
-    let mut copy = conn.copy_in_raw(statement).await?;
-    if let Err(e) = copy.send(data.into_bytes()).await {
-        let _ = copy.abort(e.to_string()).await;
-        return Err(e);
-    }
-    copy.finish().await.map(|_| ())
-}
-
-/// Nothing to prepare: PostgreSQL sizes its own buffers.
-async fn prepare_import(_conn: &mut Conn) {}
-
-/// The advisory lock that imports take in turn (`pg_advisory_xact_lock`): "kilnimpt".
-const IMPORT_LOCK: i64 = 0x6b69_6c6e_696d_7074;
-
-/// Makes an import's transaction the only importer until it ends. Two imports at once (two
-/// services on one database, or `kiln import` beside one) would each find a new host absent and
-/// insert it; the second would then fail on the first's row, or map records onto a software stack
-/// it never stored. Taken in turn, each sees what the one before it committed. Readers never wait.
-async fn one_writer(tx: &mut Conn) -> std::result::Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(IMPORT_LOCK).execute(tx).await.map(|_| ())
-}
-
-#[path = "shared/mod.rs"]
-pub(crate) mod shared;
 
 /// A connection to kiln's fleet store in a PostgreSQL database.
 pub struct PgStore {
@@ -100,6 +53,18 @@ fn classify(path: &Path, cause: sqlx::Error) -> DbError {
         DbError::Unavailable { path: path.to_owned(), cause }
     } else {
         DbError::Sql { path: path.to_owned(), cause }
+    }
+}
+
+impl crate::engine::Backend for PgStore {
+    fn conn(&mut self) -> crate::engine::Conn<'_> {
+        crate::engine::Conn::Pg(&mut self.conn)
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn classifier(&self) -> fn(&Path, sqlx::Error) -> DbError {
+        classify
     }
 }
 
@@ -143,8 +108,7 @@ impl PgStore {
 
     /// Maps an sqlx error to a `DbError` naming this database.
     pub(crate) fn sql_err(&self) -> impl Fn(sqlx::Error) -> DbError {
-        let path = self.path.clone();
-        move |source| classify(&path, source)
+        crate::engine::sql_err(self)
     }
 
     /// Makes sure the connection is alive, connecting again when it is not (the server restarted

@@ -43,7 +43,7 @@ impl Store {
         let err = self.sql_err();
         let id = uuid::Uuid::new_v4().to_string();
         let mut tx = self.conn.begin_with(crate::WRITE).await.map_err(&err)?;
-        crate::shared::reads::insert_verdict(&mut tx, &id, v).await.map_err(&err)?;
+        crate::queries::reads::insert_verdict(&mut crate::engine::Conn::Sqlite(&mut tx), &id, v).await.map_err(&err)?;
         if self.queue_uploads {
             crate::outbox::queue(&mut tx, "verdict", &id).await.map_err(&err)?;
         }

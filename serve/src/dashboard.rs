@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use kiln_db::{AnyStore, Direction};
+use kiln_db::{AnyStore, Direction, Queries};
 
 use kiln_app::defaults;
 use kiln_app::fleet::{by_group, Filter};

@@ -34,7 +34,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use kiln_db::{AnyStore, DbError, ImportError, ImportStats, TokenRow};
+use kiln_db::{AnyStore, DbError, ImportError, ImportStats, Queries, TokenRow};
 use serde::Deserialize;
 
 use auth::Need;

@@ -10,6 +10,7 @@ use super::args::By;
 use super::{window_start, Ctx, Exit, Output, View};
 use kiln_app::fleet::{self, Filter};
 use kiln_app::views::{compare_view, outliers_view, regressions_view};
+use kiln_db::Queries;
 
 pub fn compare(
     subjects: &[String],

@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::args::{Provision, ProvisionTarget};
 use super::{catch_interrupts, Ctx, Exit, Output, View, INTERRUPTED};
 use kiln_app::provisioning::{self as prov, ApplyReport, ApplyResult};
+use kiln_db::Queries;
 
 /// A plan, with what its steps would do (`to apply`, or a dry run's wording).
 #[derive(Serialize)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kiln_db::{Role, TokenRow};
+use kiln_db::{Queries, Role, TokenRow};
 use serde::Serialize;
 
 use super::args::{Command, TokenCmd, TokenRole};

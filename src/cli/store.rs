@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use kiln_db::{ExportStats, ImportStats, RunDetail};
+use kiln_db::{ExportStats, ImportStats, Queries, RunDetail};
 use serde::Serialize;
 
 use super::args::{Show, Window};

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::args::{Judge, Source};
 use super::{Ctx, Exit, Output, View};
+use kiln_db::Queries;
 use kiln_inventory::Inventory;
 use kiln_sku::spec::{self, LoadedSpec};
 use kiln_sku::verdict::{self, Decision, Evidence, RunEvidence, Verdict};

@@ -3,9 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sqlx::{QueryBuilder, Row};
-
-use super::Conn;
+use crate::engine::{query, Arg, Builder, Conn};
 use crate::series::{period_of, HostSeries, RunPoint};
 use kiln_text::timefmt::parse_rfc3339;
 
@@ -25,15 +23,14 @@ pub(crate) struct IndexRun<'a> {
 
 /// Adds runs to the series blobs, creating series keys as needed. Runs that are not `ok` or
 /// `unstable` carry no results worth comparing and are left out.
-pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::result::Result<(), sqlx::Error> {
+pub(crate) async fn index_runs(conn: &mut Conn<'_>, runs: &[IndexRun<'_>]) -> std::result::Result<(), sqlx::Error> {
     if runs.is_empty() {
         return Ok(());
     }
-    let existing: Vec<(i64, String, String, String, String, String)> = sqlx::query_as(
-        "SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let existing: Vec<(i64, String, String, String, String, String)> =
+        query("SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys")
+            .fetch_all_as(conn)
+            .await?;
     // Keys borrowed from the rows above and from the runs: no string copies per metric. Grouped
     // by what a run shares (configuration, benchmark, its configuration, software), so that each
     // metric hashes only its name.
@@ -59,7 +56,7 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
                 // A key another writer added since the read above (a second fleet service on the
                 // same PostgreSQL) conflicts: the no-op update returns its id.
                 None => {
-                    let id: i64 = sqlx::query_scalar(
+                    let id: i64 = query(
                         "INSERT INTO series_keys (config_fingerprint, config_name, benchmark, bench_config, software_fingerprint, metric, unit, direction) \
                          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                          ON CONFLICT (config_fingerprint, benchmark, bench_config, software_fingerprint, metric) \
@@ -73,7 +70,7 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
                     .bind(name)
                     .bind(unit)
                     .bind(direction)
-                    .fetch_one(&mut *conn)
+                    .scalar(conn)
                     .await?;
                     of_run.insert(name, id);
                     id
@@ -91,12 +88,10 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
     let wanted: Vec<(&str, i64)> = by_host.keys().copied().collect();
     let mut existing: HashMap<(String, i64), Vec<u8>> = HashMap::new();
     for chunk in wanted.chunks(500) {
-        let mut q = QueryBuilder::new("SELECT host_id, period, data FROM host_series WHERE (host_id, period) IN (");
-        q.push_values(chunk, |mut b, (host, period)| {
-            b.push_bind(*host).push_bind(*period);
-        });
+        let mut q = Builder::new("SELECT host_id, period, data FROM host_series WHERE (host_id, period) IN (");
+        q.values(chunk.iter().map(|(host, period)| [Arg::from(*host), Arg::from(*period)]));
         q.push(")");
-        for r in q.build().fetch_all(&mut *conn).await? {
+        for r in q.build().fetch_all(conn).await? {
             existing.insert((r.get(0), r.get(1)), r.get(2));
         }
     }
@@ -108,15 +103,15 @@ pub(crate) async fn index_runs(conn: &mut Conn, runs: &[IndexRun<'_>]) -> std::r
         merged.push((host, period, series.runs.len() as i64, series.points() as i64, series.encode()));
     }
     for chunk in merged.chunks(500) {
-        let mut q = QueryBuilder::new("INSERT INTO host_series (host_id, period, runs, points, data) ");
-        q.push_values(chunk, |mut b, (host, period, runs, points, data)| {
-            b.push_bind(*host).push_bind(*period).push_bind(*runs).push_bind(*points).push_bind(data.as_slice());
-        });
+        let mut q = Builder::new("INSERT INTO host_series (host_id, period, runs, points, data) ");
+        q.values(chunk.iter().map(|(host, period, runs, points, data)| {
+            [Arg::from(*host), Arg::from(*period), Arg::from(*runs), Arg::from(*points), Arg::from(data.as_slice())]
+        }));
         q.push(
             " ON CONFLICT (host_id, period) DO UPDATE SET runs = excluded.runs, points = excluded.points, \
              data = excluded.data",
         );
-        q.build().execute(&mut *conn).await?;
+        q.build().execute(conn).await?;
     }
     Ok(())
 }

@@ -3,10 +3,8 @@
 //! telemetry channel a dictionary id, and rows go in sorted by key (B-tree appends) in batches. One
 //! path for `save_run` and `import`, in both engines.
 
-use sqlx::{QueryBuilder, Row};
-
-use super::{bulk_insert, copy_in, Conn, COPY_IN};
 use crate::bulk::Field;
+use crate::engine::{query, Arg, Builder, Conn};
 use crate::{FastMap, MAX_BINDS};
 
 /// The values of one or more runs, each row naming its run by id.
@@ -22,18 +20,17 @@ pub(crate) struct Values<'a> {
 
 /// Numbers new runs, in the order given (sorted ids give numbers in id order); run id → number.
 pub(crate) async fn run_numbers<'a>(
-    conn: &mut Conn,
+    conn: &mut Conn<'_>,
     run_ids: &[&'a str],
 ) -> Result<FastMap<&'a str, i64>, sqlx::Error> {
     let mut nums = FastMap::with_capacity_and_hasher(run_ids.len(), Default::default());
-    if !COPY_IN && run_ids.len() >= BULK_NUMBERS {
+    if !conn.copies() && run_ids.len() >= BULK_NUMBERS {
         // SQLite, in a write transaction (`BEGIN IMMEDIATE` holds the database's write lock): the
         // numbers SQLite itself would give (one past the largest), written through the bulk path
         // instead of each coming back through sqlx (a fleet's 60,000 runs: 120 ms → 36 ms).
-        let last: i64 =
-            sqlx::query_scalar("SELECT COALESCE(MAX(num), 0) FROM run_numbers").fetch_one(&mut *conn).await?;
+        let last: i64 = query("SELECT COALESCE(MAX(num), 0) FROM run_numbers").scalar(conn).await?;
         let rows: Vec<(i64, &str)> = run_ids.iter().zip(last + 1..).map(|(id, num)| (num, *id)).collect();
-        bulk_insert(conn, "run_numbers (num, run_id)", 2, &rows, |(num, id), out| {
+        conn.insert_rows("run_numbers (num, run_id)", 2, &rows, |(num, id), out| {
             out.extend([Field::Int(*num), Field::Text(id)]);
         })
         .await?;
@@ -42,12 +39,10 @@ pub(crate) async fn run_numbers<'a>(
     }
     let mut by_id: FastMap<&str, &'a str> = run_ids.iter().map(|id| (*id, *id)).collect();
     for chunk in run_ids.chunks(MAX_BINDS) {
-        let mut q = QueryBuilder::new("INSERT INTO run_numbers (run_id) ");
-        q.push_values(chunk, |mut b, id| {
-            b.push_bind(*id);
-        });
+        let mut q = Builder::new("INSERT INTO run_numbers (run_id) ");
+        q.values(chunk.iter().map(|id| [Arg::from(*id)]));
         q.push(" RETURNING num, run_id");
-        for row in q.build().fetch_all(&mut *conn).await? {
+        for row in q.build().fetch_all(conn).await? {
             let id: &str = row.get(1);
             let id = by_id
                 .remove(id)
@@ -64,13 +59,13 @@ const BULK_NUMBERS: usize = 256;
 /// The id of each key (in the order given) in a dictionary table whose key is the TEXT
 /// `columns`, creating the missing ones. One hash per key: an import asks for millions.
 async fn dictionary<'a, const N: usize>(
-    conn: &mut Conn,
+    conn: &mut Conn<'_>,
     table: &str,
     columns: [&str; N],
     keys: impl Iterator<Item = [&'a str; N]>,
 ) -> Result<Vec<i64>, sqlx::Error> {
     let mut known: FastMap<[String; N], i64> = FastMap::default();
-    for r in sqlx::query(&format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(&mut *conn).await? {
+    for r in query(format!("SELECT id, {} FROM {table}", columns.join(", "))).fetch_all(conn).await? {
         known.insert(std::array::from_fn(|i| r.get(i + 1)), r.get(0));
     }
     // A key another writer added since the read above (a second fleet service on the same
@@ -95,18 +90,18 @@ async fn dictionary<'a, const N: usize>(
         let id = match known.get(&owned) {
             Some(id) => *id,
             None => {
-                let mut q = sqlx::query_scalar(&insert);
+                let mut q = query(insert.as_str());
                 for part in key {
                     q = q.bind(part);
                 }
-                match q.fetch_optional(&mut *conn).await? {
+                match q.scalar_optional(conn).await? {
                     Some(id) => id,
                     None => {
-                        let mut q = sqlx::query_scalar(&lookup);
+                        let mut q = query(lookup.as_str());
                         for part in key {
                             q = q.bind(part);
                         }
-                        q.fetch_one(&mut *conn).await?
+                        q.scalar(conn).await?
                     }
                 }
             }
@@ -132,34 +127,8 @@ fn numbers<'a>(nums: &FastMap<&str, i64>, runs: impl Iterator<Item = &'a str>) -
     .collect()
 }
 
-/// Rows into `into` (`table (columns)`), in the order given, through the engine's own bulk path:
-/// COPY on PostgreSQL (several times faster than any INSERT), prepared multi-row INSERTs stepped
-/// through SQLite's C API on SQLite (`crate::bulk`). `fields` gives a row's `width` values.
-pub(crate) async fn insert_rows<'r, R>(
-    conn: &mut Conn,
-    into: &str,
-    width: usize,
-    rows: &'r [R],
-    fields: impl Fn(&'r R, &mut Vec<Field<'r>>),
-) -> Result<(), sqlx::Error> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    if !COPY_IN {
-        return bulk_insert(conn, into, width, rows, fields).await;
-    }
-    let mut data = String::with_capacity(rows.len() * 8 * width);
-    let mut row = Vec::with_capacity(width);
-    for r in rows {
-        row.clear();
-        fields(r, &mut row);
-        crate::bulk::copy_line(&mut data, &row);
-    }
-    copy_in(conn, &format!("COPY {into} FROM STDIN"), data).await
-}
-
 /// Writes the values of runs already numbered in `nums`.
-pub(crate) async fn write(conn: &mut Conn, nums: &FastMap<&str, i64>, v: &Values<'_>) -> Result<(), sqlx::Error> {
+pub(crate) async fn write(conn: &mut Conn<'_>, nums: &FastMap<&str, i64>, v: &Values<'_>) -> Result<(), sqlx::Error> {
     let ids =
         dictionary(conn, "metric_names", ["name", "unit", "direction"], v.metrics.iter().map(|m| [m.1, m.2, m.3]))
             .await?;
@@ -167,7 +136,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &FastMap<&str, i64>, v: &Values
     let mut rows: Vec<(i64, i64, f64)> =
         v.metrics.iter().zip(runs).zip(ids).map(|((m, run), id)| (run, id, m.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1));
-    insert_rows(conn, "metric_values (run, metric, value)", 3, &rows, |(run, metric, value), out| {
+    conn.insert_rows("metric_values (run, metric, value)", 3, &rows, |(run, metric, value), out| {
         out.extend([Field::Int(*run), Field::Int(*metric), Field::Real(*value)])
     })
     .await?;
@@ -176,7 +145,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &FastMap<&str, i64>, v: &Values
     let mut rows: Vec<(i64, i64, i64, f64)> =
         v.samples.iter().zip(runs).zip(ids).map(|((s, run), id)| (run, id, s.2, s.3)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
-    insert_rows(conn, "sample_values (run, metric, idx, value)", 4, &rows, |(run, metric, idx, value), out| {
+    conn.insert_rows("sample_values (run, metric, idx, value)", 4, &rows, |(run, metric, idx, value), out| {
         out.extend([Field::Int(*run), Field::Int(*metric), Field::Int(*idx), Field::Real(*value)]);
     })
     .await?;
@@ -186,7 +155,7 @@ pub(crate) async fn write(conn: &mut Conn, nums: &FastMap<&str, i64>, v: &Values
     let mut rows: Vec<(i64, i64, i64, f64)> =
         v.telemetry.iter().zip(runs).zip(ids).map(|((t, run), id)| (run, id, t.3, t.4)).collect();
     rows.sort_unstable_by_key(|r| (r.0, r.1, r.2));
-    insert_rows(conn, "telemetry_values (run, channel, t_ms, value)", 4, &rows, |(run, channel, t, value), out| {
+    conn.insert_rows("telemetry_values (run, channel, t_ms, value)", 4, &rows, |(run, channel, t, value), out| {
         out.extend([Field::Int(*run), Field::Int(*channel), Field::Int(*t), Field::Real(*value)]);
     })
     .await?;

@@ -4,107 +4,109 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{Connection, QueryBuilder, Row};
-
 use super::index::{index_runs, IndexRun};
-use super::{Conn, DbRow, Store};
+use crate::engine::{query, sql_err, Arg, Backend, Builder, Conn, Row};
 use crate::exchange::{parse_export, HostRec, ImportError, ImportStats, InventoryRec, Record, RunRec, SoftwareRec};
 use crate::fleet::mean_power;
 use crate::{DbError, MAX_BINDS};
 
-impl Store {
-    /// Imports an export: every line is parsed and checked first (a malformed or truncated file is
-    /// refused with its line number, and nothing is imported), then everything goes in as one
-    /// transaction. Records carry UUIDs: what is already here is skipped, so importing twice adds
-    /// nothing. Hosts merge by identity, software stacks by fingerprint.
-    pub async fn import(&mut self, file: &str, text: &str) -> std::result::Result<ImportStats, ImportError> {
-        let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
-        let records = parse_export(file, text)?;
-        self.import_records(records, &malformed).await
-    }
+/// Imports an export: every line is parsed and checked first (a malformed or truncated file is
+/// refused with its line number, and nothing is imported), then everything goes in as one
+/// transaction. Records carry UUIDs: what is already here is skipped, so importing twice adds
+/// nothing. Hosts merge by identity, software stacks by fingerprint.
+pub(crate) async fn import(
+    s: &mut impl Backend,
+    file: &str,
+    text: &str,
+) -> std::result::Result<ImportStats, ImportError> {
+    let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+    let records = parse_export(file, text)?;
+    import_records(s, records, &malformed).await
+}
 
-    async fn import_records(
-        &mut self,
-        records: Vec<(usize, Record<'_>)>,
-        malformed: &dyn Fn(usize, String) -> ImportError,
-    ) -> std::result::Result<ImportStats, ImportError> {
-        let err = self.sql_err();
-        // A page cache large enough that a big import does not spill pages mid-transaction.
-        super::prepare_import(&mut self.conn).await;
-        let mut tx = self.conn.begin_with(super::BEGIN_WRITE).await.map_err(&err)?;
-        super::one_writer(&mut tx).await.map_err(&err)?;
-        let stats = import_into(&mut tx, records, malformed).await.map_err(|e| e.into_import(&err))?;
-        tx.commit().await.map_err(&err)?;
-        Ok(stats)
-    }
+async fn import_records(
+    s: &mut impl Backend,
+    records: Vec<(usize, Record<'_>)>,
+    malformed: &dyn Fn(usize, String) -> ImportError,
+) -> std::result::Result<ImportStats, ImportError> {
+    let err = sql_err(s);
+    let mut conn = s.conn();
+    // A page cache large enough that a big import does not spill pages mid-transaction.
+    conn.prepare_import().await;
+    let mut tx = conn.begin_write().await.map_err(&err)?;
+    tx.one_writer().await.map_err(&err)?;
+    let stats = import_into(&mut tx.conn(), records, malformed).await.map_err(|e| e.into_import(&err))?;
+    tx.commit().await.map_err(&err)?;
+    Ok(stats)
+}
 
-    /// Several uploads (label, export text) in one transaction, each whole or not at all: each is
-    /// parsed first, then applied inside a savepoint that a failure rolls back, and one commit (one
-    /// sync to disk) stores them all. A failed commit fails every upload of the batch. The fleet
-    /// service's writer takes the uploads that queued while it was busy this way (group commit).
-    pub async fn import_many(
-        &mut self,
-        uploads: &[(String, String)],
-    ) -> Vec<std::result::Result<ImportStats, ImportError>> {
-        let err = self.sql_err();
-        let path = self.path().to_path_buf();
-        let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
-        let parsed: Vec<_> = uploads.iter().map(|(file, text)| parse_export(file, text)).collect();
-        if parsed.iter().all(|p| p.is_err()) {
-            return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
-        }
-        // As `import`: a page cache large enough that the batch does not spill pages mid-transaction.
-        // (Only a hint: a failure here fails nothing.)
-        super::prepare_import(&mut self.conn).await;
-        let begun = match self.conn.begin_with(super::BEGIN_WRITE).await {
-            Ok(mut tx) => super::one_writer(&mut tx).await.map(|()| tx),
-            Err(e) => Err(e),
-        };
-        let mut tx = match begun {
-            Ok(tx) => tx,
-            Err(e) => {
-                let cause = err(e);
-                return parsed
-                    .into_iter()
-                    .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &cause)))))
-                    .collect();
-            }
-        };
-        for ((file, _), records) in uploads.iter().zip(parsed) {
-            let records = match records {
-                Ok(r) => r,
-                Err(e) => {
-                    results.push(Err(e));
-                    continue;
-                }
-            };
-            let malformed =
-                |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
-            let result = async {
-                sqlx::query("SAVEPOINT upload").execute(&mut *tx).await?;
-                match import_into(&mut tx, records, &malformed).await {
-                    Ok(stats) => {
-                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
-                        Ok(stats)
-                    }
-                    Err(e) => {
-                        sqlx::query("ROLLBACK TO upload").execute(&mut *tx).await?;
-                        sqlx::query("RELEASE upload").execute(&mut *tx).await?;
-                        Err(e)
-                    }
-                }
-            }
-            .await;
-            results.push(result.map_err(|e: Failed| e.into_import(&err)));
-        }
-        if let Err(e) = tx.commit().await {
+/// Several uploads (label, export text) in one transaction, each whole or not at all: each is
+/// parsed first, then applied inside a savepoint that a failure rolls back, and one commit (one
+/// sync to disk) stores them all. A failed commit fails every upload of the batch. The fleet
+/// service's writer takes the uploads that queued while it was busy this way (group commit).
+pub(crate) async fn import_many(
+    s: &mut impl Backend,
+    uploads: &[(String, String)],
+) -> Vec<std::result::Result<ImportStats, ImportError>> {
+    let err = sql_err(s);
+    let path = s.path().to_path_buf();
+    let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
+    let parsed: Vec<_> = uploads.iter().map(|(file, text)| parse_export(file, text)).collect();
+    if parsed.iter().all(|p| p.is_err()) {
+        return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
+    }
+    // As `import`: a page cache large enough that the batch does not spill pages mid-transaction.
+    // (Only a hint: a failure here fails nothing.)
+    let mut conn = s.conn();
+    conn.prepare_import().await;
+    let begun = match conn.begin_write().await {
+        Ok(mut tx) => tx.one_writer().await.map(|()| tx),
+        Err(e) => Err(e),
+    };
+    let mut tx = match begun {
+        Ok(tx) => tx,
+        Err(e) => {
             let cause = err(e);
-            for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(ImportError::Db(shared_failure(&path, &cause)));
+            return parsed
+                .into_iter()
+                .map(|p| p.and_then(|_| Err(ImportError::Db(shared_failure(&path, &cause)))))
+                .collect();
+        }
+    };
+    for ((file, _), records) in uploads.iter().zip(parsed) {
+        let records = match records {
+            Ok(r) => r,
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        };
+        let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
+        let result = async {
+            let mut c = tx.conn();
+            query("SAVEPOINT upload").execute(&mut c).await?;
+            match import_into(&mut c, records, &malformed).await {
+                Ok(stats) => {
+                    query("RELEASE upload").execute(&mut c).await?;
+                    Ok(stats)
+                }
+                Err(e) => {
+                    query("ROLLBACK TO upload").execute(&mut c).await?;
+                    query("RELEASE upload").execute(&mut c).await?;
+                    Err(e)
+                }
             }
         }
-        results
+        .await;
+        results.push(result.map_err(|e: Failed| e.into_import(&err)));
     }
+    if let Err(e) = tx.commit().await {
+        let cause = err(e);
+        for r in results.iter_mut().filter(|r| r.is_ok()) {
+            *r = Err(ImportError::Db(shared_failure(&path, &cause)));
+        }
+    }
+    results
 }
 
 /// A failure that every upload of a batch shares (the transaction could not begin or commit). A
@@ -124,7 +126,7 @@ fn shared_failure(path: &std::path::Path, cause: &DbError) -> DbError {
 
 /// Applies parsed records on a connection inside a transaction (or a savepoint).
 async fn import_into(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     records: Vec<(usize, Record<'_>)>,
     malformed: &dyn Fn(usize, String) -> ImportError,
 ) -> std::result::Result<ImportStats, Failed> {
@@ -142,18 +144,18 @@ async fn import_into(
 /// is replaced, steps and all, when the record tells more of its story (resumed again, more steps,
 /// or finished since it was sent), and otherwise left as it is (the same upload twice).
 async fn import_applies(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
     stats: &mut ImportStats,
 ) -> std::result::Result<(), Failed> {
     for (_, rec) in records {
         let Record::Apply(a) = rec else { continue };
-        let here: Option<(i64, i64, Option<String>)> = sqlx::query_as(
+        let here: Option<(i64, i64, Option<String>)> = query(
             "SELECT resumes, (SELECT COUNT(*) FROM provision_steps s WHERE s.apply_id = a.id), finished_at \
              FROM provision_applies a WHERE id = $1",
         )
         .bind(&a.id)
-        .fetch_optional(&mut *tx)
+        .fetch_optional_as(tx)
         .await?;
         let story =
             |resumes: i64, steps: i64, finished: Option<&str>| (resumes, steps, finished.unwrap_or("").to_string());
@@ -161,8 +163,8 @@ async fn import_applies(
         match here {
             Some((r, n, f)) if story(r, n, f.as_deref()) >= told => continue,
             Some(_) => {
-                sqlx::query("DELETE FROM provision_steps WHERE apply_id = $1").bind(&a.id).execute(&mut *tx).await?;
-                sqlx::query(
+                query("DELETE FROM provision_steps WHERE apply_id = $1").bind(&a.id).execute(tx).await?;
+                query(
                     "UPDATE provision_applies SET image_hash = $2, finished_at = $3, resumes = $4, status = $5 WHERE id = $1",
                 )
                 .bind(&a.id)
@@ -170,12 +172,12 @@ async fn import_applies(
                 .bind(&a.finished_at)
                 .bind(a.resumes)
                 .bind(a.status.as_str())
-                .execute(&mut *tx)
+                .execute(tx)
                 .await?;
                 stats.applies_updated += 1;
             }
             None => {
-                sqlx::query(
+                query(
                     "INSERT INTO provision_applies \
                      (id, image, image_version, image_hash, root, hostname, started_at, finished_at, resumes, status) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -190,29 +192,31 @@ async fn import_applies(
                 .bind(&a.finished_at)
                 .bind(a.resumes)
                 .bind(a.status.as_str())
-                .execute(&mut *tx)
+                .execute(tx)
                 .await?;
                 stats.applies_new += 1;
             }
         }
         for chunk in a.steps.chunks(MAX_BINDS / 12) {
-            let mut q: QueryBuilder<'_, super::Db> =
-                QueryBuilder::new(format!("INSERT INTO provision_steps (apply_id, {}) ", super::reads::STEP_COLUMNS));
-            q.push_values(chunk, |mut b, st| {
-                b.push_bind(&a.id)
-                    .push_bind(st.seq)
-                    .push_bind(&st.step_key)
-                    .push_bind(&st.summary)
-                    .push_bind(&st.command)
-                    .push_bind(&st.image_hash)
-                    .push_bind(&st.started_at)
-                    .push_bind(&st.finished_at)
-                    .push_bind(st.status.as_str())
-                    .push_bind(st.exit_code)
-                    .push_bind(st.duration_ms)
-                    .push_bind(&st.output_tail);
-            });
-            q.build().execute(&mut *tx).await?;
+            let mut q =
+                Builder::new(format!("INSERT INTO provision_steps (apply_id, {}) ", super::reads::STEP_COLUMNS));
+            q.values(chunk.iter().map(|st| {
+                [
+                    Arg::from(&a.id),
+                    Arg::from(st.seq),
+                    Arg::from(&st.step_key),
+                    Arg::from(&st.summary),
+                    Arg::from(&st.command),
+                    Arg::from(&st.image_hash),
+                    Arg::from(&st.started_at),
+                    Arg::from(&st.finished_at),
+                    Arg::from(st.status.as_str()),
+                    Arg::from(st.exit_code),
+                    Arg::from(st.duration_ms),
+                    Arg::from(&st.output_tail),
+                ]
+            }));
+            q.build().execute(tx).await?;
         }
     }
     Ok(())
@@ -220,7 +224,7 @@ async fn import_applies(
 
 /// Verdicts, under the host and inventory earlier records gave (or that this database holds).
 async fn import_verdicts(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
     p: &Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
@@ -231,9 +235,9 @@ async fn import_verdicts(
         let host = match p.host_ids.get(&v.host_id) {
             Some(h) => h.clone(),
             None => {
-                let here: Option<String> = sqlx::query_scalar("SELECT host_id FROM inventories WHERE id = $1")
+                let here: Option<String> = query("SELECT host_id FROM inventories WHERE id = $1")
                     .bind(&v.inventory_id)
-                    .fetch_optional(&mut *tx)
+                    .scalar_optional(tx)
                     .await?;
                 here.ok_or_else(|| {
                     Failed::File(malformed(
@@ -243,10 +247,8 @@ async fn import_verdicts(
                 })?
             }
         };
-        let known: Option<String> = sqlx::query_scalar("SELECT id FROM inventories WHERE id = $1")
-            .bind(&v.inventory_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let known: Option<String> =
+            query("SELECT id FROM inventories WHERE id = $1").bind(&v.inventory_id).scalar_optional(tx).await?;
         if known.is_none() {
             let why = format!(
                 "verdict {} names inventory {}, which neither the file nor the database holds",
@@ -265,7 +267,7 @@ async fn import_verdicts(
             failed: v.failed,
             document: v.document.get().to_string(),
         };
-        stats.verdicts_new += super::reads::insert_verdict(&mut *tx, &v.id, &record).await?;
+        stats.verdicts_new += super::reads::insert_verdict(tx, &v.id, &record).await?;
     }
     Ok(())
 }
@@ -305,16 +307,15 @@ struct Parents {
 /// Hosts (an export's id maps onto the id this database already has for the identity), software
 /// stacks and inventories.
 async fn import_parents(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
     malformed: &dyn Fn(usize, String) -> ImportError,
     stats: &mut ImportStats,
 ) -> std::result::Result<Parents, Failed> {
     let pairs =
-        |rows: Vec<DbRow>| -> HashMap<String, String> { rows.into_iter().map(|r| (r.get(0), r.get(1))).collect() };
-    let existing_hosts = pairs(sqlx::query("SELECT identity, id FROM hosts").fetch_all(&mut *tx).await?);
-    let existing_software =
-        pairs(sqlx::query("SELECT fingerprint, id FROM software_stacks").fetch_all(&mut *tx).await?);
+        |rows: Vec<Row>| -> HashMap<String, String> { rows.into_iter().map(|r| (r.get(0), r.get(1))).collect() };
+    let existing_hosts = pairs(query("SELECT identity, id FROM hosts").fetch_all(tx).await?);
+    let existing_software = pairs(query("SELECT fingerprint, id FROM software_stacks").fetch_all(tx).await?);
     let mut p = Parents::default();
     for (n, rec) in records {
         match rec {
@@ -324,11 +325,11 @@ async fn import_parents(
                     p.software_ids.insert(id.clone(), known.clone());
                     continue;
                 }
-                sqlx::query("INSERT INTO software_stacks (id, fingerprint, document) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                query("INSERT INTO software_stacks (id, fingerprint, document) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
                     .bind(id)
                     .bind(fingerprint)
                     .bind(document.get())
-                    .execute(&mut *tx)
+                    .execute(tx)
                     .await?;
                 p.software_ids.insert(id.clone(), id.clone());
                 stats.software_new += 1;
@@ -342,7 +343,7 @@ async fn import_parents(
 
 /// A host: merged into the one with its identity (its newest name and configuration win), or new.
 async fn import_host(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     n: usize,
     h: &HostRec,
     existing: &HashMap<String, String>,
@@ -353,7 +354,7 @@ async fn import_host(
     p.host_configs.insert(h.id.clone(), (h.config_fingerprint.clone(), h.config_name.clone()));
     if let Some(known) = existing.get(&h.identity) {
         p.host_ids.insert(h.id.clone(), known.clone());
-        sqlx::query(
+        query(
             "UPDATE hosts SET last_seen = CASE WHEN $1 > last_seen THEN $1 ELSE last_seen END, \
              first_seen = CASE WHEN $2 < first_seen THEN $2 ELSE first_seen END, \
              hostname = CASE WHEN $1 > last_seen THEN COALESCE($3, hostname) ELSE hostname END, \
@@ -366,11 +367,11 @@ async fn import_host(
         .bind(&h.config_fingerprint)
         .bind(&h.config_name)
         .bind(known)
-        .execute(&mut *tx)
+        .execute(tx)
         .await?;
         return Ok(());
     }
-    sqlx::query(
+    query(
         "INSERT INTO hosts (id, identity, hostname, config_fingerprint, config_name, first_seen, last_seen) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
@@ -381,7 +382,7 @@ async fn import_host(
     .bind(&h.config_name)
     .bind(&h.first_seen)
     .bind(&h.last_seen)
-    .execute(&mut *tx)
+    .execute(tx)
     .await
     .map_err(|e| Failed::File(malformed(n, format!("host {}: {e}", h.id))))?;
     p.host_ids.insert(h.id.clone(), h.id.clone());
@@ -391,7 +392,7 @@ async fn import_host(
 
 /// An inventory, under the host an earlier record gave.
 async fn import_inventory(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     n: usize,
     i: &InventoryRec<'_>,
     p: &mut Parents,
@@ -403,7 +404,7 @@ async fn import_inventory(
         return Err(Failed::File(malformed(n, why)));
     };
     p.inventory_configs.insert(i.id.clone(), (i.config_fingerprint.clone(), i.config_name.clone()));
-    let done = sqlx::query(
+    stats.inventories_new += query(
         "INSERT INTO inventories (id, host_id, collected_at, schema_version, config_fingerprint, \
          config_name, cpu_model, cpu_packages, cpu_cores, cpu_threads, memory_bytes, kernel_release, problem_count, \
          document) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
@@ -423,23 +424,23 @@ async fn import_inventory(
     .bind(&i.kernel_release)
     .bind(i.problem_count)
     .bind(i.document.get())
-    .execute(&mut *tx)
+    .execute(tx)
     .await?;
-    stats.inventories_new += done.rows_affected();
     Ok(())
 }
 
 /// Which of `ids` are already in `table` (batched lookups; a fresh database answers with nothing).
-async fn existing_ids(tx: &mut Conn, table: &str, ids: &[&str]) -> std::result::Result<HashSet<String>, sqlx::Error> {
+async fn existing_ids(
+    tx: &mut Conn<'_>,
+    table: &str,
+    ids: &[&str],
+) -> std::result::Result<HashSet<String>, sqlx::Error> {
     let mut found = HashSet::new();
     for chunk in ids.chunks(MAX_BINDS) {
-        let mut q = QueryBuilder::new(format!("SELECT id FROM {table} WHERE id IN ("));
-        let mut sep = q.separated(", ");
-        for id in chunk {
-            sep.push_bind(*id);
-        }
+        let mut q = Builder::new(format!("SELECT id FROM {table} WHERE id IN ("));
+        q.list(chunk.iter().copied());
         q.push(")");
-        for r in q.build().fetch_all(&mut *tx).await? {
+        for r in q.build().fetch_all(tx).await? {
             found.insert(r.get(0));
         }
     }
@@ -458,7 +459,7 @@ struct NewRunRef<'r> {
 /// The file's runs that are not here yet, checked (their host, software and inventory must be
 /// given, their id a UUID), sorted by id.
 async fn fresh_runs<'r>(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     records: &'r [(usize, Record<'_>)],
     p: &Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
@@ -512,12 +513,11 @@ async fn fresh_runs<'r>(
 
 /// The new runs and their values, numbered in run-id order and written key-sorted.
 async fn insert_runs(
-    tx: &mut Conn,
+    tx: &mut Conn<'_>,
     fresh: &[NewRunRef<'_>],
     stats: &mut ImportStats,
 ) -> std::result::Result<(), sqlx::Error> {
-    super::values::insert_rows(
-        tx,
+    tx.insert_rows(
         "runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status, status_reason)",
         10,
         fresh,
@@ -561,9 +561,9 @@ async fn insert_runs(
 }
 
 /// The series of the new runs (only results: `ok` and `unstable`).
-async fn index_fresh(tx: &mut Conn, fresh: &[NewRunRef<'_>], p: &Parents) -> std::result::Result<(), sqlx::Error> {
-    let software_fps: HashMap<String, String> = sqlx::query("SELECT id, fingerprint FROM software_stacks")
-        .fetch_all(&mut *tx)
+async fn index_fresh(tx: &mut Conn<'_>, fresh: &[NewRunRef<'_>], p: &Parents) -> std::result::Result<(), sqlx::Error> {
+    let software_fps: HashMap<String, String> = query("SELECT id, fingerprint FROM software_stacks")
+        .fetch_all(tx)
         .await?
         .into_iter()
         .map(|r| (r.get(0), r.get(1)))
