@@ -1,16 +1,18 @@
 //! The commission and suite workflows, front-end neutral: the suite's benchmarks in order within a
 //! time budget, each measured again while it comes out `disturbed` or `unstable`
-//! (`until_settled`), every attempt handed on the moment it finishes so that the caller stores it
-//! at once (`store_outcome`); and the views of one run, a suite and a commission. The caller owns
-//! the interrupt flag (set by its signal handler) and the store.
+//! (`until_settled`), every attempt stored the moment it finishes (`stored_suite`); `commission`
+//! (the inventory stored before any benchmark starts, the quick suite, the verdict); and the views
+//! of one run, a suite and a commission. The caller owns the interrupt flag (set by its signal
+//! handler), the store ([`Stores`]) and the exit status.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kiln_db::{RunStatus, SavedInventory, Store};
+use kiln_db::{NewInventory, RunStatus, SavedInventory, Store};
 use kiln_inventory::Inventory;
+use kiln_sku::spec::LoadedSpec;
 use serde::Serialize;
 
 use crate::runs::{self, Outcome, Report};
@@ -82,14 +84,155 @@ impl View for SuiteRun<'_> {
     }
 }
 
+/// The store a workflow keeps what it measures in, as the front end holds it (the command line
+/// opens it on first use and keeps it for the rest of the command).
+pub trait Stores {
+    /// Runs `f` on the store.
+    ///
+    /// # Errors
+    /// The store cannot be opened, or `f` fails.
+    fn with_store<T>(&self, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) -> Result<T>;
+}
+
+/// The plain record the store keeps for an inventory.
+///
+/// # Errors
+/// The inventory does not serialise (it always does).
+pub fn new_inventory(inv: &Inventory) -> Result<NewInventory> {
+    let fp = &inv.fingerprints;
+    Ok(NewInventory {
+        // A box with no identity at all is keyed by its configuration and host name, so that it
+        // does not merge with every other anonymous box.
+        host_identity: fp.host.clone().unwrap_or_else(|| format!("anonymous-{}", fp.config)),
+        hostname: inv.os.hostname.clone(),
+        collected_at: inv.collected_at.clone(),
+        schema_version: i64::from(inv.schema_version),
+        config_fingerprint: fp.config.clone(),
+        config_name: fp.config_name.clone(),
+        cpu_model: inv.cpu.model_name.clone(),
+        cpu_packages: i64::from(inv.cpu.packages),
+        cpu_cores: i64::from(inv.cpu.cores),
+        cpu_threads: i64::from(inv.cpu.online),
+        memory_bytes: inv.memory.total_bytes.map(|b| b as i64),
+        kernel_release: inv.os.kernel_release.clone(),
+        problem_count: inv.problems.len() as i64,
+        document: serde_json::to_string(inv)?,
+    })
+}
+
+/// Stores the inventory (and its host, if new).
+///
+/// # Errors
+/// The store's.
+pub fn store_inventory(stores: &impl Stores, inv: &Inventory) -> Result<SavedInventory> {
+    let record = new_inventory(inv)?;
+    stores.with_store(async |store| store.save_inventory(&record).await)
+}
+
 /// Stores one outcome as a run against a stored inventory; returns the run's id.
-pub async fn store_outcome(
-    store: &mut Store,
+///
+/// # Errors
+/// The store's.
+pub fn store_outcome(
+    stores: &impl Stores,
     inv: &Inventory,
     saved: &SavedInventory,
     outcome: &Outcome,
-) -> kiln_db::Result<String> {
-    store.save_run(&outcome.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone())).await
+) -> Result<String> {
+    let run = outcome.to_run(inv, saved.host_id.clone(), saved.inventory_id.clone());
+    stores.with_store(async |store| store.save_run(&run).await)
+}
+
+/// Runs the suite; with a stored inventory, each run is stored as it finishes, so that a failure
+/// or a kill later loses only the benchmark that was running. Each outcome with its run's id.
+///
+/// # Errors
+/// A benchmark that could not run, or the store's.
+pub fn stored_suite(
+    stores: &impl Stores,
+    inv: &Inventory,
+    saved: Option<&SavedInventory>,
+    quick: bool,
+    budget: Option<u64>,
+    disk_path: Option<PathBuf>,
+    interrupted: &AtomicBool,
+) -> Result<Vec<(Outcome, Option<String>)>> {
+    let mut done = Vec::new();
+    run_suite(inv, quick, budget, disk_path, interrupted, &mut |outcome| {
+        let id = saved.map(|s| store_outcome(stores, inv, s, &outcome)).transpose()?;
+        done.push((outcome, id));
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+/// What `commission` does besides taking the inventory.
+pub struct Plan {
+    /// Benchmarks are skipped (`--no-bench`), or measure another machine than this one (an
+    /// inventory of a snapshot under `--root`): then none run.
+    pub no_bench: bool,
+    pub live: bool,
+    /// The quick suite's time budget, in seconds.
+    pub budget: Option<u64>,
+    /// A check of the spec may be skipped (`--allow-skip`).
+    pub allow_skip: bool,
+    /// Where the store is, as the view names it.
+    pub database: PathBuf,
+}
+
+/// `kiln commission`: the inventory stored before any benchmark starts, the quick suite (each run
+/// stored as it finishes), and the verdict of `spec` (or why there is none) stored with them.
+///
+/// # Errors
+/// The store's, or a benchmark that could not run.
+pub fn commission(
+    stores: &impl Stores,
+    inv: Inventory,
+    spec: std::result::Result<LoadedSpec, String>,
+    plan: &Plan,
+    interrupted: &AtomicBool,
+) -> Result<Commission> {
+    let saved = store_inventory(stores, &inv)?;
+    let done = if plan.no_bench || !plan.live {
+        Vec::new()
+    } else {
+        stored_suite(stores, &inv, Some(&saved), true, plan.budget, None, interrupted)?
+    };
+    let failed_check = done.iter().any(|(o, _)| o.failed_check());
+    let benchmarks = done
+        .into_iter()
+        .map(|(o, id)| CommissionRun {
+            benchmark: o.benchmark(),
+            status: o.status,
+            run_id: id.unwrap_or_default(),
+            headline: o.headline,
+        })
+        .collect();
+    let (judgement, verdict_id, no_verdict) = match spec {
+        Ok(spec) => {
+            let ids = crate::judging::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
+            let (v, id) = crate::judging::judge_stored(stores, &inv, &ids, &spec, plan.allow_skip, true, true)?;
+            (Some(v), id, None)
+        }
+        Err(why) => (None, None, Some(why)),
+    };
+    let stored = Stored {
+        database: plan.database.clone(),
+        inventory_id: saved.inventory_id,
+        host_id: saved.host_id,
+        new_host: saved.new_host,
+    };
+    Ok(Commission {
+        kind: "commission",
+        inventory: inv,
+        benchmarks,
+        stored,
+        judgement,
+        no_verdict,
+        verdict_id,
+        live: plan.live,
+        failed_check,
+    })
 }
 
 /// The suite's benchmarks, each stored (through `keep`) the moment it finishes.
@@ -292,6 +435,9 @@ pub struct Commission {
     pub verdict_id: Option<String>,
     #[serde(skip)]
     pub live: bool,
+    /// A benchmark's own check failed (a wrong result, say).
+    #[serde(skip)]
+    pub failed_check: bool,
 }
 
 #[derive(Serialize)]

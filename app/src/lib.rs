@@ -10,6 +10,7 @@ pub mod commission;
 pub mod defaults;
 pub mod fleet;
 pub mod fleet_view;
+pub mod judging;
 pub mod provisioning;
 pub mod report;
 pub mod runs;

@@ -6,13 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kiln_db::SavedInventory;
 use serde::Serialize;
 
 use super::args::{self, Bench, Dtype, GpuBench, Judge, Source};
-use super::inventory::{is_live, live_inventory, store_inventory, take_inventory};
-use super::{catch_interrupts, preflight, store_outcome, Ctx, Exit, Output, View, INTERRUPTED};
-use kiln_app::commission::{run_suite, BenchRun, Commission, CommissionRun, Stored, SuiteEntry, SuiteRun};
+use super::inventory::{is_live, live_inventory, take_inventory};
+use super::{catch_interrupts, preflight, Ctx, Exit, Output, View, INTERRUPTED};
+use kiln_app::commission::{store_inventory, store_outcome, stored_suite, BenchRun, Plan, SuiteEntry, SuiteRun};
 use kiln_app::runs::{self, Outcome, Report};
 use kiln_inventory::Inventory;
 use kiln_text::progress;
@@ -334,25 +333,6 @@ fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> R
     Ok(ctx.output(&view)?.with_exit(Exit::check(outcome.failed_check())))
 }
 
-/// Runs the suite; with a store, the inventory is stored first and each run as it finishes, so
-/// that a failure or a kill later loses only the benchmark that was running.
-fn stored_suite(
-    ctx: &Ctx,
-    inv: &Inventory,
-    saved: Option<&SavedInventory>,
-    quick: bool,
-    budget: Option<u64>,
-    disk_path: Option<PathBuf>,
-) -> Result<Vec<(Outcome, Option<String>)>> {
-    let mut done = Vec::new();
-    run_suite(inv, quick, budget, disk_path, &INTERRUPTED, &mut |outcome| {
-        let id = saved.map(|s| store_outcome(ctx, inv, s, &outcome)).transpose()?;
-        done.push((outcome, id));
-        Ok(())
-    })?;
-    Ok(done)
-}
-
 fn suite(
     ctx: &Ctx,
     quick: bool,
@@ -364,7 +344,7 @@ fn suite(
     catch_interrupts();
     let inv = live_inventory()?;
     let saved = if store.no_save { None } else { Some(store_inventory(ctx, &inv)?) };
-    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, disk_path)?;
+    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, disk_path, &INTERRUPTED)?;
     let failed = done.iter().any(|(o, _)| o.failed_check());
     let runs = done
         .iter()
@@ -381,70 +361,41 @@ fn suite(
     Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
 }
 
-/// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
-/// run stored as it finishes), the summary.
 /// Whether and how long `commission` benchmarks.
 pub struct Suite {
     pub no_bench: bool,
     pub budget: Option<u64>,
 }
 
+/// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
+/// run stored as it finishes), the verdict; the workflow is `kiln_app::commission::commission`.
 pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool, ctx: &Ctx) -> Result<Output> {
-    let Suite { no_bench, budget } = suite;
     ctx.open_store()?;
     progress("taking the inventory");
     let inv = take_inventory(source)?;
     // The spec is chosen (and a malformed one refused) before minutes of benchmarks.
     let spec = if no_verdict { Err("--no-verdict".to_string()) } else { super::verdict::choose_spec(judge, &inv)? };
-    let saved = store_inventory(ctx, &inv)?;
-    let live = is_live(source);
-    let done = if no_bench || !live {
-        Vec::new()
-    } else {
+    let plan = Plan {
+        no_bench: suite.no_bench,
+        live: is_live(source),
+        budget: suite.budget,
+        allow_skip: judge.allow_skip,
+        database: ctx.db_path()?,
+    };
+    if !plan.no_bench && plan.live {
         catch_interrupts();
-        stored_suite(ctx, &inv, Some(&saved), true, budget, None)?
-    };
-    let failed = done.iter().any(|(o, _)| o.failed_check());
-    let benchmarks = done
-        .into_iter()
-        .map(|(o, id)| CommissionRun {
-            benchmark: o.benchmark(),
-            status: o.status,
-            run_id: id.unwrap_or_default(),
-            headline: o.headline,
-        })
-        .collect();
-    let (judgement, verdict_id, why_none) = match spec {
-        Ok(spec) => {
-            let stored = super::verdict::Stored { inventory_id: &saved.inventory_id, host_id: &saved.host_id };
-            let (v, id) = super::verdict::judge_stored(ctx, &inv, &stored, &spec, judge, true, true)?;
-            (Some(v), id, None)
-        }
-        Err(why) => (None, None, Some(why)),
-    };
+    }
+    let view = kiln_app::commission::commission(ctx, inv, spec, &plan, &INTERRUPTED)?;
+    if let Some(v) = &view.judgement {
+        super::verdict::write_ocp(judge, v, &view.inventory)?;
+    }
     // The verdict decides the exit; without one (no spec applies), the box is not judged: 3,
     // unless --no-verdict asked for none.
-    let exit = match (&judgement, no_verdict) {
+    let exit = match (&view.judgement, no_verdict) {
         (Some(v), _) => super::verdict::exit_of(v.verdict),
-        (None, true) => Exit::check(failed),
+        (None, true) => Exit::check(view.failed_check),
         (None, false) => Exit::Inconclusive,
     };
-    let stored = Stored {
-        database: ctx.db_path()?,
-        inventory_id: saved.inventory_id,
-        host_id: saved.host_id,
-        new_host: saved.new_host,
-    };
-    let view = Commission {
-        kind: "commission",
-        inventory: inv,
-        benchmarks,
-        stored,
-        judgement,
-        no_verdict: why_none,
-        verdict_id,
-        live,
-    };
-    let exit = if failed && exit == Exit::Ok { Exit::CheckFailed } else { exit };
+    let exit = if view.failed_check && exit == Exit::Ok { Exit::CheckFailed } else { exit };
     Ok(ctx.output(&view)?.with_exit(exit))
 }

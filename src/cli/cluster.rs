@@ -7,10 +7,10 @@ use kiln_db::RunStatus;
 use serde::Serialize;
 
 use super::args::{self, ClusterCmd};
-use super::inventory::{live_inventory, store_inventory};
-use super::{preflight, store_outcome};
+use super::inventory::live_inventory;
+use super::preflight;
 use super::{Ctx, Exit, Output, View};
-use kiln_app::commission::BenchRun;
+use kiln_app::commission::{store_inventory, store_outcome, BenchRun};
 use kiln_app::runs::{Outcome, Report};
 use kiln_cluster::{self as cluster, CollectivesConfig, FabricConfig, Part, TrainConfig};
 use kiln_text::timefmt::now_rfc3339;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use kiln_db::{NewInventory, SavedInventory};
+use kiln_app::commission::store_inventory;
 use serde::Serialize;
 
 use super::args::Source;
@@ -59,35 +59,6 @@ pub fn live_inventory() -> Result<Inventory> {
 /// Whether the inventory is of this machine rather than a snapshot.
 pub fn is_live(source: &Source) -> bool {
     source.root == Path::new("/")
-}
-
-/// The plain record the store keeps for an inventory.
-pub fn new_inventory(inv: &Inventory) -> Result<NewInventory> {
-    let fp = &inv.fingerprints;
-    Ok(NewInventory {
-        // A box with no identity at all is keyed by its configuration and host name, so that it
-        // does not merge with every other anonymous box.
-        host_identity: fp.host.clone().unwrap_or_else(|| format!("anonymous-{}", fp.config)),
-        hostname: inv.os.hostname.clone(),
-        collected_at: inv.collected_at.clone(),
-        schema_version: i64::from(inv.schema_version),
-        config_fingerprint: fp.config.clone(),
-        config_name: fp.config_name.clone(),
-        cpu_model: inv.cpu.model_name.clone(),
-        cpu_packages: i64::from(inv.cpu.packages),
-        cpu_cores: i64::from(inv.cpu.cores),
-        cpu_threads: i64::from(inv.cpu.online),
-        memory_bytes: inv.memory.total_bytes.map(|b| b as i64),
-        kernel_release: inv.os.kernel_release.clone(),
-        problem_count: inv.problems.len() as i64,
-        document: serde_json::to_string(inv)?,
-    })
-}
-
-/// Stores the inventory (and its host, if new).
-pub fn store_inventory(ctx: &Ctx, inv: &Inventory) -> Result<SavedInventory> {
-    let record = new_inventory(inv)?;
-    ctx.with_store(async |store| store.save_inventory(&record).await)
 }
 
 /// `kiln snapshot --json`.

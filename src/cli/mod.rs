@@ -300,6 +300,13 @@ impl Ctx {
     }
 }
 
+/// The application layer's workflows keep what they measure in the command's store.
+impl kiln_app::commission::Stores for Ctx {
+    fn with_store<T>(&self, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) -> Result<T> {
+        Ctx::with_store(self, f)
+    }
+}
+
 /// Runs one parsed command.
 ///
 /// # Errors
@@ -466,16 +473,6 @@ pub fn preflight(ctx: &Ctx, store: args::Store) -> Result<()> {
 /// The room a benchmark wants before it starts: a run with its samples and telemetry, the
 /// inventory it is stored with, and the write-ahead log's copies of both, with a margin.
 const MIN_FREE: u64 = 16 << 20;
-
-/// Stores one outcome as a run against a stored inventory, the moment it exists; returns the run's id.
-pub fn store_outcome(
-    ctx: &Ctx,
-    inv: &kiln_inventory::Inventory,
-    saved: &kiln_db::SavedInventory,
-    outcome: &kiln_app::runs::Outcome,
-) -> Result<String> {
-    ctx.with_store(async |store| kiln_app::commission::store_outcome(store, inv, saved, outcome).await)
-}
 
 /// Whether an error is a closed stdout (`kiln ... | head`), which is not a failure.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {

@@ -9,10 +9,11 @@ use serde::Serialize;
 
 use super::args::{Judge, Source};
 use super::{Ctx, Exit, Output, View};
+use kiln_app::judging::{judge_stored, Stored};
 use kiln_db::Queries;
 use kiln_inventory::Inventory;
 use kiln_sku::spec::{self, LoadedSpec};
-use kiln_sku::verdict::{self, Decision, Evidence, RunEvidence, Verdict};
+use kiln_sku::verdict::{self, Decision, Verdict};
 
 /// The spec `judge` names, or the one that applies to `inv`.
 ///
@@ -35,84 +36,18 @@ pub fn exit_of(d: Decision) -> Exit {
     }
 }
 
-/// What is stored about the box being judged.
-pub struct Stored<'a> {
-    pub inventory_id: &'a str,
-    pub host_id: &'a str,
-}
-
-/// Judges `inv` with the runs stored for it, stores the verdict (unless `save` is false) and
-/// writes the OCP output when asked. Performance is judged when runs were taken with the inventory,
-/// unless `performance` is false (`kiln verdict --no-perf`).
-pub fn judge_stored(
-    ctx: &Ctx,
-    inv: &Inventory,
-    stored: &Stored<'_>,
-    spec: &LoadedSpec,
-    judge: &Judge,
-    performance: bool,
-    save: bool,
-) -> Result<(Verdict, Option<String>)> {
-    let inventory_id = stored.inventory_id.to_string();
-    let host_id = stored.host_id.to_string();
-    let config = inv.fingerprints.config.clone();
-    let (runs, fleet, telemetry) = ctx.with_store(async |store| {
-        let runs = store.runs_of_inventory(&inventory_id).await?;
-        let fleet = store.accepted_metric_values(&config, &host_id).await?;
-        let telemetry = store.verdict_telemetry_of_inventory(&inventory_id).await?;
-        Ok((runs, fleet, telemetry))
-    })?;
-    let runs: Vec<RunEvidence> = runs
-        .into_iter()
-        .map(|r| {
-            let samples: Vec<kiln_inventory::telemetry::Sample> = telemetry
-                .iter()
-                .filter(|l| l.0 == r.id)
-                .map(|(_, t, source, name, v)| (*t, source.clone(), name.clone(), *v))
-                .collect();
-            RunEvidence {
-                links: kiln_inventory::linkwatch::links_of(&r.id, &samples),
-                thermal: verdict::thermal_of(&samples),
-                id: r.id,
-                benchmark: r.benchmark,
-                status: r.status,
-                metrics: r.metrics.into_iter().map(|m| (m.name, m.value, m.unit)).collect(),
-            }
-        })
-        .collect();
-    let evidence = Evidence {
-        inventory: inv,
-        inventory_id: Some(stored.inventory_id),
-        runs: &runs,
-        fleet: &fleet,
-        // Performance is judged when benchmarks ran with this inventory: an inventory taken with
-        // `--no-bench` is judged on hardware and health, now and when re-judged.
-        performance_judged: performance && !runs.is_empty(),
-    };
-    let v = verdict::judge(spec, &evidence, judge.allow_skip);
-    let id = if save {
-        let record = kiln_db::NewVerdict {
-            host_id: stored.host_id.to_string(),
-            inventory_id: stored.inventory_id.to_string(),
-            judged_at: kiln_text::timefmt::now_rfc3339(),
-            spec_name: spec.spec.name.clone(),
-            spec_hash: spec.hash.clone(),
-            spec: spec.text.clone(),
-            verdict: v.verdict.as_str().to_string(),
-            failed: v.counts.fail as i64,
-            document: serde_json::to_string(&v)?,
-        };
-        Some(ctx.with_store(async |store| store.save_verdict(&record).await)?)
-    } else {
-        None
-    };
+/// Writes the OCP output of a verdict where `--ocp` asks for it.
+///
+/// # Errors
+/// The file cannot be written (an existing one is never replaced by mistake: `outfile`).
+pub fn write_ocp(judge: &Judge, v: &Verdict, inv: &Inventory) -> Result<()> {
     if let Some(path) = &judge.ocp {
         let command_line: Vec<String> = std::env::args().collect();
-        let text = verdict::ocp::lines(&v, inv, &command_line.join(" "), &kiln_text::timefmt::now_rfc3339());
+        let text = verdict::ocp::lines(v, inv, &command_line.join(" "), &kiln_text::timefmt::now_rfc3339());
         super::outfile::write_output(path, |w| Ok(w.write_all(text.as_bytes())?))
             .with_context(|| format!("writing the OCP output to {}", path.display()))?;
     }
-    Ok((v, id))
+    Ok(())
 }
 
 /// `kiln verdict --json`.
@@ -150,7 +85,8 @@ pub fn rejudge(
         .with_context(|| format!("inventory {}: the stored document does not parse", row.id))?;
     let spec = choose_spec(judge, &inv)?.map_err(|e| anyhow::anyhow!("{e}"))?;
     let stored = Stored { inventory_id: &row.id, host_id: &row.host_id };
-    let (v, id) = judge_stored(ctx, &inv, &stored, &spec, judge, !no_perf, !no_save)?;
+    let (v, id) = judge_stored(ctx, &inv, &stored, &spec, judge.allow_skip, !no_perf, !no_save)?;
+    write_ocp(judge, &v, &inv)?;
     let exit = exit_of(v.verdict);
     let view = Rejudged { kind: "verdict", verdict: v, verdict_id: id, verbose };
     Ok(ctx.output(&view)?.with_exit(exit))
