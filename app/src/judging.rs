@@ -8,7 +8,7 @@ use kiln_inventory::Inventory;
 use kiln_sku::spec::LoadedSpec;
 use kiln_sku::verdict::{self, Evidence, RunEvidence, Verdict};
 
-use crate::commission::Stores;
+use crate::stored::Stores;
 
 /// What is stored about the box being judged.
 pub struct Stored<'a> {

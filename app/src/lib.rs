@@ -14,4 +14,5 @@ pub mod judging;
 pub mod provisioning;
 pub mod report;
 pub mod runs;
+pub mod stored;
 pub mod views;

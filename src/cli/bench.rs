@@ -11,8 +11,9 @@ use serde::Serialize;
 use super::args::{self, Bench, Dtype, GpuBench, Judge, Source};
 use super::inventory::{is_live, live_inventory, take_inventory};
 use super::{catch_interrupts, preflight, Ctx, Exit, Output, View, INTERRUPTED};
-use kiln_app::commission::{store_inventory, store_outcome, stored_suite, BenchRun, Plan, SuiteEntry, SuiteRun};
+use kiln_app::commission::{stored_suite, BenchRun, Plan, SuiteEntry, SuiteRun};
 use kiln_app::runs::{self, Outcome, Report};
+use kiln_app::stored::{store_inventory, store_outcome};
 use kiln_inventory::Inventory;
 use kiln_text::progress;
 

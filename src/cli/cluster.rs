@@ -10,8 +10,9 @@ use super::args::{self, ClusterCmd};
 use super::inventory::live_inventory;
 use super::preflight;
 use super::{Ctx, Exit, Output, View};
-use kiln_app::commission::{store_inventory, store_outcome, BenchRun};
+use kiln_app::commission::BenchRun;
 use kiln_app::runs::{Outcome, Report};
+use kiln_app::stored::{store_inventory, store_outcome};
 use kiln_cluster::{self as cluster, CollectivesConfig, FabricConfig, Part, TrainConfig};
 use kiln_text::timefmt::now_rfc3339;
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use kiln_app::commission::store_inventory;
+use kiln_app::stored::store_inventory;
 use serde::Serialize;
 
 use super::args::Source;

@@ -301,7 +301,7 @@ impl Ctx {
 }
 
 /// The application layer's workflows keep what they measure in the command's store.
-impl kiln_app::commission::Stores for Ctx {
+impl kiln_app::stored::Stores for Ctx {
     fn with_store<T>(&self, f: impl AsyncFnOnce(&mut Store) -> kiln_db::Result<T>) -> Result<T> {
         Ctx::with_store(self, f)
     }
