@@ -23,7 +23,12 @@
 #                    kiln's device copy over PyTorch's
 #   log.txt          everything the steps said on stderr, and the libraries kiln-gpu resolves
 # The CUDA libraries come from the Python environment's NVIDIA wheels (PyTorch's), found through
-# `python3` (KILN_CHECK_PYTHON to name another); the driver's libcuda.so.1 from the system.
+# `python3` (KILN_CHECK_PYTHON to name another); where it has none that kiln-gpu needs (a box with
+# only the driver, python3 and pip), from CUDA 13.0's pinned runtime wheels, fetched once into
+# KILN_CHECK_CUDA (default ~/.cache/kiln/cuda-13.0-runtime) by deploy/cuda/cuda-root.sh --runtime
+# (KILN_CUDA_WHEELS=FOLDER: wheels fetched beforehand, for a box with no network); the driver's
+# libcuda.so.1 from the system. Without PyTorch every kiln step still runs, and PyTorch's anchors
+# say "skipped: no torch" (no failure: they are the comparison, not the box).
 # Exit 0 when every step succeeded, 1 when one did not (the files say which and why), 2 on bad use.
 set -uo pipefail
 if [ $# -ne 2 ]; then
@@ -87,6 +92,12 @@ skip() {
     failed=1
 }
 
+# A PyTorch anchor without PyTorch: skipped, and no failure of the check.
+no_torch() {
+    summary+=("{\"step\":\"$1\",\"status\":\"skipped\",\"why\":\"no torch\"}")
+    echo "== $1: skipped: no torch" >>"$log"
+}
+
 {
     echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm)"
     [ -f "$bundle" ] || [ -d "$bundle" ] || echo "no bundle at $bundle"
@@ -120,6 +131,24 @@ PY
 if [ -n "$libs" ]; then
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# What kiln-gpu links and nothing here provides (the driver's libcuda.so.1 aside): the runtime wheels.
+missing=$(ldd "$work/kiln-gpu" 2>/dev/null | awk '/not found/ && $1 != "libcuda.so.1" {print $1}' | paste -sd' ')
+if [ -n "$missing" ]; then
+    cache=${KILN_CHECK_CUDA:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/cuda-13.0-runtime}
+    echo "kiln-gpu needs $missing, which nothing here provides: CUDA 13.0's runtime wheels into $cache" >>"$log"
+    if runtime=$("$here/../deploy/cuda/cuda-root.sh" --runtime "$cache" 2>>"$log"); then
+        export LD_LIBRARY_PATH="$runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+        echo "the runtime wheels could not be fetched: kiln-gpu's steps will say what is missing" >>"$log"
+    fi
+fi
+# PyTorch, for the anchors.
+if "$python" -c 'import torch' 2>>"$log"; then
+    torch=yes
+else
+    torch=
+    echo "no torch in $python: PyTorch's anchors are skipped" >>"$log"
+fi
 {
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     echo "kiln-gpu's libraries:"
@@ -149,8 +178,13 @@ else
     summary+=("{\"step\":\"p2p\",\"status\":\"skipped\",\"why\":\"CUDA sees ${gpus:-0} device(s); peer to peer needs two\"}")
     echo "== p2p: skipped: CUDA sees ${gpus:-0} device(s)" >>"$log"
 fi
-step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
-    --sweep "$sweep"
+if [ -n "$torch" ]; then
+    step torch 180 "$out/torch.json" "$python" "$here/torch_gpu_anchors.py" --n "$n" --reps 20 --copy-mib "$mib" \
+        --sweep "$sweep"
+else
+    no_torch torch
+    printf '{"skipped":"no torch: PyTorch is not installed for %s"}\n' "$python" >"$out/torch.json"
+fi
 # Training (KILN_CHECK_TRAIN: a size, default gpt2, or none; KILN_CHECK_TRAIN_STEPS, default 20):
 # kiln on GPU 0 (bf16 products, f32 parameters), then PyTorch's eager run of the same model's
 # shapes on the same GPU under bf16 autocast (benches/anchors/torch_train.py); both go into
@@ -163,7 +197,9 @@ if [ "$train" != none ]; then
     dims=$("$python" -c 'import json, sys
 c = json.load(open(sys.argv[1]))["report"]["results"][0]["run"]["run"]["config"]
 print(c["vocab"], c["d_model"], c["layers"], c["heads"], c["seq"], c["batch"])' "$work/train.json" 2>>"$log")
-    if [ -n "$dims" ]; then
+    if [ -z "$torch" ]; then
+        no_torch torch-train
+    elif [ -n "$dims" ]; then
         # shellcheck disable=SC2086 # the six sizes, as separate arguments
         step torch-train 240 "$work/torch-train.txt" "$python" "$here/../benches/anchors/torch_train.py" \
             "$train_steps" eager $dims cuda:0 bf16

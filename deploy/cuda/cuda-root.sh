@@ -15,6 +15,13 @@
 # Environment: KILN_CUDA_ROOT (default target/cuda-13.0), CUDA_COMPUTE_CAP (default 90: H100/H200;
 # 100 for B200). Downloads about 900 MB once (kept in KILN_CUDA_ROOT.wheels); running it again
 # only prints the environment.
+#
+#   deploy/cuda/cuda-root.sh --runtime DIR
+#
+# only the libraries kiln-gpu loads at run time (the CUDA runtime, NVRTC, cuBLAS, cuRAND, NCCL) of
+# the same pins, into DIR/lib, and prints DIR/lib: what scripts/gpu-check.sh fetches on a box with
+# the driver and no CUDA libraries. KILN_CUDA_WHEELS=FOLDER takes the wheels from that folder
+# instead of the package index (a box with no network); a second run only prints the folder.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 root=${KILN_CUDA_ROOT:-$repo/target/cuda-13.0}
@@ -35,6 +42,44 @@ pins=(
     nvidia-nccl-cu13==2.30.7
 )
 
+# unpack WHEELS DEST PIN...: each pinned wheel of WHEELS unzipped into DEST.
+unpack() {
+    local wheels=$1 dest=$2 pin name version whl
+    shift 2
+    for pin in "$@"; do
+        name=${pin%%==*}; version=${pin##*==}
+        whl=$(ls "$wheels"/"${name//-/_}"-"$version"-*.whl 2>/dev/null | head -n 1)
+        [ -n "$whl" ] || { say "$pin: no wheel in $wheels"; exit 2; }
+        python3 -m zipfile -e "$whl" "$dest" >&2
+    done
+}
+
+if [ "${1:-}" = --runtime ]; then
+    dir=${2:?usage: cuda-root.sh --runtime DIR}
+    if [ ! -f "$dir/.complete" ]; then
+        command -v python3 >/dev/null || { say "needs python3 with pip"; exit 2; }
+        wanted=()
+        for pin in "${pins[@]}"; do
+            case ${pin%%==*} in
+                nvidia-cuda-runtime | nvidia-cuda-nvrtc | nvidia-cublas | nvidia-curand | nvidia-nccl-cu13) wanted+=("$pin") ;;
+            esac
+        done
+        from=()
+        [ -z "${KILN_CUDA_WHEELS:-}" ] || from=(--no-index --find-links "$KILN_CUDA_WHEELS")
+        mkdir -p "$dir.wheels"
+        say "fetching ${#wanted[@]} runtime wheels into $dir.wheels${KILN_CUDA_WHEELS:+ from $KILN_CUDA_WHEELS}"
+        python3 -m pip download --quiet --no-deps --only-binary=:all: "${from[@]}" --dest "$dir.wheels" "${wanted[@]}" >&2 ||
+            { say "could not fetch ${wanted[*]} (no network? KILN_CUDA_WHEELS=FOLDER names a folder holding them)"; exit 2; }
+        rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/lib"
+        unpack "$dir.wheels" "$dir.tmp/unpacked" "${wanted[@]}"
+        cp -a "$dir.tmp/unpacked/nvidia/cu13/lib/." "$dir.tmp/unpacked/nvidia/nccl/lib/." "$dir.tmp/lib/"
+        mkdir -p "$dir" && rm -rf "$dir/lib" && mv "$dir.tmp/lib" "$dir/lib" && rm -rf "$dir.tmp"
+        touch "$dir/.complete"
+    fi
+    echo "$dir/lib"
+    exit 0
+fi
+
 if [ ! -f "$root/.complete" ]; then
     case "$(uname -m)" in
         x86_64) ;;
@@ -45,12 +90,7 @@ if [ ! -f "$root/.complete" ]; then
     say "fetching ${#pins[@]} wheels into $wheels"
     python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" "${pins[@]}" >&2
     rm -rf "$root.tmp" && mkdir -p "$root.tmp"
-    for pin in "${pins[@]}"; do
-        name=${pin%%==*}; version=${pin##*==}
-        whl=$(ls "$wheels"/"${name//-/_}"-"$version"-*.whl 2>/dev/null | head -n 1)
-        [ -n "$whl" ] || { say "$pin: no wheel in $wheels"; exit 2; }
-        python3 -m zipfile -e "$whl" "$root.tmp/unpacked" >&2
-    done
+    unpack "$wheels" "$root.tmp/unpacked" "${pins[@]}"
     # Everything lives under nvidia/cu13 (bin, include, lib, nvvm); NCCL under nvidia/nccl.
     mv "$root.tmp/unpacked/nvidia/cu13" "$root.tmp/root"
     cp -a "$root.tmp/unpacked/nvidia/nccl/include/." "$root.tmp/root/include/"

@@ -130,17 +130,22 @@ if [ "$gpu" = 1 ]; then
     echo "release: kiln-gpu links $(paste -sd' ' <<<"$linked")" >&2
     # It starts: every library it links found (CUDA 13.0's, from the wheels) and every symbol
     # bound, with a stand-in driver that reports CUDA 12.8 (570's) — which it must refuse, first.
+    # Twice: with the whole toolkit, and with only the runtime libraries that scripts/gpu-check.sh
+    # fetches on a box that has none (`cuda-root.sh --runtime`, here from the wheels already fetched).
     drivers=$(mktemp -d)
     sed 's/^int cuDriverGetVersion(void) .*/int cuDriverGetVersion(int *v) { *v = 12080; return 0; }/' \
         "$CUDA_ROOT/lib/stubs/cuda-stub.c" > "$drivers/old.c"
     cc -shared -fPIC -O0 -Wl,-soname,libcuda.so.1 -o "$drivers/libcuda.so.1" "$drivers/old.c"
-    said=$(LD_LIBRARY_PATH="$drivers:$CUDA_ROOT/lib" "$gpu_binary" devices || true)
+    runtime=$(KILN_CUDA_WHEELS="$CUDA_ROOT.wheels" deploy/cuda/cuda-root.sh --runtime "$CUDA_ROOT-runtime")
+    for libs in "$CUDA_ROOT/lib" "$runtime"; do
+        said=$(LD_LIBRARY_PATH="$drivers:$libs" "$gpu_binary" devices 2>&1 || true)
+        if ! grep -q 'the NVIDIA driver supports CUDA 12.8 at most' <<<"$said"; then
+            echo "release: $gpu_binary with the libraries of $libs under a CUDA 12.8 driver said: $said" >&2
+            exit 1
+        fi
+    done
     rm -rf "$drivers"
-    if ! grep -q 'the NVIDIA driver supports CUDA 12.8 at most' <<<"$said"; then
-        echo "release: $gpu_binary under a CUDA 12.8 driver said: $said" >&2
-        exit 1
-    fi
-    echo "release: kiln-gpu starts with CUDA 13.0's libraries and refuses a CUDA 12.8 driver" >&2
+    echo "release: kiln-gpu starts with CUDA 13.0's libraries (the toolkit's, and the runtime's alone) and refuses a CUDA 12.8 driver" >&2
 fi
 
 for target in "${targets[@]}"; do
