@@ -347,11 +347,87 @@ pub mod backend {
             device_to_host: Copies::new(bytes, d2h, d2h_intact),
         })
     }
+    /// Device memory from `cuMemAlloc` in one context, freed on drop. Peer copies use these rather
+    /// than cudarc's buffers: cudarc allocates from the stream-ordered pool, which
+    /// `cuCtxEnablePeerAccess` does not open to peers, and its copies between contexts make the
+    /// destination's stream wait on the source's, which turns "both ways at once" into one way
+    /// after the other.
+    struct PeerBuffer {
+        ctx: std::sync::Arc<CudaContext>,
+        ptr: sys::CUdeviceptr,
+        bytes: usize,
+    }
+
+    impl PeerBuffer {
+        fn new(ctx: &std::sync::Arc<CudaContext>, bytes: usize) -> anyhow::Result<PeerBuffer> {
+            use candle_core::cuda_backend::cudarc::driver::result;
+            ctx.bind_to_thread()?;
+            // SAFETY: the context is current; the pointer is freed once, on drop.
+            let ptr = unsafe { result::malloc_sync(bytes) }?;
+            Ok(PeerBuffer { ctx: ctx.clone(), ptr, bytes })
+        }
+
+        fn fill(&self, data: Option<&[u8]>) -> anyhow::Result<()> {
+            use candle_core::cuda_backend::cudarc::driver::result;
+            self.ctx.bind_to_thread()?;
+            match data {
+                Some(d) => {
+                    anyhow::ensure!(d.len() == self.bytes, "{} bytes for a buffer of {}", d.len(), self.bytes);
+                    // SAFETY: the buffer is live and as long as `d`, in the current context.
+                    unsafe { result::memcpy_htod_sync(self.ptr, d) }?
+                }
+                // SAFETY: the buffer is live and `bytes` long, in the current context.
+                None => unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }?,
+            }
+            Ok(())
+        }
+
+        fn read(&self) -> anyhow::Result<Vec<u8>> {
+            use candle_core::cuda_backend::cudarc::driver::result;
+            self.ctx.bind_to_thread()?;
+            self.ctx.synchronize()?;
+            let mut out = vec![0u8; self.bytes];
+            // SAFETY: the buffer is live and as long as `out`; the context's work is done.
+            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }?;
+            Ok(out)
+        }
+    }
+
+    impl Drop for PeerBuffer {
+        fn drop(&mut self) {
+            use candle_core::cuda_backend::cudarc::driver::result;
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by `new` in this context, freed only here.
+                let _ = unsafe { result::free_sync(self.ptr) };
+            }
+        }
+    }
+
+    /// Queues `bytes` from `src` to `dst` on `stream` (`cuMemcpyPeerAsync`): nothing else is
+    /// queued with it. The stream's context must be current.
+    fn peer_copy(
+        dst: &PeerBuffer,
+        src: &PeerBuffer,
+        bytes: usize,
+        stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
+    ) -> anyhow::Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        anyhow::ensure!(bytes <= dst.bytes && bytes <= src.bytes, "a copy of {bytes} bytes past a buffer's end");
+        // SAFETY: both buffers are live for the call and hold `bytes`; the stream is live.
+        unsafe {
+            result::memcpy_peer_async(dst.ctx.cu_ctx(), dst.ptr, src.ctx.cu_ctx(), src.ptr, bytes, stream.cu_stream())
+        }?;
+        Ok(())
+    }
+
     /// The GPU × GPU copy matrix: every ordered pair one way, then every pair both ways at once,
-    /// each copy checked.
+    /// each copy checked. Each device has a copy stream of its own, and every copy goes on the
+    /// receiving device's (`cuMemcpyPeerAsync` between `cuMemAlloc` buffers): the two directions
+    /// of a pair run on two streams at once, and a one-way copy's timed region (two events on its
+    /// stream, created before) holds the copy alone.
     pub fn p2p(o: &p2p::Options) -> anyhow::Result<p2p::Report> {
         use crate::bandwidth::{pattern, Copies};
-        use candle_core::cuda_backend::cudarc::driver::{sys, sys::CUevent_flags, CudaSlice};
+        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUevent_flags};
         use std::time::Instant;
         let count = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
         let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
@@ -387,38 +463,46 @@ pub mod backend {
                 }
             }
         }
-        let streams: Vec<_> = ctxs.iter().map(|c| c.default_stream()).collect();
+        let streams = ctxs.iter().map(|c| c.new_stream()).collect::<Result<Vec<_>, _>>()?;
         let expected: Vec<u8> = (0..o.bytes).map(pattern).collect();
-        let mut src: Vec<CudaSlice<u8>> = Vec::with_capacity(n);
-        let mut dst: Vec<CudaSlice<u8>> = Vec::with_capacity(n);
-        for (k, stream) in streams.iter().enumerate() {
+        let mut src = Vec::with_capacity(n);
+        let mut dst = Vec::with_capacity(n);
+        for (k, ctx) in ctxs.iter().enumerate() {
             let what = || format!("{} MiB on device {}", o.bytes >> 20, devices[k]);
-            src.push(stream.clone_htod(&expected).with_context(what)?);
-            dst.push(stream.alloc_zeros::<u8>(o.bytes).with_context(what)?);
+            let s = PeerBuffer::new(ctx, o.bytes).with_context(what)?;
+            s.fill(Some(&expected)).with_context(what)?;
+            src.push(s);
+            dst.push(PeerBuffer::new(ctx, o.bytes).with_context(what)?);
         }
-        let event = |k: usize| ctxs[k].new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
         let mut one_way = Vec::new();
         for (i, j) in p2p::ordered_pairs(&(0..n).collect::<Vec<_>>()) {
             let stream = &streams[j];
-            stream.memset_zeros(&mut dst[j])?;
-            let (start, end) = (event(j)?, event(j)?);
-            let mut time = |bytes: usize, reps: usize| -> anyhow::Result<Vec<f64>> {
+            dst[j].fill(None)?;
+            let (start, end) = (
+                ctxs[j].new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+                ctxs[j].new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+            );
+            let time = |bytes: usize, reps: usize| -> anyhow::Result<Vec<f64>> {
+                ctxs[j].bind_to_thread()?;
                 for _ in 0..2 {
-                    stream.memcpy_dtod(&src[i].slice(..bytes), &mut dst[j].slice_mut(..bytes))?;
+                    peer_copy(&dst[j], &src[i], bytes, stream)?;
                 }
                 stream.synchronize()?;
                 let mut seconds = Vec::with_capacity(reps);
                 for _ in 0..reps {
-                    start.record(stream)?;
-                    stream.memcpy_dtod(&src[i].slice(..bytes), &mut dst[j].slice_mut(..bytes))?;
-                    end.record(stream)?;
+                    ctxs[j].bind_to_thread()?;
+                    // SAFETY: both events and the stream are live, in the current context.
+                    unsafe { result::event::record(start.cu_event(), stream.cu_stream()) }?;
+                    peer_copy(&dst[j], &src[i], bytes, stream)?;
+                    // SAFETY: as above.
+                    unsafe { result::event::record(end.cu_event(), stream.cu_stream()) }?;
                     seconds.push(f64::from(start.elapsed_ms(&end)?) / 1e3);
                 }
                 Ok(seconds)
             };
             let seconds = time(o.bytes, o.reps)?;
             let small = time(p2p::SMALL_COPY.min(o.bytes), o.reps.max(20))?;
-            let intact = stream.clone_dtoh(&dst[j])? == expected;
+            let intact = dst[j].read()? == expected;
             let (small_copy_us, small_copy_samples_us) = p2p::small_copy(&small);
             one_way.push(p2p::Pair {
                 from: devices[i],
@@ -432,24 +516,27 @@ pub mod backend {
         let mut both_ways = Vec::new();
         for a in 0..n {
             for b in a + 1..n {
-                streams[a].memset_zeros(&mut dst[a])?;
-                streams[b].memset_zeros(&mut dst[b])?;
-                let both = |dst: &mut [CudaSlice<u8>]| -> anyhow::Result<f64> {
+                dst[a].fill(None)?;
+                dst[b].fill(None)?;
+                // a → b on b's copy stream, b → a on a's, queued back to back; the pair's time is
+                // until both are done.
+                let both = || -> anyhow::Result<f64> {
                     streams[a].synchronize()?;
                     streams[b].synchronize()?;
                     let t0 = Instant::now();
-                    let (low, high) = dst.split_at_mut(b);
-                    streams[b].memcpy_dtod(&src[a], &mut high[0])?;
-                    streams[a].memcpy_dtod(&src[b], &mut low[a])?;
+                    ctxs[b].bind_to_thread()?;
+                    peer_copy(&dst[b], &src[a], o.bytes, &streams[b])?;
+                    ctxs[a].bind_to_thread()?;
+                    peer_copy(&dst[a], &src[b], o.bytes, &streams[a])?;
                     streams[a].synchronize()?;
                     streams[b].synchronize()?;
                     Ok(t0.elapsed().as_secs_f64())
                 };
                 for _ in 0..2 {
-                    both(&mut dst)?;
+                    both()?;
                 }
-                let seconds = (0..o.reps).map(|_| both(&mut dst)).collect::<anyhow::Result<Vec<f64>>>()?;
-                let intact = streams[a].clone_dtoh(&dst[a])? == expected && streams[b].clone_dtoh(&dst[b])? == expected;
+                let seconds = (0..o.reps).map(|_| both()).collect::<anyhow::Result<Vec<f64>>>()?;
+                let intact = dst[a].read()? == expected && dst[b].read()? == expected;
                 both_ways.push(p2p::Both {
                     a: devices[a],
                     b: devices[b],
@@ -457,6 +544,8 @@ pub mod backend {
                 });
             }
         }
+        // The buffers go before the streams and contexts they were used with.
+        drop((src, dst));
         Ok(p2p::Report {
             names: ctxs.iter().map(|c| c.name().unwrap_or_default()).collect(),
             devices,
