@@ -226,16 +226,31 @@ fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
     kiln(local, &["import", file.to_str().unwrap()]);
     let import_secs = t.elapsed().as_secs_f64();
 
-    let made = kiln(db, &["token", "create", "--name", "bench", "--json"]);
-    let token = serde_json::from_str::<serde_json::Value>(&made).unwrap()["token"].as_str().unwrap().to_string();
+    // Each agent its own token, as on a fleet (an agent token speaks for one host: the one its
+    // first upload carries), made through the library: a thousand `kiln token create` would time
+    // process starts, not the service.
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let tokens: Vec<String> = rt.block_on(async {
+        use kiln_db::Queries;
+        let location = kiln_db::Location::parse(&db.to_string_lossy()).unwrap();
+        let mut store = kiln_db::AnyStore::open(&location, kiln_db::Access::Write).await.unwrap();
+        let at = "2026-12-07T00:00:00Z";
+        let mut tokens = Vec::with_capacity(agents);
+        for n in 0..agents {
+            let t = kiln_serve::auth::new_token();
+            let name = format!("agent-{n}");
+            store.create_token(&t.id, &name, kiln_db::Role::Agent, &t.secret_sha256, at, None).await.unwrap();
+            tokens.push(t.token);
+        }
+        store.close().await.unwrap();
+        tokens
+    });
     let (server, addr) = start_server(db);
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let t = Instant::now();
     let results: Vec<Result<(u16, Duration), String>> = rt.block_on(async {
         let mut tasks = Vec::new();
-        for body in bodies {
-            let token = token.clone();
+        for (body, token) in bodies.into_iter().zip(tokens) {
             tasks.push(tokio::spawn(async move {
                 tokio::time::timeout(Duration::from_secs(300), upload(addr, &token, &body))
                     .await

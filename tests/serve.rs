@@ -187,7 +187,7 @@ fn the_service_on_postgresql_stores_uploads_once_and_answers_as_the_local_comman
 
 // Long: one fleet, uploaded once and asked every question, keeps the assertions next to their setup.
 fn stores_uploads_once_and_answers_as_the_local_commands_do(site: Site) {
-    let agent = site.token("rack-7", "agent");
+    let importer = site.token("site-import", "importer");
     let reader = site.token("procurement", "reader");
     let server = Server::start(&site.server_db(), &[]);
     let url = server.url.clone();
@@ -196,36 +196,36 @@ fn stores_uploads_once_and_answers_as_the_local_commands_do(site: Site) {
     // Authentication before anything is stored.
     let (status, auth, body) = post(&url, None, &export);
     assert_eq!((status, auth.as_str()), (401, "Bearer realm=\"kiln\""), "{body}");
-    let mut wrong = agent.clone();
+    let mut wrong = importer.clone();
     let last = wrong.pop().unwrap();
     wrong.push(if last == '0' { '1' } else { '0' });
     assert_eq!(post(&url, Some(&wrong), &export).0, 401, "a token with one digit changed");
     assert_eq!(post(&url, Some("Bearer nonsense"), &export).0, 401);
     let (status, _, body) = post(&url, Some(&reader), &export);
     assert_eq!(status, 403, "a reader may not upload: {body}");
-    assert_eq!(get(&url, "/api/v1/hosts", Some(&agent)).0, 403, "an agent may not read the fleet");
+    assert_eq!(get(&url, "/api/v1/hosts", Some(&importer)).0, 403, "an importer may not read the fleet");
     assert_eq!(runs_in(&site), 0);
 
     // Malformed uploads: refused with the line, nothing stored.
-    let (status, _, body) = post(&url, Some(&agent), "hello\n");
+    let (status, _, body) = post(&url, Some(&importer), "hello\n");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((status, answer["line"].as_u64()), (400, Some(1)), "{body}");
     let lines: Vec<&str> = export.lines().collect();
     let mut broken = lines.clone();
     let bad = broken[299].replacen(r#""metrics":[["#, r#""metrics":[[7,"#, 1);
     broken[299] = &bad;
-    let (status, _, body) = post(&url, Some(&agent), &(broken.join("\n") + "\n"));
+    let (status, _, body) = post(&url, Some(&importer), &(broken.join("\n") + "\n"));
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((status, answer["line"].as_u64()), (400, Some(300)), "{body}");
     assert!(answer["error"].as_str().unwrap().contains("nothing was imported"), "{body}");
     assert_eq!(runs_in(&site), 0, "a refused upload stores nothing");
 
     // The upload, and the same again: stored once.
-    let (status, _, body) = post(&url, Some(&agent), &export);
+    let (status, _, body) = post(&url, Some(&importer), &export);
     assert_eq!(status, 200, "{body}");
     let stats: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((stats["runs_new"].as_u64(), stats["hosts_new"].as_u64()), (Some(1200), Some(40)), "{body}");
-    let (status, _, body) = post(&url, Some(&agent), &export);
+    let (status, _, body) = post(&url, Some(&importer), &export);
     let stats: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((status, stats["runs_new"].as_u64(), stats["runs_known"].as_u64()), (200, Some(0), Some(1200)));
     assert_eq!(runs_in(&site), 1200);
@@ -337,7 +337,7 @@ fn stores_uploads_once_and_answers_as_the_local_commands_do(site: Site) {
     site.admin(&["token", "revoke", "procurement"]).success();
     assert_eq!(get(&url, "/api/v1/hosts", Some(&reader)).0, 401, "revoked");
     let listed = site.admin(&["token", "list", "--json"]).success().json();
-    let agent_row = listed["tokens"].as_array().unwrap().iter().find(|t| t["name"] == "rack-7").unwrap().clone();
+    let agent_row = listed["tokens"].as_array().unwrap().iter().find(|t| t["name"] == "site-import").unwrap().clone();
     assert!(agent_row["last_used_at"].is_string() && agent_row.get("secret_sha256").is_none(), "{agent_row}");
 
     let (status, said) = server.stop();
@@ -393,21 +393,25 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
         let root = snapshot(name);
         agent(url, &["inventory", "--save", "--root", root.to_str().unwrap()])
     };
-    let hosts = |url: &str| -> usize {
+    // The fleet's hosts and their inventories: an agent's token speaks for its own host, so every
+    // save here is of the same snapshot, each a new inventory of that one host.
+    let box_ = "16em64t-4s2c2t";
+    let inventories = |url: &str| -> (usize, u64) {
         let h = kiln(&["--server", url, "--token", &reader, "hosts", "--json"], &[]).success().json();
-        h["hosts"].as_array().unwrap().len()
+        let hosts = h["hosts"].as_array().unwrap();
+        (hosts.len(), hosts.iter().map(|h| h["inventories"].as_u64().unwrap()).sum())
     };
 
     let server = Server::start(&site.server_db(), &[]);
     let url = server.url.clone();
-    let first = save(&url, "16em64t-4s2c2t").success();
+    let first = save(&url, box_).success();
     assert!(!first.stderr().contains("warning"), "{}", first.describe());
-    assert_eq!(hosts(&url), 1, "stored here, then uploaded");
+    assert_eq!(inventories(&url), (1, 1), "stored here, then uploaded");
     let (status, _) = server.stop();
     assert!(status.success());
 
     // The server is down: the command succeeds, says so, and keeps the result queued.
-    let down = save(&url, "8em64t-2s2ca2c").success();
+    let down = save(&url, box_).success();
     assert!(down.stderr().contains("warning: 1 results not sent"), "{}", down.describe());
     let again = agent(&url, &["sync"]);
     assert_eq!(again.code(), Some(2), "{}", again.describe());
@@ -419,20 +423,19 @@ fn an_agent_spools_while_the_server_is_down_and_sends_each_result_once() {
     let url = server.url.clone();
     let sent = agent(&url, &["sync", "--json"]).success().json();
     assert_eq!((sent["entries"].as_u64(), sent["pending"]["inventories"].as_u64()), (Some(1), Some(0)), "{sent}");
-    assert_eq!(hosts(&url), 2);
+    assert_eq!(inventories(&url), (1, 2));
     let nothing = agent(&url, &["sync", "--json"]).success().json();
     assert_eq!(nothing["uploads"].as_u64(), Some(0), "nothing is sent twice: {nothing}");
     // --all sends everything stored again; the server keeps each record once.
     let all = agent(&url, &["sync", "--all", "--json"]).success().json();
     assert_eq!(all["entries"].as_u64(), Some(2), "{all}");
-    assert_eq!(hosts(&url), 2);
+    assert_eq!(inventories(&url), (1, 2));
 
     // A revoked token: the agent keeps its result and says why.
     site.admin(&["token", "revoke", "box"]).success();
-    let refused = save(&url, "16amd64-8n2c").success();
+    let refused = save(&url, box_).success();
     assert!(refused.stderr().contains("401") && refused.stderr().contains("revoked"), "{}", refused.describe());
-    let listed = kiln(&["--server", &url, "--token", &reader, "hosts", "--json"], &[]).success().json();
-    assert_eq!(listed["hosts"].as_array().unwrap().len(), 2);
+    assert_eq!(inventories(&url), (1, 2));
     let pending = agent(&url, &["sync", "--json"]);
     assert_eq!(pending.code(), Some(2));
     assert_eq!(pending.json()["pending"]["inventories"].as_u64(), Some(1), "{}", pending.describe());
@@ -454,6 +457,75 @@ name = "needs ok"
 run = ["sh", "-c", "echo looking for ok; test -e ${root}/ok && touch ${root}/done"]
 creates = "/done"
 "#;
+
+#[test]
+fn an_agent_token_uploads_its_own_hosts_records_only() {
+    agent_tokens_speak_for_their_own_host(Site::new());
+}
+
+#[test]
+fn an_agent_token_uploads_its_own_hosts_records_only_on_postgresql() {
+    if let Some(site) = Site::postgres("agent tokens on PostgreSQL") {
+        agent_tokens_speak_for_their_own_host(site);
+    }
+}
+
+/// The probes of a node speaking for others, over HTTP: agent B's token sending agent A's host
+/// (same identity, fresh record ids) or a host that is not B's, refused with 403 and nothing
+/// stored; each token bound to its first upload's host and listed with it; an importer's token
+/// loading any host; `kiln token create` printing only the token on a pipe.
+fn agent_tokens_speak_for_their_own_host(site: Site) {
+    let made = site.admin(&["token", "create", "--name", "node-a"]).success();
+    let a = made.stdout().trim().to_string();
+    assert!(
+        a.starts_with("kiln_") && !a.contains(char::is_whitespace),
+        "only the token on stdout: {}",
+        made.describe()
+    );
+    assert!(made.stderr().contains("copy it now") && made.stderr().contains("first upload"), "{}", made.describe());
+    let b = site.token("node-b", "agent");
+    let importer = site.token("site-import", "importer");
+    let refused = site.admin(&["token", "create", "--name", "r", "--role", "reader", "--host", "x"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("--host binds an agent token"), "{}", refused.describe());
+
+    let (export, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 3, ..crate::fleet::spec_seeded(5) });
+    let bodies = crate::fleet_gen::split_by_host(&export, 3);
+    let identity = |body: &str| -> String {
+        let host = body.lines().find(|l| l.starts_with(r#"{"type":"host""#)).unwrap();
+        serde_json::from_str::<Value>(host).unwrap()["identity"].as_str().unwrap().to_string()
+    };
+    let server = Server::start(&site.server_db(), &[]);
+    let url = server.url.clone();
+    assert_eq!(post(&url, Some(&a), &bodies[0]).0, 200);
+    assert_eq!(post(&url, Some(&b), &bodies[1]).0, 200);
+    let stored = runs_in(&site);
+
+    // B sends A's host, with fresh record ids.
+    let forged = bodies[0].replace(r#""id":""#, r#""id":"f"#).replace(r#""host_id":""#, r#""host_id":"f"#);
+    let (status, _, body) = post(&url, Some(&b), &forged);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains(&identity(&bodies[0])) && body.contains("nothing was imported"), "{body}");
+    // B sends a host that is not its own (a node that does not exist, say).
+    let (status, _, body) = post(&url, Some(&b), &bodies[2]);
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(runs_in(&site), stored, "a refused upload stores nothing");
+    let hosts = site.admin(&["hosts", "--json"]).success().json();
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 2, "no host was made by a refused upload");
+
+    // Each token is listed with its host; an importer loads any host.
+    let listed = site.admin(&["token", "list", "--json"]).success().json();
+    let host_of = |name: &str| {
+        let rows = listed["tokens"].as_array().unwrap();
+        rows.iter().find(|t| t["name"] == name).unwrap()["host_identity"].as_str().map(str::to_string)
+    };
+    assert_eq!(host_of("node-a"), Some(identity(&bodies[0])));
+    assert_eq!(host_of("node-b"), Some(identity(&bodies[1])));
+    assert_eq!(host_of("site-import"), None);
+    assert!(site.admin(&["token", "list"]).success().stdout().contains(&identity(&bodies[1])));
+    assert_eq!(post(&url, Some(&importer), &bodies[2]).0, 200);
+    assert!(runs_in(&site) > stored);
+}
 
 #[test]
 fn provision_applies_reach_the_service_with_their_journal() {
@@ -551,7 +623,7 @@ fn an_upload_cut_off_by_a_killed_server_on_postgresql_is_stored_whole_or_not_at_
 }
 
 fn upload_cut_off_by_a_killed_server(site: Site) {
-    let token = site.token("box", "agent");
+    let token = site.token("site-import", "importer");
     let server = Server::start(&site.server_db(), &[]);
     let (export, ..) = generate(&crate::fleet::spec_seeded(7));
     let url = server.url.clone();
@@ -579,7 +651,7 @@ fn upload_cut_off_by_a_killed_server(site: Site) {
 fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() {
     let Some(site) = Site::postgres("PostgreSQL restarted under the server") else { return };
     let pg = site.pg.as_ref().unwrap();
-    let token = site.token("box", "agent");
+    let token = site.token("site-import", "importer");
     let reader = site.token("ops", "reader");
     let server = Server::start(&site.server_db(), &[]);
     let (first, ..) = generate(&crate::fleet::spec_seeded(11));
@@ -611,7 +683,7 @@ fn postgresql_restarted_under_the_server_costs_one_refused_upload_and_no_data() 
 #[test]
 fn two_services_on_one_postgresql_share_its_fleet() {
     let Some(site) = Site::postgres("two services on one PostgreSQL") else { return };
-    let token = site.token("box", "agent");
+    let token = site.token("site-import", "importer");
     let (a, b) = (Server::start(&site.server_db(), &[]), Server::start(&site.server_db(), &[]));
     // The same configurations in both halves: both uploads bring the same new metrics and series
     // keys. (Whether the two imports overlap is up to timing; a race on a new key is handled by
@@ -646,7 +718,7 @@ fn two_services_on_one_postgresql_share_its_fleet() {
 #[test]
 fn two_services_on_one_postgresql_take_the_same_new_hosts_at_once() {
     let Some(site) = Site::postgres("two imports racing on PostgreSQL") else { return };
-    let token = site.token("box", "agent");
+    let token = site.token("site-import", "importer");
     let (a, b) = (Server::start(&site.server_db(), &[]), Server::start(&site.server_db(), &[]));
     let (export, ..) = generate(&crate::fleet_gen::FleetSpec { hosts: 40, ..crate::fleet::spec_seeded(37) });
     let pg = site.pg.as_ref().unwrap();
@@ -707,7 +779,7 @@ fn postgresql_urls_are_taken_where_they_serve_and_refused_clearly_elsewhere() {
 #[test]
 fn limits_anonymous_reads_and_https() {
     let site = Site::new();
-    let token = site.token("box", "agent");
+    let token = site.token("site-import", "importer");
     let server = Server::start(&site.server_db(), &["--max-upload-mib", "1", "--anonymous-read"]);
     let (export, ..) = generate(&crate::fleet::spec_seeded(3));
     assert!(export.len() > 1 << 20);

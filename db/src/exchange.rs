@@ -444,10 +444,31 @@ pub struct ImportStats {
     pub telemetry: u64,
 }
 
+/// An upload to the fleet service: its label (for messages), the export text, and who sent it.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub label: String,
+    pub text: String,
+    pub sender: Sender,
+}
+
+/// Who sent an upload: its token (recorded with every accepted upload, with the client's address)
+/// and whether that token speaks for one host only (an agent's: bound to a host identity when it
+/// was made, or by its first upload; records of any other host are refused).
+#[derive(Debug, Clone)]
+pub struct Sender {
+    pub token_id: String,
+    pub client: Option<String>,
+    pub one_host: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error("{file}:{line}: {message}; nothing was imported")]
     Malformed { file: String, line: usize, message: String },
+    /// The upload speaks for a host its token may not (the fleet service answers 403).
+    #[error("{file}: {message}; nothing was imported")]
+    Refused { file: String, message: String },
     #[error("{file}: {message}; nothing was imported")]
     File { file: String, message: String },
     #[error(transparent)]
@@ -891,10 +912,10 @@ mod tests {
                 .replace(r#""host_id":"h1""#, r#""host_id":"h2""#);
             let host2 = HOST.replace(r#""id":"h1""#, r#""id":"h2""#).replace("serial-1", "serial-2");
             let uploads = vec![
-                ("a".to_string(), file(&[HOST, INVENTORY, SOFTWARE, RUN])),
-                ("b".to_string(), "hello\n".to_string()),
-                ("c".to_string(), file(&[&host2, SOFTWARE, &orphan])),
-                ("d".to_string(), file(&[HOST, INVENTORY, SOFTWARE, &second_run])),
+                anyone("a", file(&[HOST, INVENTORY, SOFTWARE, RUN])),
+                anyone("b", "hello\n".to_string()),
+                anyone("c", file(&[&host2, SOFTWARE, &orphan])),
+                anyone("d", file(&[HOST, INVENTORY, SOFTWARE, &second_run])),
             ];
             let results = store.import_many(&uploads).await;
             assert_eq!(results[0].as_ref().unwrap().runs_new, 1);
@@ -903,6 +924,96 @@ mod tests {
             assert_eq!(results[3].as_ref().unwrap().runs_new, 1, "sees what the first stored");
             assert_eq!(store.runs(100).await.unwrap().len(), 2);
             assert_eq!(store.hosts().await.unwrap().len(), 1, "the failed upload's host was rolled back");
+            store.close().await.unwrap();
+        });
+    }
+
+    /// An upload sent with a token that speaks for any host (an admin's or importer's).
+    fn anyone(label: &str, text: String) -> Upload {
+        Upload { label: label.into(), text, sender: Sender { token_id: "t-any".into(), client: None, one_host: false } }
+    }
+
+    /// The probes of a node speaking for another: an agent token is bound to the host of its first
+    /// upload, and then records of another host — a host record, or a run or verdict naming another
+    /// host's inventory — are refused with nothing kept; a second token's first upload cannot
+    /// claim a host another token holds; every accepted upload is recorded.
+    #[test]
+    fn an_agent_token_speaks_for_its_own_host_only() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
+            for (id, name) in [("ta", "node-a"), ("tb", "node-b"), ("tc", "node-c")] {
+                store.create_token(id, name, crate::Role::Agent, b"h", "2026-11-03T00:00:00Z", None).await.unwrap();
+            }
+            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
+            let file = |lines: &[&str]| {
+                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
+                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
+            };
+            let agent = |token: &str, label: &str, text: String| Upload {
+                label: label.into(),
+                text,
+                sender: Sender { token_id: token.into(), client: Some("10.0.0.9".into()), one_host: true },
+            };
+            // B's own box: another identity, record ids of its own.
+            let b = |s: &str| {
+                s.replace(r#""id":"h1""#, r#""id":"hb""#)
+                    .replace(r#""host_id":"h1""#, r#""host_id":"hb""#)
+                    .replace("serial-1", "serial-2")
+                    .replace(r#""id":"i1""#, r#""id":"ib""#)
+                    .replace(r#""inventory_id":"i1""#, r#""inventory_id":"ib""#)
+                    .replace("000000000001", "0000000000b1")
+            };
+            let one = async |store: &mut Store, u: Upload| store.import_many(&[u]).await.remove(0);
+            assert!(one(&mut store, agent("ta", "a", file(&[HOST, INVENTORY, SOFTWARE, RUN]))).await.is_ok());
+            assert!(one(&mut store, agent("tb", "b", file(&[&b(HOST), &b(INVENTORY), SOFTWARE, &b(RUN)])))
+                .await
+                .is_ok());
+            let bound =
+                |rows: &[crate::TokenRow], id: &str| rows.iter().find(|t| t.id == id).unwrap().host_identity.clone();
+            let rows = store.tokens().await.unwrap();
+            assert_eq!((bound(&rows, "ta"), bound(&rows, "tb")), (Some("serial-1".into()), Some("serial-2".into())));
+
+            // B sends A's identity with fresh record ids.
+            let forged = HOST.replace(r#""id":"h1""#, r#""id":"hx""#);
+            let forged_run =
+                RUN.replace(r#""host_id":"h1""#, r#""host_id":"hx""#).replace("000000000001", "0000000000f1");
+            let refused = one(&mut store, agent("tb", "forged", file(&[&forged, SOFTWARE, &forged_run]))).await;
+            let Err(ImportError::Refused { message, .. }) = refused else { panic!("{refused:?}") };
+            assert!(message.contains("speaks for host serial-2") && message.contains("serial-1"), "{message}");
+            // B's own host record, and a run on A's inventory.
+            let on_a = b(RUN)
+                .replace(r#""inventory_id":"ib""#, r#""inventory_id":"i1""#)
+                .replace("0000000000b1", "0000000000f2");
+            let refused = one(&mut store, agent("tb", "on-a", file(&[&b(HOST), SOFTWARE, &on_a]))).await;
+            let Err(ImportError::Refused { message, .. }) = refused else { panic!("{refused:?}") };
+            assert!(message.contains("belongs to another host"), "{message}");
+            // A third token's first upload claims A's host.
+            let refused = one(&mut store, agent("tc", "claim", file(&[HOST, INVENTORY, SOFTWARE, RUN]))).await;
+            let Err(ImportError::Refused { message, .. }) = refused else { panic!("{refused:?}") };
+            assert!(message.contains("node-a"), "{message}");
+            assert_eq!(bound(&store.tokens().await.unwrap(), "tc"), None, "nothing of a refused upload is kept");
+
+            // Nothing of the refused uploads was kept; an importer's upload of any host is taken.
+            assert_eq!(store.hosts().await.unwrap().len(), 2);
+            assert_eq!(store.runs(100).await.unwrap().len(), 2);
+            assert!(one(&mut store, anyone("site", file(&[&forged, SOFTWARE, &forged_run]))).await.is_ok());
+            assert_eq!(store.runs(100).await.unwrap().len(), 3);
+            let recorded: Vec<(String, Option<String>, Option<String>)> =
+                sqlx::query_as("SELECT token_id, host_identity, client FROM uploads ORDER BY rowid")
+                    .fetch_all(&mut store.conn)
+                    .await
+                    .unwrap();
+            let ip = Some("10.0.0.9".to_string());
+            assert_eq!(
+                recorded,
+                [
+                    ("ta".into(), Some("serial-1".into()), ip.clone()),
+                    ("tb".into(), Some("serial-2".into()), ip),
+                    ("t-any".into(), None, None)
+                ]
+            );
             store.close().await.unwrap();
         });
     }

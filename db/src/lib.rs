@@ -30,7 +30,7 @@ mod status;
 mod tokens;
 mod verdicts;
 pub use any::{AnyStore, Location};
-pub use exchange::{check_export, ExportStats, ImportError, ImportStats, EXPORT_VERSION};
+pub use exchange::{check_export, ExportStats, ImportError, ImportStats, Sender, Upload, EXPORT_VERSION};
 pub use fleet::{mean_power, Fleet, FleetHost};
 pub use journal::{ApplyRow, NewApply, StepRow};
 pub use kiln_text::timefmt::parse_rfc3339;

@@ -8,12 +8,15 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Uploads results.
+    /// Uploads the results of one host: the one named when the token was made, or else the one its
+    /// first upload carries. Records of any other host are refused.
     Agent,
     /// Reads the fleet.
     Reader,
-    /// Both.
+    /// Reads the fleet and uploads for any host.
     Admin,
+    /// Loads exports of any hosts (another site's, a backup): uploads without reading.
+    Importer,
 }
 
 impl Role {
@@ -22,6 +25,7 @@ impl Role {
             Role::Agent => "agent",
             Role::Reader => "reader",
             Role::Admin => "admin",
+            Role::Importer => "importer",
         }
     }
 
@@ -30,13 +34,19 @@ impl Role {
             "agent" => Some(Role::Agent),
             "reader" => Some(Role::Reader),
             "admin" => Some(Role::Admin),
+            "importer" => Some(Role::Importer),
             _ => None,
         }
     }
 
     /// Whether a token of this role may upload.
     pub fn writes(self) -> bool {
-        matches!(self, Role::Agent | Role::Admin)
+        matches!(self, Role::Agent | Role::Admin | Role::Importer)
+    }
+
+    /// Whether a token of this role speaks for one host only.
+    pub fn one_host(self) -> bool {
+        self == Role::Agent
     }
 
     /// Whether a token of this role may read the fleet.
@@ -54,6 +64,8 @@ pub struct TokenRow {
     pub created_at: String,
     pub revoked_at: Option<String>,
     pub last_used_at: Option<String>,
+    /// The identity of the host an agent token speaks for, once bound.
+    pub host_identity: Option<String>,
     /// SHA-256 of the secret part.
     #[serde(skip)]
     pub secret_sha256: Vec<u8>,

@@ -99,6 +99,7 @@ mod tests {
             created_at: String::new(),
             revoked_at: None,
             last_used_at: None,
+            host_identity: None,
             secret_sha256: t.secret_sha256.clone(),
         };
         assert!(secret_matches(&row, secret));

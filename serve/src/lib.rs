@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -58,10 +58,25 @@ pub struct Config {
     pub readers: usize,
 }
 
+/// The address a request came from, over TCP or TLS: recorded with each accepted upload.
+#[derive(Debug, Clone, Copy)]
+struct Peer(SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tls::TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tls::TlsListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
 /// An upload on its way to the writer, and where its answer goes.
-struct Upload {
-    label: String,
-    text: String,
+struct Queued {
+    upload: kiln_db::Upload,
     reply: tokio::sync::oneshot::Sender<Result<ImportStats, ImportError>>,
 }
 
@@ -77,7 +92,7 @@ const UPLOAD_SLOTS: usize = 16;
 pub struct App {
     pool: Pool,
     /// Uploads waiting for the writer (see [`group_commit`]).
-    uploads: tokio::sync::mpsc::Sender<Upload>,
+    uploads: tokio::sync::mpsc::Sender<Queued>,
     anonymous_read: bool,
     max_upload_bytes: usize,
     /// Upload bodies being read into memory at once (see [`records`]).
@@ -156,11 +171,13 @@ async fn run(config: &Config, app: Shared) -> Result<()> {
             let tls = tls::server_config(cert, key)?;
             eprintln!("kiln serve: listening on https://{addr}");
             let listener = tls::TlsListener::new(listener, tls);
-            tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(signal).into_future())
+            let service = router.into_make_service_with_connect_info::<Peer>();
+            tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(signal).into_future())
         }
         None => {
             eprintln!("kiln serve: listening on http://{addr}");
-            tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(signal).into_future())
+            let service = router.into_make_service_with_connect_info::<Peer>();
+            tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(signal).into_future())
         }
     };
     let which = stop_signal.await;
@@ -201,17 +218,16 @@ pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = &'st
 /// meanwhile (up to [`GROUP_UPLOADS`] or [`GROUP_BYTES`]) and stores them in one transaction, each
 /// in a savepoint of its own (`Store::import_many`): one sync to disk for the lot, and each upload
 /// still whole or not at all. Alone, an upload goes at once.
-async fn group_commit(app: Shared, mut queued: tokio::sync::mpsc::Receiver<Upload>) {
+async fn group_commit(app: Shared, mut queued: tokio::sync::mpsc::Receiver<Queued>) {
     while let Some(first) = queued.recv().await {
-        let mut bytes = first.text.len();
+        let mut bytes = first.upload.text.len();
         let mut batch = vec![first];
         while batch.len() < GROUP_UPLOADS && bytes < GROUP_BYTES {
             let Ok(next) = queued.try_recv() else { break };
-            bytes += next.text.len();
+            bytes += next.upload.text.len();
             batch.push(next);
         }
-        let (inputs, replies): (Vec<(String, String)>, Vec<_>) =
-            batch.into_iter().map(|u| ((u.label, u.text), u.reply)).unzip();
+        let (inputs, replies): (Vec<kiln_db::Upload>, Vec<_>) = batch.into_iter().map(|q| (q.upload, q.reply)).unzip();
         // A closed pool (the server stopping) drops the replies: those requests answer 503.
         if let Ok(results) = app.pool.write(async move |s: &mut AnyStore| s.import_many(&inputs).await).await {
             for (result, reply) in results.into_iter().zip(replies) {
@@ -416,7 +432,12 @@ async fn frames(body: Body, limit: usize, mut keep: impl FnMut(&[u8])) -> Result
 /// The token is checked before the body is read, and at most [`UPLOAD_SLOTS`] bodies are read into
 /// memory at once, each up to `--max-upload-mib` (a larger one is refused with 413 as soon as it
 /// shows: by its `Content-Length`, or when the limit is reached).
-async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn records(
+    State(app): State<Shared>,
+    ConnectInfo(Peer(client)): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let token = match authorize(&app, &headers, Need::Write).await {
         Ok(token) => token,
         Err(refused) => {
@@ -446,10 +467,17 @@ async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> R
         message: format!("the body is not UTF-8 (byte {}); nothing was imported", e.utf8_error().valid_up_to()),
         line: None,
     })?;
-    let label = format!("upload by token {}", token.map(|t| t.name).unwrap_or_default());
+    // Uploads always carry a token (`authorize` with `Need::Write` insists).
+    let token = token.ok_or_else(|| ApiError::Unauthorized("no token".into()))?;
+    let label = format!("upload by token {}", token.name);
+    let sender =
+        kiln_db::Sender { token_id: token.id, client: Some(client.ip().to_string()), one_host: token.role.one_host() };
     let (reply, answer) = tokio::sync::oneshot::channel();
     let stopping = || ApiError::Unavailable("the server is stopping; nothing was stored, send it again".into());
-    app.uploads.send(Upload { label, text, reply }).await.map_err(|_| stopping())?;
+    app.uploads
+        .send(Queued { upload: kiln_db::Upload { label, text, sender }, reply })
+        .await
+        .map_err(|_| stopping())?;
     match answer.await.map_err(|_| stopping())? {
         Ok(stats) => {
             app.metrics.uploaded(&stats);
@@ -461,6 +489,9 @@ async fn records(State(app): State<Shared>, headers: HeaderMap, body: Body) -> R
         }),
         Err(ImportError::File { message, .. }) => {
             Err(ApiError::BadRequest { message: format!("{message}; nothing was imported"), line: None })
+        }
+        Err(ImportError::Refused { message, .. }) => {
+            Err(ApiError::Forbidden(format!("{message}; nothing was imported")))
         }
         Err(ImportError::Db(e)) => Err(e.into()),
     }

@@ -830,9 +830,14 @@ pub enum TokenCmd {
         /// A name for people: the box, the team or the service that uses it (unique among live tokens)
         #[arg(long)]
         name: String,
-        /// agent: uploads results; reader: reads the fleet; admin: both
+        /// agent: uploads its own host's results; reader: reads the fleet; admin: reads, and uploads for any
+        /// host; importer: loads exports of any hosts (another site's), without reading
         #[arg(long, value_enum, default_value = "agent")]
         role: TokenRole,
+        /// The identity of the one host an agent token speaks for (`kiln inventory --json`'s
+        /// fingerprints.host); without it, the host of the token's first upload
+        #[arg(long, value_name = "IDENTITY")]
+        host: Option<String>,
     },
     /// List the tokens (never their secrets)
     List,
@@ -848,6 +853,7 @@ pub enum TokenRole {
     Agent,
     Reader,
     Admin,
+    Importer,
 }
 
 #[derive(Subcommand)]

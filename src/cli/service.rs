@@ -44,15 +44,29 @@ pub struct Created {
     pub id: String,
     pub name: String,
     pub role: Role,
+    /// The host an agent token speaks for, when named at creation.
+    pub host: Option<String>,
     pub token: String,
 }
 
 impl View for Created {
+    /// The token alone: what `$(kiln token create …)` captures. The advice goes to standard error.
     fn render(&self) -> String {
+        self.token.clone()
+    }
+}
+
+impl Created {
+    /// What to do with the token, for standard error.
+    fn advice(&self) -> String {
+        let host = match (&self.host, self.role) {
+            (Some(h), _) => format!(", for host {h} only"),
+            (None, Role::Agent) => ", for the host of its first upload only".into(),
+            _ => String::new(),
+        };
         format!(
-            "{}\n\ntoken {} for {:?} ({}): copy it now, kiln keeps only its hash. Agents take it as --token, \
+            "kiln: token {} for {:?} ({}{host}): copy it now, kiln keeps only its hash. Agents take it as --token, \
              KILN_TOKEN or `token` in /etc/kiln/agent.toml.",
-            self.token,
             self.id,
             self.name,
             self.role.as_str()
@@ -69,7 +83,8 @@ pub struct Tokens {
 impl View for Tokens {
     fn render(&self) -> String {
         if self.tokens.is_empty() {
-            return "no tokens yet: kiln token create --name NAME [--role agent|reader|admin]".into();
+            return "no tokens yet: kiln token create --name NAME [--role agent|reader|admin|importer] [--host IDENTITY]"
+                .into();
         }
         let rows: Vec<Vec<String>> = self
             .tokens
@@ -79,13 +94,18 @@ impl View for Tokens {
                     t.id.clone(),
                     t.name.clone(),
                     t.role.as_str().into(),
+                    match (&t.host_identity, t.role) {
+                        (Some(h), _) => h.clone(),
+                        (None, Role::Agent) => "(first upload's)".into(),
+                        (None, _) => "any".into(),
+                    },
                     t.created_at.clone(),
                     t.last_used_at.clone().unwrap_or_else(|| "never".into()),
                     t.revoked_at.clone().map(|r| format!("revoked {r}")).unwrap_or_else(|| "live".into()),
                 ]
             })
             .collect();
-        kiln_text::table(&["ID", "NAME", "ROLE", "CREATED", "LAST USED", "STATE"], &rows)
+        kiln_text::table(&["ID", "NAME", "ROLE", "HOST", "CREATED", "LAST USED", "STATE"], &rows)
     }
 }
 
@@ -103,20 +123,29 @@ impl View for Revoked {
 
 pub fn token(what: TokenCmd, ctx: &Ctx) -> Result<Output> {
     match what {
-        TokenCmd::Create { name, role } => {
+        TokenCmd::Create { name, role, host } => {
             let role = match role {
                 TokenRole::Agent => Role::Agent,
                 TokenRole::Reader => Role::Reader,
                 TokenRole::Admin => Role::Admin,
+                TokenRole::Importer => Role::Importer,
             };
             if name.trim().is_empty() {
                 anyhow::bail!("--name must not be empty");
             }
+            if host.is_some() && !role.one_host() {
+                anyhow::bail!("--host binds an agent token to its host; a {} token is not bound", role.as_str());
+            }
+            if host.as_deref().is_some_and(|h| h.trim().is_empty()) {
+                anyhow::bail!("--host must not be empty");
+            }
             let new = auth::new_token();
             let (id, hash, at) = (new.id.clone(), new.secret_sha256.clone(), kiln_text::timefmt::now_rfc3339());
             let stored_name = name.clone();
-            ctx.with_any(async |s| s.create_token(&id, &stored_name, role, &hash, &at).await)?;
-            ctx.output(&Created { id: new.id, name, role, token: new.token })
+            ctx.with_any(async |s| s.create_token(&id, &stored_name, role, &hash, &at, host.as_deref()).await)?;
+            let created = Created { id: new.id, name, role, host, token: new.token };
+            eprintln!("{}", created.advice());
+            ctx.output(&created)
         }
         TokenCmd::List => ctx.output(&Tokens { tokens: ctx.with_any(async |s| s.tokens().await)? }),
         TokenCmd::Revoke { name_or_id } => {

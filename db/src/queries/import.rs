@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::index::{index_runs, IndexRun};
 use crate::engine::{query, sql_err, Arg, Backend, Builder, Conn, Row};
-use crate::exchange::{parse_export, HostRec, ImportError, ImportStats, InventoryRec, Record, RunRec, SoftwareRec};
+use crate::exchange::{
+    parse_export, HostRec, ImportError, ImportStats, InventoryRec, Record, RunRec, Sender, SoftwareRec, Upload,
+};
 use crate::fleet::mean_power;
 use crate::{DbError, MAX_BINDS};
 
@@ -35,7 +37,7 @@ async fn import_records(
     conn.prepare_import().await;
     let mut tx = conn.begin_write().await.map_err(&err)?;
     tx.one_writer().await.map_err(&err)?;
-    let stats = import_into(&mut tx.conn(), records, malformed).await.map_err(|e| e.into_import(&err))?;
+    let stats = import_into(&mut tx.conn(), records, malformed, None).await.map_err(|e| e.into_import(&err))?;
     tx.commit().await.map_err(&err)?;
     Ok(stats)
 }
@@ -46,12 +48,12 @@ async fn import_records(
 /// service's writer takes the uploads that queued while it was busy this way (group commit).
 pub(crate) async fn import_many(
     s: &mut impl Backend,
-    uploads: &[(String, String)],
+    uploads: &[Upload],
 ) -> Vec<std::result::Result<ImportStats, ImportError>> {
     let err = sql_err(s);
     let path = s.path().to_path_buf();
     let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
-    let parsed: Vec<_> = uploads.iter().map(|(file, text)| parse_export(file, text)).collect();
+    let parsed: Vec<_> = uploads.iter().map(|u| parse_export(&u.label, &u.text)).collect();
     if parsed.iter().all(|p| p.is_err()) {
         return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
     }
@@ -73,7 +75,8 @@ pub(crate) async fn import_many(
                 .collect();
         }
     };
-    for ((file, _), records) in uploads.iter().zip(parsed) {
+    for (upload, records) in uploads.iter().zip(parsed) {
+        let file = &upload.label;
         let records = match records {
             Ok(r) => r,
             Err(e) => {
@@ -85,7 +88,7 @@ pub(crate) async fn import_many(
         let result = async {
             let mut c = tx.conn();
             query("SAVEPOINT upload").execute(&mut c).await?;
-            match import_into(&mut c, records, &malformed).await {
+            match import_into(&mut c, records, &malformed, Some((file, &upload.sender))).await {
                 Ok(stats) => {
                     query("RELEASE upload").execute(&mut c).await?;
                     Ok(stats)
@@ -124,20 +127,167 @@ fn shared_failure(path: &std::path::Path, cause: &DbError) -> DbError {
     }
 }
 
-/// Applies parsed records on a connection inside a transaction (or a savepoint).
+/// Applies parsed records on a connection inside a transaction (or a savepoint). An upload to the
+/// fleet service names its file and sender: a sender that speaks for one host has its records
+/// confined to that host ([`own_host`], [`confine`]), and the upload is recorded once stored.
 async fn import_into(
     tx: &mut Conn<'_>,
     records: Vec<(usize, Record<'_>)>,
     malformed: &dyn Fn(usize, String) -> ImportError,
+    sent: Option<(&str, &Sender)>,
 ) -> std::result::Result<ImportStats, Failed> {
     let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+    let own = match sent {
+        Some((file, sender)) if sender.one_host => {
+            let refused = |message: String| Failed::File(ImportError::Refused { file: file.to_string(), message });
+            Some((own_host(tx, sender, &records, &refused).await?, refused))
+        }
+        _ => None,
+    };
     let parents = import_parents(tx, &records, malformed, &mut stats).await?;
+    if let Some((own, refused)) = &own {
+        confine(tx, &records, &parents, own.as_deref(), refused).await?;
+    }
     let fresh = fresh_runs(tx, &records, &parents, malformed, &mut stats).await?;
     insert_runs(tx, &fresh, &mut stats).await?;
     index_fresh(tx, &fresh, &parents).await?;
     import_verdicts(tx, &records, &parents, malformed, &mut stats).await?;
-    import_applies(tx, &records, &mut stats).await?;
+    import_applies(tx, &records, &mut stats, own.as_ref().map(|(_, refused)| refused as &dyn Fn(String) -> Failed))
+        .await?;
+    if let Some((_, sender)) = sent {
+        let host = match &own {
+            Some((host, _)) => host.clone(),
+            None => None,
+        };
+        query(
+            "INSERT INTO uploads (token_id, host_identity, received_at, client, records, stats) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&sender.token_id)
+        .bind(&host)
+        .bind(kiln_text::timefmt::now_rfc3339())
+        .bind(&sender.client)
+        .bind(stats.records as i64)
+        .bind(serde_json::to_string(&stats).unwrap_or_default())
+        .execute(tx)
+        .await?;
+    }
     Ok(stats)
+}
+
+/// The host an agent token speaks for: the identity it was bound to, or, on its first upload that
+/// carries a host, that host's (bound now, in the upload's transaction; a token bound meanwhile by
+/// another upload is read back and holds). `None`: not bound, and this upload carries no host
+/// (provisioning applies alone). A host record of any other identity is refused.
+async fn own_host(
+    tx: &mut Conn<'_>,
+    sender: &Sender,
+    records: &[(usize, Record<'_>)],
+    refused: &dyn Fn(String) -> Failed,
+) -> std::result::Result<Option<String>, Failed> {
+    let carried: std::collections::BTreeSet<&str> = records
+        .iter()
+        .filter_map(|(_, r)| if let Record::Host(h) = r { Some(h.identity.as_str()) } else { None })
+        .collect();
+    let bound = query("SELECT host_identity FROM tokens WHERE id = $1");
+    let Some(mut host) = bound.bind(&sender.token_id).scalar_optional::<Option<String>>(tx).await? else {
+        return Err(refused(format!("token {} no longer exists", sender.token_id)));
+    };
+    if host.is_none() {
+        match carried.len() {
+            0 => return Ok(None),
+            1 => {
+                let first = carried.first().copied().unwrap_or_default();
+                // A host another live agent token speaks for is not claimed by a second one's first
+                // upload: that takes `kiln token create --host`, or revoking the other token.
+                let holder: Option<String> = query(
+                    "SELECT name FROM tokens WHERE host_identity = $1 AND revoked_at IS NULL AND id <> $2 LIMIT 1",
+                )
+                .bind(first)
+                .bind(&sender.token_id)
+                .scalar_optional(tx)
+                .await?;
+                if let Some(holder) = holder {
+                    return Err(refused(format!(
+                        "host {first} is the host of token {holder:?}; this token's first upload may not claim it \
+                         (revoke that token, or make this one with `kiln token create --host {first}`)"
+                    )));
+                }
+                query("UPDATE tokens SET host_identity = $1 WHERE id = $2 AND host_identity IS NULL")
+                    .bind(first)
+                    .bind(&sender.token_id)
+                    .execute(tx)
+                    .await?;
+                host = query("SELECT host_identity FROM tokens WHERE id = $1")
+                    .bind(&sender.token_id)
+                    .scalar_optional::<Option<String>>(tx)
+                    .await?
+                    .flatten();
+            }
+            n => {
+                let all: Vec<&str> = carried.iter().copied().collect();
+                return Err(refused(format!(
+                    "an agent token speaks for one host, and this upload carries {n} ({}); upload each host's \
+                     records with its own token, or import a site's export with an importer token",
+                    all.join(", ")
+                )));
+            }
+        }
+    }
+    let host = host.unwrap_or_default();
+    if let Some(other) = carried.iter().find(|i| **i != host) {
+        return Err(refused(format!(
+            "token {} speaks for host {host}, and this upload carries host {other}: an agent token uploads its own \
+             host's records only",
+            sender.token_id
+        )));
+    }
+    Ok(Some(host))
+}
+
+/// An agent's records name its own host only: each run's, inventory's and verdict's host is one of
+/// the upload's host records (which [`own_host`] confined), and an inventory a run or verdict
+/// names that the upload does not carry must be one the fleet holds for that same host.
+async fn confine(
+    tx: &mut Conn<'_>,
+    records: &[(usize, Record<'_>)],
+    p: &Parents,
+    own: Option<&str>,
+    refused: &dyn Fn(String) -> Failed,
+) -> std::result::Result<(), Failed> {
+    let own_id: Option<String> = match own {
+        Some(identity) => query("SELECT id FROM hosts WHERE identity = $1").bind(identity).scalar_optional(tx).await?,
+        None => None,
+    };
+    let mut outside = Vec::new();
+    for (_, rec) in records {
+        let (what, id, host, inventory) = match rec {
+            Record::Run(r) => ("run", &r.id, &r.host_id, r.inventory_id.as_ref()),
+            Record::Verdict(v) => ("verdict", &v.id, &v.host_id, Some(&v.inventory_id)),
+            Record::Inventory(i) => ("inventory", &i.id, &i.host_id, None),
+            _ => continue,
+        };
+        if !p.host_ids.contains_key(host) {
+            return Err(refused(format!(
+                "{what} {id} names host {host}, which this upload does not carry: an agent token uploads its own \
+                 host's records only"
+            )));
+        }
+        if let Some(inv) = inventory.filter(|i| !p.inventory_configs.contains_key(*i)) {
+            outside.push((what, id, inv));
+        }
+    }
+    for (what, id, inv) in outside {
+        let holder: Option<String> =
+            query("SELECT host_id FROM inventories WHERE id = $1").bind(inv).scalar_optional(tx).await?;
+        if holder.is_some() && holder != own_id {
+            return Err(refused(format!(
+                "{what} {id} names inventory {inv}, which belongs to another host: an agent token uploads its own \
+                 host's records only"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Provisioning applies with their journals. One that is new here goes in whole; one already here
@@ -147,21 +297,33 @@ async fn import_applies(
     tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
     stats: &mut ImportStats,
+    one_host: Option<&dyn Fn(String) -> Failed>,
 ) -> std::result::Result<(), Failed> {
     for (_, rec) in records {
         let Record::Apply(a) = rec else { continue };
-        let here: Option<(i64, i64, Option<String>)> = query(
-            "SELECT resumes, (SELECT COUNT(*) FROM provision_steps s WHERE s.apply_id = a.id), finished_at \
+        let here: Option<(i64, i64, Option<String>, Option<String>)> = query(
+            "SELECT resumes, (SELECT COUNT(*) FROM provision_steps s WHERE s.apply_id = a.id), finished_at, hostname \
              FROM provision_applies a WHERE id = $1",
         )
         .bind(&a.id)
         .fetch_optional_as(tx)
         .await?;
+        // An agent continues its own applies only: one stored under another host name is not its.
+        if let (Some(refused), Some((_, _, _, stored))) = (one_host, &here) {
+            if stored != &a.hostname {
+                return Err(refused(format!(
+                    "apply {} is stored for host {}, and this upload sends it for {}",
+                    a.id,
+                    stored.as_deref().unwrap_or("(none)"),
+                    a.hostname.as_deref().unwrap_or("(none)")
+                )));
+            }
+        }
         let story =
             |resumes: i64, steps: i64, finished: Option<&str>| (resumes, steps, finished.unwrap_or("").to_string());
         let told = story(a.resumes, a.steps.len() as i64, a.finished_at.as_deref());
         match here {
-            Some((r, n, f)) if story(r, n, f.as_deref()) >= told => continue,
+            Some((r, n, f, _)) if story(r, n, f.as_deref()) >= told => continue,
             Some(_) => {
                 query("DELETE FROM provision_steps WHERE apply_id = $1").bind(&a.id).execute(tx).await?;
                 query(

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::engine::Backend;
 use crate::{
     ApplyRow, Fleet, HostRow, ImportError, ImportStats, InventoryRow, Result, Role, RunContexts, RunDetail, RunRow,
-    StepRow, TokenRow, VerdictRow,
+    StepRow, TokenRow, Upload, VerdictRow,
 };
 
 pub(crate) mod import;
@@ -86,7 +86,8 @@ pub trait Queries: Backend + Sized {
     async fn apply_journal(&mut self, id: &str) -> Result<(ApplyRow, Vec<StepRow>)> {
         reads::apply_journal(self, id).await
     }
-    /// Stores a new token's hash. A live token of the same name is refused.
+    /// Stores a new token's hash, and for an agent token the host it speaks for when that is
+    /// known already. A live token of the same name is refused.
     async fn create_token(
         &mut self,
         id: &str,
@@ -94,8 +95,9 @@ pub trait Queries: Backend + Sized {
         role: Role,
         secret_sha256: &[u8],
         created_at: &str,
+        host_identity: Option<&str>,
     ) -> Result<()> {
-        tokens::create_token(self, id, name, role, secret_sha256, created_at).await
+        tokens::create_token(self, id, name, role, secret_sha256, created_at, host_identity).await
     }
     /// Every token, newest first.
     async fn tokens(&mut self) -> Result<Vec<TokenRow>> {
@@ -118,10 +120,7 @@ pub trait Queries: Backend + Sized {
         import::import(self, file, text).await
     }
     /// Several uploads in one transaction, each whole or not at all (see `import::import_many`).
-    async fn import_many(
-        &mut self,
-        uploads: &[(String, String)],
-    ) -> Vec<std::result::Result<ImportStats, ImportError>> {
+    async fn import_many(&mut self, uploads: &[Upload]) -> Vec<std::result::Result<ImportStats, ImportError>> {
         import::import_many(self, uploads).await
     }
 }

@@ -13,10 +13,11 @@ fn row(r: &Row) -> TokenRow {
         revoked_at: r.get(4),
         last_used_at: r.get(5),
         secret_sha256: r.get(6),
+        host_identity: r.get(7),
     }
 }
 
-const COLUMNS: &str = "id, name, role, created_at, revoked_at, last_used_at, secret_sha256";
+const COLUMNS: &str = "id, name, role, created_at, revoked_at, last_used_at, secret_sha256, host_identity";
 
 /// Stores a new token's hash. A live token of the same name is refused.
 pub(crate) async fn create_token(
@@ -26,6 +27,7 @@ pub(crate) async fn create_token(
     role: Role,
     secret_sha256: &[u8],
     created_at: &str,
+    host_identity: Option<&str>,
 ) -> Result<()> {
     let err = sql_err(s);
     let live: Option<String> = query("SELECT id FROM tokens WHERE name = $1 AND revoked_at IS NULL")
@@ -39,15 +41,18 @@ pub(crate) async fn create_token(
             what: format!("a live token named {name:?} exists; revoke it first or choose another name"),
         });
     }
-    query("INSERT INTO tokens (id, name, role, secret_sha256, created_at) VALUES ($1, $2, $3, $4, $5)")
-        .bind(id)
-        .bind(name)
-        .bind(role.as_str())
-        .bind(secret_sha256)
-        .bind(created_at)
-        .execute(&mut s.conn())
-        .await
-        .map_err(&err)?;
+    query(
+        "INSERT INTO tokens (id, name, role, secret_sha256, created_at, host_identity) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(name)
+    .bind(role.as_str())
+    .bind(secret_sha256)
+    .bind(created_at)
+    .bind(host_identity)
+    .execute(&mut s.conn())
+    .await
+    .map_err(&err)?;
     Ok(())
 }
 
