@@ -237,10 +237,17 @@ impl FakeMachine {
     }
 
     pub fn kiln(&self, args: &[&str]) -> Run {
+        self.kiln_with(args, &[])
+    }
+
+    /// `kiln ARGS` on this machine, with more environment.
+    pub fn kiln_with(&self, args: &[&str], env: &[(&str, &Path)]) -> Run {
         let lib = fake_nvml();
         let mut all = args.to_vec();
         all.extend(["--nvml-lib", lib.to_str().unwrap()]);
-        kiln(&all, &[("KILN_FAKE_NVML_FIXTURE", &self.fixture)])
+        let mut vars = vec![("KILN_FAKE_NVML_FIXTURE", self.fixture.as_path())];
+        vars.extend_from_slice(env);
+        kiln(&all, &vars)
     }
 
     fn inventory(&self, root: Option<&Path>) -> Value {

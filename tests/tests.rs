@@ -23,6 +23,7 @@ mod patterns;
 mod pg_cluster;
 mod provision;
 mod serve;
+mod slurm;
 mod synthetic;
 mod tidy;
 mod verdict;

@@ -61,7 +61,7 @@ fn azure_ndv5_topology_accepts_clean_and_names_a_degraded_port() {
     }
 }
 
-struct Case {
+pub(crate) struct Case {
     name: &'static str,
     /// GPU `i`'s line `key` of the fake NVML fixture becomes `key value` (`-` drops the GPU).
     edit: Option<(usize, &'static str, &'static str)>,
@@ -75,6 +75,13 @@ struct Case {
     first: Option<(&'static str, &'static str)>,
 }
 
+impl Case {
+    /// The verdict this case must reach.
+    pub(crate) fn verdict_of(&self) -> &'static str {
+        self.verdict
+    }
+}
+
 fn set(lines: &mut [String], key: &str, value: &str) {
     let at = lines.iter().position(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no {key} line"));
     lines[at] = format!("{key} {value}");
@@ -83,7 +90,7 @@ fn set(lines: &mut [String], key: &str, value: &str) {
 const CLEAN_DMESG: &str = "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  565.57.01\n";
 
 /// The fault table: one row per fault.
-fn cases() -> Vec<Case> {
+pub(crate) fn cases() -> Vec<Case> {
     let case =
         |name, edit, verdict, first| Case { name, edit, port: None, dmesg: CLEAN_DMESG, spec_gpu: "", verdict, first };
     let reject =
@@ -143,6 +150,11 @@ fn cases() -> Vec<Case> {
 /// The machine, its tree and the spec for one case; returns the verdict JSON of
 /// `commission --no-bench --spec` and the exit code.
 fn judge(smi: &Smi, c: &Case, db: &Path, extra: &[&str]) -> (Value, i32) {
+    judge_with(smi, c, db, extra, &[])
+}
+
+/// [`judge`], with more environment for kiln.
+pub(crate) fn judge_with(smi: &Smi, c: &Case, db: &Path, extra: &[&str], env: &[(&str, &Path)]) -> (Value, i32) {
     let tree = SyntheticPci::hgx_degraded(smi, c.port);
     finish_root(&tree, c.dmesg);
     let edit = c.edit;
@@ -167,7 +179,7 @@ fn judge(smi: &Smi, c: &Case, db: &Path, extra: &[&str]) -> (Value, i32) {
         spec.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let run = machine.kiln(&args);
+    let run = machine.kiln_with(&args, env);
     let code = run.code().unwrap_or(-1);
     (run.json(), code)
 }

@@ -174,6 +174,7 @@ pub fn commission(
         verdict_id,
         live: plan.live,
         failed_check,
+        acted: None,
     })
 }
 
@@ -380,6 +381,9 @@ pub struct Commission {
     /// A benchmark's own check failed (a wrong result, say).
     #[serde(skip)]
     pub failed_check: bool,
+    /// What was done about the verdict where the cluster is scheduled (`crate::act`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acted: Option<crate::act::Acted>,
 }
 
 #[derive(Serialize)]
@@ -430,6 +434,9 @@ impl View for Commission {
             }
             (None, Some(why)) => text.push_str(&format!("\nno verdict: {why}\n")),
             (None, None) => {}
+        }
+        if let Some(acted) = &self.acted {
+            text.push_str(&acted.render());
         }
         text
     }

@@ -5,6 +5,7 @@
 //! defaults they share (`defaults`). The command line turns arguments into these calls and prints;
 //! `kiln serve` turns HTTP into the same calls. Neither is known here.
 
+pub mod act;
 pub mod cluster_report;
 pub mod commission;
 pub mod defaults;

@@ -30,12 +30,46 @@ pub struct Remote {
     client: std::sync::OnceLock<ureq::Agent>,
 }
 
-#[derive(Deserialize)]
+/// `/etc/kiln/agent.toml` (or `KILN_AGENT_CONFIG`): the fleet service to upload to, and what a
+/// verdict sets off where the cluster is scheduled.
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct AgentFile {
-    server: String,
-    token: Option<String>,
-    ca_cert: Option<PathBuf>,
+pub struct AgentFile {
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub ca_cert: Option<PathBuf>,
+    /// `drain` or `nothing` (`kiln commission --on-reject`).
+    pub on_reject: Option<String>,
+    /// The node's name in Slurm (`--slurm-node`).
+    pub slurm_node: Option<String>,
+    /// A command run with each verdict on standard input (`--on-verdict`).
+    pub on_verdict: Option<String>,
+}
+
+impl AgentFile {
+    /// The agent file, where it is; `None` when there is none.
+    ///
+    /// # Errors
+    /// A file that is there but unreadable or malformed, naming it.
+    pub fn read() -> Result<Option<(PathBuf, AgentFile)>> {
+        let path = std::env::var_os("KILN_AGENT_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(AGENT_CONFIG));
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let file: AgentFile = toml::from_str(&text).with_context(|| {
+            format!(
+                "{}: expected `server = \"https://…\"`, optional `token`, `ca_cert`, `on_reject`, `slurm_node` and \
+                 `on_verdict`",
+                path.display()
+            )
+        })?;
+        Ok(Some((path, file)))
+    }
 }
 
 impl Remote {
@@ -53,17 +87,10 @@ impl Remote {
         if let Some(url) = env("KILN_SERVER") {
             return Remote::new(&url, token, ca_cert, "KILN_SERVER").map(Some);
         }
-        let path = env("KILN_AGENT_CONFIG").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(AGENT_CONFIG));
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        };
-        let file: AgentFile = toml::from_str(&text).with_context(|| {
-            format!("{}: expected `server = \"https://…\"`, optional `token` and `ca_cert`", path.display())
-        })?;
+        let Some((path, file)) = AgentFile::read()? else { return Ok(None) };
+        let Some(server) = &file.server else { return Ok(None) };
         let from = path.display().to_string();
-        Remote::new(&file.server, token.or(file.token), ca_cert.or(file.ca_cert), &from).map(Some)
+        Remote::new(server, token.or(file.token), ca_cert.or(file.ca_cert), &from).map(Some)
     }
 
     fn new(url: &str, token: Option<String>, ca_cert: Option<PathBuf>, from: &str) -> Result<Remote> {

@@ -280,8 +280,10 @@ pub enum Command {
         #[command(flatten)]
         judge: Judge,
         /// Do not judge (inventory and benchmarks only; the exit code is the benchmarks')
-        #[arg(long, conflicts_with_all = ["spec", "allow_skip", "ocp"])]
+        #[arg(long, conflicts_with_all = ["spec", "allow_skip", "ocp", "on_reject", "on_verdict"])]
         no_verdict: bool,
+        #[command(flatten)]
+        act: Act,
     },
     /// Judge a stored inventory (and the benchmark runs taken with it) against a spec again, without
     /// touching the box: exit 0 ACCEPT, 1 REJECT, 3 INCONCLUSIVE
@@ -846,6 +848,30 @@ pub enum TokenCmd {
         #[arg(value_name = "NAME|ID")]
         name_or_id: String,
     },
+}
+
+/// What a verdict sets off where the cluster is scheduled [also: `on_reject`, `slurm_node` and
+/// `on_verdict` in /etc/kiln/agent.toml]
+#[derive(Args, Clone, Debug, Default)]
+pub struct Act {
+    /// drain: on REJECT, drain this node in Slurm (`scontrol update … State=DRAIN`, the first failing
+    /// check as the reason), and on a later ACCEPT resume it if kiln drained it (never a node drained
+    /// by someone else); nothing: leave the scheduler alone
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub on_reject: Option<OnReject>,
+    /// The node's name in Slurm [default: this host's name up to its first dot]
+    #[arg(long, value_name = "NAME")]
+    pub slurm_node: Option<String>,
+    /// A shell command run after the verdict with its JSON document on standard input (KILN_VERDICT
+    /// and KILN_VERDICT_ID in its environment); its exit status is recorded
+    #[arg(long, value_name = "COMMAND")]
+    pub on_verdict: Option<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnReject {
+    Drain,
+    Nothing,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]

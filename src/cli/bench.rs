@@ -362,6 +362,30 @@ fn suite(
     Ok(ctx.output(&view)?.with_exit(Exit::check(failed)))
 }
 
+/// What a verdict sets off: the flags, else the agent file's `on_reject`, `slurm_node` and
+/// `on_verdict`.
+///
+/// # Errors
+/// An agent file that does not read, or an `on_reject` in it that is neither `drain` nor `nothing`.
+pub fn actions(act: args::Act) -> Result<kiln_app::act::Actions> {
+    let file = kiln_serve::upload::AgentFile::read()?;
+    let (path, file) = match file {
+        Some((path, file)) => (path.display().to_string(), file),
+        None => (String::new(), kiln_serve::upload::AgentFile::default()),
+    };
+    let drain = match (act.on_reject, file.on_reject.as_deref()) {
+        (Some(flag), _) => flag == args::OnReject::Drain,
+        (None, None | Some("nothing")) => false,
+        (None, Some("drain")) => true,
+        (None, Some(other)) => anyhow::bail!("{path}: on_reject = {other:?}: expected \"drain\" or \"nothing\""),
+    };
+    Ok(kiln_app::act::Actions {
+        drain,
+        slurm_node: act.slurm_node.or(file.slurm_node),
+        on_verdict: act.on_verdict.or(file.on_verdict),
+    })
+}
+
 /// Whether and how long `commission` benchmarks.
 pub struct Suite {
     pub no_bench: bool,
@@ -370,7 +394,14 @@ pub struct Suite {
 
 /// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
 /// run stored as it finishes), the verdict; the workflow is `kiln_app::commission::commission`.
-pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool, ctx: &Ctx) -> Result<Output> {
+pub fn commission(
+    source: &Source,
+    suite: Suite,
+    judge: &Judge,
+    no_verdict: bool,
+    acts: kiln_app::act::Actions,
+    ctx: &Ctx,
+) -> Result<Output> {
     ctx.open_store()?;
     progress("taking the inventory");
     let inv = take_inventory(source)?;
@@ -386,9 +417,18 @@ pub fn commission(source: &Source, suite: Suite, judge: &Judge, no_verdict: bool
     if !plan.no_bench && plan.live {
         catch_interrupts();
     }
-    let view = kiln_app::commission::commission(ctx, inv, spec, &plan, &INTERRUPTED)?;
+    let mut view = kiln_app::commission::commission(ctx, inv, spec, &plan, &INTERRUPTED)?;
     if let Some(v) = &view.judgement {
         super::verdict::write_ocp(judge, v, &view.inventory)?;
+        if acts.drain || acts.on_verdict.is_some() {
+            let acted = kiln_app::act::act(v, view.verdict_id.as_deref(), &acts);
+            if acted.slurm.as_ref().is_some_and(|s| s.error.is_some())
+                || acted.on_verdict.as_ref().is_some_and(|h| h.error.is_some() || h.exit != Some(0))
+            {
+                eprint!("kiln: warning: {}", acted.render());
+            }
+            view.acted = Some(acted);
+        }
     }
     // The verdict decides the exit; without one (no spec applies), the box is not judged: 3,
     // unless --no-verdict asked for none.
