@@ -420,27 +420,10 @@ pub mod backend {
         Ok(())
     }
 
-    /// The GPU × GPU copy matrix: every ordered pair one way, then every pair both ways at once,
-    /// each copy checked. Each device has a copy stream of its own, and every copy goes on the
-    /// receiving device's (`cuMemcpyPeerAsync` between `cuMemAlloc` buffers): the two directions
-    /// of a pair run on two streams at once, and a one-way copy's timed region (two events on its
-    /// stream, created before) holds the copy alone.
-    pub fn p2p(o: &p2p::Options) -> anyhow::Result<p2p::Report> {
-        use crate::bandwidth::{pattern, Copies};
-        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUevent_flags};
-        use std::time::Instant;
-        let count = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
-        let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
-        if let Some(&d) = devices.iter().find(|&&d| d >= count) {
-            anyhow::bail!("device {d}: CUDA sees {count} device(s)");
-        }
-        anyhow::ensure!(devices.len() >= 2, "peer to peer needs two devices; CUDA sees {count}");
-        let ctxs = devices
-            .iter()
-            .map(|&d| CudaContext::new(d).with_context(|| format!("opening CUDA device {d}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        // Peer access wherever the driver offers it, both ways.
-        let n = devices.len();
+    /// Peer access wherever the driver offers it, both ways: `[i][j]`, whether device `i` reaches
+    /// device `j`'s memory directly.
+    fn enable_peer_access(ctxs: &[std::sync::Arc<CudaContext>], devices: &[usize]) -> anyhow::Result<Vec<Vec<bool>>> {
+        let n = ctxs.len();
         let mut access = vec![vec![false; n]; n];
         for i in 0..n {
             for j in (0..n).filter(|&j| j != i) {
@@ -463,6 +446,30 @@ pub mod backend {
                 }
             }
         }
+        Ok(access)
+    }
+
+    /// The GPU × GPU copy matrix: every ordered pair one way, then every pair both ways at once,
+    /// each copy checked. Each device has a copy stream of its own, and every copy goes on the
+    /// receiving device's (`cuMemcpyPeerAsync` between `cuMemAlloc` buffers): the two directions
+    /// of a pair run on two streams at once, and a one-way copy's timed region (two events on its
+    /// stream, created before) holds the copy alone.
+    pub fn p2p(o: &p2p::Options) -> anyhow::Result<p2p::Report> {
+        use crate::bandwidth::{pattern, Copies};
+        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUevent_flags};
+        use std::time::Instant;
+        let count = CudaContext::device_count().context("the CUDA driver cannot count its devices")? as usize;
+        let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
+        if let Some(&d) = devices.iter().find(|&&d| d >= count) {
+            anyhow::bail!("device {d}: CUDA sees {count} device(s)");
+        }
+        anyhow::ensure!(devices.len() >= 2, "peer to peer needs two devices; CUDA sees {count}");
+        let ctxs = devices
+            .iter()
+            .map(|&d| CudaContext::new(d).with_context(|| format!("opening CUDA device {d}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let n = devices.len();
+        let access = enable_peer_access(&ctxs, &devices)?;
         let streams = ctxs.iter().map(|c| c.new_stream()).collect::<Result<Vec<_>, _>>()?;
         let expected: Vec<u8> = (0..o.bytes).map(pattern).collect();
         let mut src = Vec::with_capacity(n);
