@@ -115,7 +115,8 @@ fn slurm(v: &Verdict, verdict_id: Option<&str>, node: String) -> Slurm {
     let drained = state.contains("drain");
     let ours = reason.starts_with(REASON_PREFIX);
     let change = match v.verdict {
-        Decision::Reject if drained && !ours => {
+        // Someone else's drain: kiln neither lifts nor rewrites it.
+        Decision::Reject | Decision::Accept if drained && !ours => {
             out.action = "left";
             out.reason = Some(reason);
             None
@@ -125,20 +126,13 @@ fn slurm(v: &Verdict, verdict_id: Option<&str>, node: String) -> Slurm {
             out.reason = Some(why.clone());
             Some(("drained", vec!["State=DRAIN".to_string(), format!("Reason={why}")]))
         }
-        Decision::Accept if drained && ours => Some(("resumed", vec!["State=RESUME".to_string()])),
-        Decision::Accept if drained => {
-            out.action = "left";
-            out.reason = Some(reason);
-            None
-        }
+        Decision::Accept if drained => Some(("resumed", vec!["State=RESUME".to_string()])),
         _ => None,
     };
     if let Some((action, settings)) = change {
-        let node = format!("NodeName={}", out.node);
-        match run(
-            "scontrol",
-            &[&["update", node.as_str()][..], &settings.iter().map(String::as_str).collect::<Vec<_>>()].concat(),
-        ) {
+        let mut args = vec!["update".to_string(), format!("NodeName={}", out.node)];
+        args.extend(settings);
+        match run("scontrol", &args) {
             Ok(_) => out.action = action,
             Err(e) => out.error = Some(e),
         }
@@ -157,8 +151,9 @@ fn node_state(node: &str) -> Result<(String, String), String> {
 }
 
 /// Runs a Slurm command; its standard output, or what went wrong.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program).args(args).stdin(Stdio::null()).output().map_err(|e| match e.kind() {
+fn run<S: AsRef<str>>(program: &str, args: &[S]) -> Result<String, String> {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+    let out = Command::new(program).args(&args).stdin(Stdio::null()).output().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("{program} is not installed (Slurm's client commands)"),
         _ => format!("{program}: {e}"),
     })?;

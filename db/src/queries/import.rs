@@ -155,10 +155,7 @@ async fn import_into(
     import_applies(tx, &records, &mut stats, own.as_ref().map(|(_, refused)| refused as &dyn Fn(String) -> Failed))
         .await?;
     if let Some((_, sender)) = sent {
-        let host = match &own {
-            Some((host, _)) => host.clone(),
-            None => None,
-        };
+        let host = own.as_ref().and_then(|(host, _)| host.clone());
         query(
             "INSERT INTO uploads (token_id, host_identity, received_at, client, records, stats) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -189,8 +186,14 @@ async fn own_host(
         .iter()
         .filter_map(|(_, r)| if let Record::Host(h) = r { Some(h.identity.as_str()) } else { None })
         .collect();
-    let bound = query("SELECT host_identity FROM tokens WHERE id = $1");
-    let Some(mut host) = bound.bind(&sender.token_id).scalar_optional::<Option<String>>(tx).await? else {
+    // The token's row: `None` when it is gone, then its host, `None` while unbound.
+    let bound = async |tx: &mut Conn<'_>| {
+        query("SELECT host_identity FROM tokens WHERE id = $1")
+            .bind(&sender.token_id)
+            .scalar_optional::<Option<String>>(tx)
+            .await
+    };
+    let Some(mut host) = bound(tx).await? else {
         return Err(refused(format!("token {} no longer exists", sender.token_id)));
     };
     if host.is_none() {
@@ -218,11 +221,7 @@ async fn own_host(
                     .bind(&sender.token_id)
                     .execute(tx)
                     .await?;
-                host = query("SELECT host_identity FROM tokens WHERE id = $1")
-                    .bind(&sender.token_id)
-                    .scalar_optional::<Option<String>>(tx)
-                    .await?
-                    .flatten();
+                host = bound(tx).await?.flatten();
             }
             n => {
                 let all: Vec<&str> = carried.iter().copied().collect();
@@ -255,10 +254,6 @@ async fn confine(
     own: Option<&str>,
     refused: &dyn Fn(String) -> Failed,
 ) -> std::result::Result<(), Failed> {
-    let own_id: Option<String> = match own {
-        Some(identity) => query("SELECT id FROM hosts WHERE identity = $1").bind(identity).scalar_optional(tx).await?,
-        None => None,
-    };
     let mut outside = Vec::new();
     for (_, rec) in records {
         let (what, id, host, inventory) = match rec {
@@ -277,6 +272,11 @@ async fn confine(
             outside.push((what, id, inv));
         }
     }
+    // The fleet's id of the agent's host, looked up only when an inventory from outside is named.
+    let own_id: Option<String> = match own.filter(|_| !outside.is_empty()) {
+        Some(identity) => query("SELECT id FROM hosts WHERE identity = $1").bind(identity).scalar_optional(tx).await?,
+        None => None,
+    };
     for (what, id, inv) in outside {
         let holder: Option<String> =
             query("SELECT host_id FROM inventories WHERE id = $1").bind(inv).scalar_optional(tx).await?;
