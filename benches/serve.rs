@@ -3,6 +3,10 @@
 //! with metrics, samples and GPU telemetry) started at once against `kiln serve` on loopback.
 //! Prints uploads/s, p50/p99/max latency, and checks that every host and run is stored once.
 //! The anchor, measured in the same run: `kiln import` of the same records as one local file.
+//! Then the same night through two `kiln serve` replicas on one database (another database of the
+//! same engine), agents spread over both as a load balancer would: uploads/s and p99 against the
+//! one replica's of the same run, every record stored once, and both replicas answering the same
+//! hosts and runs.
 //!
 //! Then the fleet questions through the server on a large fleet (`KILN_BENCH_FLEET=HOSTSxNIGHTSxMETRICS`,
 //! default 10000x90x20: 18 M metric rows, imported first): `compare --by config`, `outliers` and
@@ -186,7 +190,7 @@ fn main() {
                 }
             }
         };
-        agents_bench(engine, &db("service"), &db("anchor"), dir.path());
+        agents_bench(engine, &db("service"), &db("replicas"), &db("anchor"), dir.path());
         if let [hosts, nights, metrics] = dims[..] {
             large_fleet(engine, &db("large"), hosts, nights, metrics);
         }
@@ -194,8 +198,9 @@ fn main() {
 }
 
 /// 1,000 agents uploading at once to a service on `db`; the anchor imports the same records into
-/// `local`.
-fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
+/// `local`; then the same night again through two replicas of the service on `two` (another
+/// database of the same engine), the agents spread over both, as behind a load balancer.
+fn agents_bench(engine: &str, db: &Path, two: &Path, local: &Path, dir: &Path) {
     let agents: usize = std::env::var("KILN_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let spec = fleet_gen::FleetSpec {
         hosts: agents,
@@ -226,10 +231,45 @@ fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
     kiln(local, &["import", file.to_str().unwrap()]);
     let import_secs = t.elapsed().as_secs_f64();
 
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let one = night(&rt, engine, db, bodies.clone(), 1);
+    let both = night(&rt, engine, two, bodies, 2);
+    println!(
+        "{engine}: anchor: kiln import of the same records as one file: {import_secs:.2} s; one replica takes them at \
+         {:.2}x that speed, two replicas at {:.2}x",
+        import_secs / one.wall,
+        import_secs / both.wall
+    );
+    println!(
+        "{engine}: two replicas against one, same run: {:.2}x the uploads/s, p99 {:.2}x",
+        one.wall / both.wall,
+        both.p99_ms / one.p99_ms
+    );
+    // Both services hold the same fleet: the same hosts, each stored once.
+    let identities = |db: &Path| -> Vec<String> {
+        let hosts: serde_json::Value = serde_json::from_str(&kiln(db, &["hosts", "--json"])).unwrap();
+        let mut ids: Vec<String> =
+            hosts["hosts"].as_array().unwrap().iter().map(|h| h["identity"].as_str().unwrap().to_string()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(identities(db), identities(two), "one replica and two stored the same hosts");
+}
+
+/// What one night's uploads measured.
+struct Night {
+    wall: f64,
+    p99_ms: f64,
+}
+
+/// Every agent's upload (`bodies`, each with a token of its own) sent at once to `replicas`
+/// services on `db`, agent i to replica i mod `replicas`; checks that every run and host is
+/// stored once, and that every replica answers the same fleet.
+fn night(rt: &tokio::runtime::Runtime, engine: &str, db: &Path, bodies: Vec<String>, replicas: usize) -> Night {
+    let agents = bodies.len();
     // Each agent its own token, as on a fleet (an agent token speaks for one host: the one its
     // first upload carries), made through the library: a thousand `kiln token create` would time
     // process starts, not the service.
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let tokens: Vec<String> = rt.block_on(async {
         use kiln_db::Queries;
         let location = kiln_db::Location::parse(&db.to_string_lossy()).unwrap();
@@ -245,12 +285,14 @@ fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
         store.close().await.unwrap();
         tokens
     });
-    let (server, addr) = start_server(db);
+    let servers: Vec<_> = (0..replicas).map(|_| start_server(db)).collect();
+    let addrs: Vec<std::net::SocketAddr> = servers.iter().map(|(_, addr)| *addr).collect();
 
     let t = Instant::now();
     let results: Vec<Result<(u16, Duration), String>> = rt.block_on(async {
         let mut tasks = Vec::new();
-        for (body, token) in bodies.into_iter().zip(tokens) {
+        for (i, (body, token)) in bodies.into_iter().zip(tokens).enumerate() {
+            let addr = addrs[i % replicas];
             tasks.push(tokio::spawn(async move {
                 tokio::time::timeout(Duration::from_secs(300), upload(addr, &token, &body))
                     .await
@@ -273,25 +315,38 @@ fn agents_bench(engine: &str, db: &Path, local: &Path, dir: &Path) {
             Err(e) => failures.push(e),
         }
     }
-    stop(server);
+    // Reads are consistent: every replica answers the same hosts and runs.
+    let client: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let answers: Vec<(String, String)> = addrs
+        .iter()
+        .map(|addr| {
+            let read = |path: &str| {
+                let mut r = client.get(&format!("http://{addr}{path}")).call().expect("asking a replica");
+                assert_eq!(r.status().as_u16(), 200, "{path}");
+                r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap()
+            };
+            (read("/api/v1/hosts"), read("/api/v1/runs?limit=1000000"))
+        })
+        .collect();
+    for (server, _) in servers {
+        stop(server);
+    }
     assert!(failures.is_empty(), "{} uploads failed: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "every replica answers the same hosts and runs");
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1000.0;
     let runs: serde_json::Value = serde_json::from_str(&kiln(db, &["runs", "--limit", "1000000", "--json"])).unwrap();
     let hosts: serde_json::Value = serde_json::from_str(&kiln(db, &["hosts", "--json"])).unwrap();
     let (n_runs, n_hosts) = (runs["runs"].as_array().unwrap().len(), hosts["hosts"].as_array().unwrap().len());
     assert_eq!((n_runs, n_hosts), (agents, agents), "every agent's run and host is stored, once");
+    let served = if replicas == 1 { "one replica".to_string() } else { format!("{replicas} replicas") };
     println!(
-        "{engine}: serve: {agents} concurrent uploads in {wall:.2} s: {:.0} uploads/s, latency p50 {:.0} ms, p99 {:.0} ms, max \
-         {:.0} ms; all {n_runs} runs and {n_hosts} hosts stored",
+        "{engine}: serve, {served}: {agents} concurrent uploads in {wall:.2} s: {:.0} uploads/s, latency p50 {:.0} ms, \
+         p99 {:.0} ms, max {:.0} ms; all {n_runs} runs and {n_hosts} hosts stored once",
         agents as f64 / wall,
         pct(0.50),
         pct(0.99),
         pct(1.0)
     );
-    println!(
-        "{engine}: anchor: kiln import of the same records as one file: {import_secs:.2} s; the server takes them at {:.2}x \
-         that speed",
-        import_secs / wall
-    );
+    Night { wall, p99_ms: pct(0.99) }
 }

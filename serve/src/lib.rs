@@ -350,21 +350,25 @@ async fn authorize(app: &Shared, headers: &HeaderMap, need: Need) -> Result<Opti
         let what = if need == Need::Write { "upload" } else { "read the fleet" };
         return Err(ApiError::Forbidden(format!("token {:?} ({}) may not {what}", row.name, row.role.as_str())));
     }
-    note_use(app, &row).await;
+    // An upload writes its token's use in its own transaction when it is stored (`records`).
+    if need != Need::Write {
+        note_use(app, &row.id).await;
+    }
     Ok(Some(row))
 }
 
-/// Writes down that a token was used, at most once a minute per token.
-async fn note_use(app: &Shared, row: &TokenRow) {
+/// Writes down that a token was used, at most once a minute per token (a transaction of its own:
+/// reads, and uploads that were not stored).
+async fn note_use(app: &Shared, token_id: &str) {
     {
         let Ok(mut used) = app.used.lock() else { return };
         let now = Instant::now();
-        if used.get(&row.id).is_some_and(|t| now.duration_since(*t) < Duration::from_secs(60)) {
+        if used.get(token_id).is_some_and(|t| now.duration_since(*t) < Duration::from_secs(60)) {
             return;
         }
-        used.insert(row.id.clone(), now);
+        used.insert(token_id.to_string(), now);
     }
-    let id = row.id.clone();
+    let id = token_id.to_string();
     let at = kiln_text::timefmt::now_rfc3339();
     if let Ok(Err(e)) = app.pool.write(async move |s: &mut AnyStore| s.token_used(&id, &at).await).await {
         tracing::warn!("noting a token's use: {e}");
@@ -470,15 +474,22 @@ async fn records(
     // Uploads always carry a token (`authorize` with `Need::Write` insists).
     let token = token.ok_or_else(|| ApiError::Unauthorized("no token".into()))?;
     let label = format!("upload by token {}", token.name);
-    let sender =
-        kiln_db::Sender { token_id: token.id, client: Some(client.ip().to_string()), one_host: token.role.one_host() };
+    let sender = kiln_db::Sender {
+        token_id: token.id.clone(),
+        client: Some(client.ip().to_string()),
+        one_host: token.role.one_host(),
+    };
     let (reply, answer) = tokio::sync::oneshot::channel();
     let stopping = || ApiError::Unavailable("the server is stopping; nothing was stored, send it again".into());
     app.uploads
         .send(Queued { upload: kiln_db::Upload { label, text, sender }, reply })
         .await
         .map_err(|_| stopping())?;
-    match answer.await.map_err(|_| stopping())? {
+    let result = answer.await.map_err(|_| stopping())?;
+    if result.is_err() {
+        note_use(&app, &token.id).await;
+    }
+    match result {
         Ok(stats) => {
             app.metrics.uploaded(&stats);
             Ok(axum::Json(stats).into_response())

@@ -129,7 +129,7 @@ fn shared_failure(path: &std::path::Path, cause: &DbError) -> DbError {
 
 /// Applies parsed records on a connection inside a transaction (or a savepoint). An upload to the
 /// fleet service names its file and sender: a sender that speaks for one host has its records
-/// confined to that host ([`own_host`], [`confine`]), and the upload is recorded once stored.
+/// confined to that host ([`own_host`], [`confine`]), and the upload (with its token's last use) is recorded once stored.
 async fn import_into(
     tx: &mut Conn<'_>,
     records: Vec<(usize, Record<'_>)>,
@@ -156,13 +156,16 @@ async fn import_into(
         .await?;
     if let Some((_, sender)) = sent {
         let host = own.as_ref().and_then(|(host, _)| host.clone());
+        let at = kiln_text::timefmt::now_rfc3339();
+        // The token's last use, in the upload's transaction: no write of its own per upload.
+        query("UPDATE tokens SET last_used_at = $1 WHERE id = $2").bind(&at).bind(&sender.token_id).execute(tx).await?;
         query(
             "INSERT INTO uploads (token_id, host_identity, received_at, client, records, stats) \
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(&sender.token_id)
         .bind(&host)
-        .bind(kiln_text::timefmt::now_rfc3339())
+        .bind(&at)
         .bind(&sender.client)
         .bind(stats.records as i64)
         .bind(serde_json::to_string(&stats).unwrap_or_default())
