@@ -20,9 +20,14 @@ use serde::{Deserialize, Serialize};
 use crate::stats::{pin_to_cpu, summarize, Summary};
 
 /// The f32 FMA peak: every allowed CPU running independent FMA chains of the widest form.
+///
+/// In JSON ([`PeakWire`]) `gflops` and `summary` are the rates kiln states and judges by (each
+/// CPU's own time, [`own_rate`]), `window_gflops` and `window_summary` the wall-clock window's.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(into = "PeakWire", from = "PeakWire")]
 pub struct PeakResult {
-    /// GFLOP/s (f32) with every thread running independent FMA chains.
+    /// GFLOP/s (f32) with every thread running independent FMA chains, over the window from the
+    /// first thread's start to the last one's end.
     pub gflops: Vec<f64>,
     pub summary: Summary,
     /// "avx512f", "avx2+fma" or "scalar": the widest instructions used.
@@ -41,6 +46,73 @@ impl PeakResult {
     /// The peak as the cores deliver it (`ceilings::own_rate`).
     pub fn rate(&self) -> f64 {
         own_rate(&self.own_gflops, self.best_gflops, self.summary.median)
+    }
+}
+
+/// A peak as JSON carries it: the figure kiln uses under the obvious names (`gflops`, `summary`:
+/// `report.peak.summary.median` is the peak kiln states and judges against), the wall-clock
+/// window's named for what it is. A report stored before (`gflops` and `summary` the window's,
+/// `own_gflops` beside them) reads as it meant.
+#[derive(Serialize, Deserialize)]
+struct PeakWire {
+    /// Per repetition, every CPU's rate over its own CPU time, summed.
+    gflops: Vec<f64>,
+    /// Of `gflops`; `null` for a report from before the own-time rates were kept.
+    summary: Option<Summary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_gflops: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_summary: Option<Summary>,
+    isa: String,
+    #[serde(default)]
+    best_gflops: f64,
+    /// Only in reports from before this layout.
+    #[serde(default, skip_serializing)]
+    own_gflops: Vec<f64>,
+}
+
+impl From<PeakResult> for PeakWire {
+    fn from(p: PeakResult) -> PeakWire {
+        PeakWire {
+            summary: summarize(&p.own_gflops),
+            gflops: p.own_gflops,
+            window_gflops: Some(p.gflops),
+            window_summary: Some(p.summary),
+            isa: p.isa,
+            best_gflops: p.best_gflops,
+            own_gflops: Vec::new(),
+        }
+    }
+}
+
+impl From<PeakWire> for PeakResult {
+    fn from(w: PeakWire) -> PeakResult {
+        let (window, summary, own) = match w.window_gflops {
+            Some(window) => (window, w.window_summary, w.gflops),
+            None => (w.gflops, w.summary, w.own_gflops),
+        };
+        PeakResult {
+            summary: summary.or_else(|| summarize(&window)).unwrap_or_else(empty_summary),
+            gflops: window,
+            isa: w.isa,
+            best_gflops: w.best_gflops,
+            own_gflops: own,
+        }
+    }
+}
+
+/// The summary of no samples (a malformed stored report), rather than a refusal to read it.
+fn empty_summary() -> Summary {
+    Summary {
+        n: 0,
+        median: 0.0,
+        mean: 0.0,
+        stddev: 0.0,
+        min: 0.0,
+        max: 0.0,
+        cv: 0.0,
+        median_ci: (0.0, 0.0),
+        outliers: 0,
     }
 }
 
@@ -152,15 +224,17 @@ pub fn fma_peak(cpus: &[u32], repetitions: usize, iterations: u64) -> PeakResult
 /// peak's repetitions and the GEMM's are taken seconds apart, and a clock can move that much.
 pub const CEILING_MARGIN: f64 = 1.05;
 
-/// One data type's measured peak on all the CPUs at once.
+/// One data type's measured peak on all the CPUs at once. In JSON ([`TypePeakWire`]), as
+/// [`PeakResult`]: `gops` and `summary` the own-time rates kiln uses, `window_*` the window's.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(into = "TypePeakWire", from = "TypePeakWire")]
 pub struct TypePeak {
     /// "f32", "bf16" or "int8".
     pub dtype: String,
     /// The instruction the chains ran ("vdpbf16ps zmm").
     pub instruction: String,
     /// Giga-operations per second (FLOP for floating point, multiply-adds × 2 for int8), one
-    /// value per repetition.
+    /// value per repetition, over the window.
     pub gops: Vec<f64>,
     pub summary: Summary,
     /// Operations per cycle per CPU at the measured all-core clock.
@@ -195,6 +269,60 @@ impl TypePeak {
     /// See [`own_rate`].
     pub fn rate(&self) -> f64 {
         own_rate(&self.own_gops, self.best_gops, self.summary.median)
+    }
+}
+
+/// A [`TypePeak`] as JSON carries it (see [`PeakWire`]).
+#[derive(Serialize, Deserialize)]
+struct TypePeakWire {
+    dtype: String,
+    instruction: String,
+    /// Per repetition, every CPU's rate over its own CPU time, summed.
+    gops: Vec<f64>,
+    summary: Option<Summary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_gops: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_summary: Option<Summary>,
+    per_cycle: Option<f64>,
+    #[serde(default)]
+    best_gops: f64,
+    /// Only in reports from before this layout.
+    #[serde(default, skip_serializing)]
+    own_gops: Vec<f64>,
+}
+
+impl From<TypePeak> for TypePeakWire {
+    fn from(p: TypePeak) -> TypePeakWire {
+        TypePeakWire {
+            dtype: p.dtype,
+            instruction: p.instruction,
+            summary: summarize(&p.own_gops),
+            gops: p.own_gops,
+            window_gops: Some(p.gops),
+            window_summary: Some(p.summary),
+            per_cycle: p.per_cycle,
+            best_gops: p.best_gops,
+            own_gops: Vec::new(),
+        }
+    }
+}
+
+impl From<TypePeakWire> for TypePeak {
+    fn from(w: TypePeakWire) -> TypePeak {
+        let (window, summary, own) = match w.window_gops {
+            Some(window) => (window, w.window_summary, w.gops),
+            None => (w.gops, w.summary, w.own_gops),
+        };
+        TypePeak {
+            dtype: w.dtype,
+            instruction: w.instruction,
+            summary: summary.or_else(|| summarize(&window)).unwrap_or_else(empty_summary),
+            gops: window,
+            per_cycle: w.per_cycle,
+            best_gops: w.best_gops,
+            own_gops: own,
+        }
     }
 }
 
@@ -536,6 +664,41 @@ mod tests {
         for p in &peaks {
             assert!(p.summary.median > 0.0 && p.gops.len() == 2, "{p:?}");
         }
+    }
+
+    /// In JSON the peak kiln states is `summary.median` (the own-time rates), the window's is
+    /// `window_summary`; what is written reads back the same, and a report stored before this
+    /// layout reads as it meant.
+    #[test]
+    fn the_json_names_the_peak_kiln_uses_summary() {
+        let peak = PeakResult {
+            gflops: vec![305.0, 310.0, 314.0],
+            summary: summarize(&[305.0, 310.0, 314.0]).unwrap(),
+            isa: "avx2+fma".into(),
+            best_gflops: 450.0,
+            own_gflops: vec![427.0, 440.0, 446.0],
+        };
+        let json = serde_json::to_value(&peak).unwrap();
+        assert_eq!(json["summary"]["median"], 440.0);
+        assert_eq!(json["summary"]["median"].as_f64(), Some(peak.rate()));
+        assert_eq!(json["gflops"], serde_json::json!([427.0, 440.0, 446.0]));
+        assert_eq!(json["window_summary"]["median"], 310.0);
+        let back: PeakResult = serde_json::from_value(json).unwrap();
+        assert_eq!((back.gflops, back.own_gflops, back.summary.median), (peak.gflops, peak.own_gflops, 310.0));
+        let old = serde_json::json!({
+            "gflops": [305.0, 310.0, 314.0], "summary": serde_json::to_value(&peak.summary).unwrap(),
+            "isa": "avx2+fma", "best_gflops": 450.0, "own_gflops": [427.0, 440.0, 446.0]
+        });
+        let read: PeakResult = serde_json::from_value(old).unwrap();
+        assert_eq!((read.summary.median, read.rate()), (310.0, 440.0));
+        let typed = f32_peak(&read);
+        let json = serde_json::to_value(&typed).unwrap();
+        assert_eq!(
+            (json["summary"]["median"].as_f64(), json["window_summary"]["median"].as_f64()),
+            (Some(440.0), Some(310.0))
+        );
+        let back: TypePeak = serde_json::from_value(json).unwrap();
+        assert_eq!((back.rate(), back.gops, back.own_gops), (440.0, typed.gops, typed.own_gops));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Summary statistics over raw benchmark samples, after hyperfine and criterion: keep every sample,
-//! report the median with a bootstrap confidence interval, and call a result unstable when its
-//! coefficient of variation is above a threshold.
+//! report the median with a bootstrap confidence interval, and call a result unstable when that
+//! interval is too wide for the median to be known ([`Summary::settled`]): the coefficient of
+//! variation of heavy-tailed timings (a quiet guest's steps: min 8.0 ms, median 8.6, max 39)
+//! condemns runs whose median is known to a fraction of a percent, so it is reported, not judged.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +20,30 @@ pub struct Summary {
     pub median_ci: (f64, f64),
     /// Samples further than 3 scaled MADs from the median.
     pub outliers: usize,
+}
+
+/// The widest the median's 95 % bootstrap interval may reach from the median, on either side, as a
+/// share of it, for the result to be settled: the median known to within ±2.5 %.
+pub const MAX_MEDIAN_UNCERTAINTY: f64 = 0.025;
+
+impl Summary {
+    /// How far the median's 95 % interval reaches from the median, on its wider side, as a share
+    /// of the median (0 for a constant sample; infinite for a zero median with any spread).
+    pub fn median_uncertainty(&self) -> f64 {
+        let reach = (self.median - self.median_ci.0).max(self.median_ci.1 - self.median);
+        if reach <= 0.0 {
+            0.0
+        } else {
+            reach / self.median.abs()
+        }
+    }
+
+    /// Whether the median is known well enough to be a result: its interval within
+    /// [`MAX_MEDIAN_UNCERTAINTY`] of it. A few wild samples among many do not move a median, so they
+    /// do not unsettle it; a spread-out or two-valued sample, or a handful that disagree, does.
+    pub fn settled(&self) -> bool {
+        self.median_uncertainty() <= MAX_MEDIAN_UNCERTAINTY
+    }
 }
 
 /// The median of a slice (sorted internally); `NaN` for an empty slice.
@@ -260,6 +286,29 @@ mod tests {
         assert!(s.median_ci.0 <= s.median && s.median <= s.median_ci.1);
         assert_eq!(s.outliers, 1);
         assert!(s.cv > 0.1, "one wild sample makes the run unstable: cv {}", s.cv);
+    }
+
+    /// A quiet guest's training steps (the shape: most near 8.6 ms, a heavy tail to 39 ms)
+    /// settle although their CV is far above 5 %; a two-valued sample, a spread-out one and a
+    /// handful that disagree do not.
+    #[test]
+    fn a_heavy_tail_settles_and_a_spread_does_not() {
+        let mut state = 3u64;
+        let mut steps: Vec<f64> = (0..100).map(|_| 8.4 + (splitmix64(&mut state) % 400) as f64 / 1000.0).collect();
+        for (i, slow) in [39.0, 31.0, 24.0, 18.0, 15.0, 12.5].into_iter().enumerate() {
+            steps[i * 13] = slow;
+        }
+        let s = summarize(&steps).unwrap();
+        assert!(s.cv > 0.05, "the tail makes the CV large: {}", s.cv);
+        assert!(s.settled(), "the median is known: {:?} ({:.4})", s.median_ci, s.median_uncertainty());
+        let two_valued: Vec<f64> = (0..100).map(|i| if i % 2 == 0 { 8.0 } else { 9.0 }).collect();
+        assert!(!summarize(&two_valued).unwrap().settled());
+        let spread: Vec<f64> = (0..30).map(|i| 80.0 + i as f64 * 1.5).collect();
+        assert!(!summarize(&spread).unwrap().settled());
+        // Five repetitions, one 20 % slow: with so few the median's interval is the whole range.
+        assert!(!summarize(&[300.0, 301.0, 299.0, 240.0, 300.5]).unwrap().settled());
+        assert!(summarize(&[300.0, 301.0, 299.0, 302.0, 300.5]).unwrap().settled());
+        assert!(summarize(&[5.0; 4]).unwrap().settled());
     }
 
     #[test]

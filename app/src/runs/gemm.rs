@@ -9,7 +9,7 @@ use kiln_bench::gemm::GemmResult;
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, unsettled, Outcome, Report};
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
 use kiln_text::Progress;
@@ -374,7 +374,7 @@ pub fn gemm(inv: &Inventory, sizes: &[usize], dtypes: &[&str], repetitions: usiz
     let status = if invalid.is_some() {
         kiln_db::RunStatus::Invalid
     } else {
-        status_of(results.iter().any(|r| r.summary.cv > MAX_CV))
+        status_of(results.iter().any(|r| unsettled(&r.summary)))
     };
     let report = GemmReport {
         theoretical_peak: theoretical_peak(inv, cpus.len(), peak.rate()),

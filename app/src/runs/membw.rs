@@ -6,7 +6,7 @@ use kiln_bench::membw;
 use kiln_db::{Direction, Metric};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, unsettled, Outcome, Report};
 use kiln_inventory::cpulist::parse_list;
 use kiln_inventory::telemetry;
 use kiln_inventory::Inventory;
@@ -133,8 +133,8 @@ pub fn render_membw(report: &MembwReport) -> String {
     }
     if report.status == kiln_db::RunStatus::Unstable {
         out.push_str(&format!(
-            "unstable: a kernel's coefficient of variation is above {:.0} %; treat the medians with care\n",
-            MAX_CV * 100.0
+            "unstable: a kernel's median is not known to within {:.1} % (its 95 % interval); treat the medians with care\n",
+            kiln_bench::stats::MAX_MEDIAN_UNCERTAINTY * 100.0
         ));
     }
     for line in &report.telemetry {
@@ -181,7 +181,7 @@ pub fn membw(inv: &Inventory, config: membw::Config) -> Outcome {
     for s in &scopes {
         for k in &s.kernels {
             let name = format!("membw.{}.{}_gbps", s.scope, k.kernel.name());
-            unstable |= k.summary.cv > MAX_CV;
+            unstable |= unsettled(&k.summary);
             samples.extend(samples_of(&name, &k.samples_gbps));
             metrics.push(Metric { name, value: k.summary.median, unit: "GB/s".into(), direction: Direction::Higher });
         }

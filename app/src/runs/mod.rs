@@ -27,8 +27,11 @@ use kiln_inventory::telemetry::{self, Sampler};
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
 
-/// A result is unstable, not a number, when its coefficient of variation exceeds this.
-pub const MAX_CV: f64 = 0.05;
+/// Whether a summary's median is not known well enough to be a result (its 95 % interval reaches
+/// further than `kiln_bench::stats::MAX_MEDIAN_UNCERTAINTY` from it): what makes a run `unstable`.
+pub fn unsettled(summary: &kiln_bench::stats::Summary) -> bool {
+    !summary.settled()
+}
 
 /// The software a result was measured on, so that results are compared like with like.
 #[derive(Debug, Clone, Serialize)]
@@ -241,7 +244,7 @@ impl Outcome {
     }
 }
 
-/// `ok`, or `unstable` when a coefficient of variation is above [`MAX_CV`].
+/// `ok`, or `unstable` when a median is not known ([`unsettled`]).
 fn status_of(unstable: bool) -> RunStatus {
     if unstable {
         RunStatus::Unstable

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kiln_db::{Direction, Metric};
 
-use super::{samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{samples_of, status_of, unsettled, Outcome, Report};
 use kiln_inventory::telemetry::Sampler;
 use kiln_text::timefmt::now_rfc3339;
 use kiln_text::Progress;
@@ -23,7 +23,7 @@ pub fn net(server: &str, config: kiln_bench::net::Config) -> anyhow::Result<Outc
     let report = result.map_err(|e| {
         anyhow::anyhow!("network benchmark against {server} (is `kiln bench net --serve` running there?): {e}")
     })?;
-    let unstable = report.throughput.cv > MAX_CV;
+    let unstable = unsettled(&report.throughput);
     let t = &report.throughput;
     let metric =
         |name: &str, value, unit: &str, direction| Metric { name: name.into(), value, unit: unit.into(), direction };

@@ -6,7 +6,7 @@ use kiln_bench::ceilings::PeakResult;
 use kiln_db::{Direction, Metric, RunStatus};
 use serde::{Deserialize, Serialize};
 
-use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, Outcome, Report, MAX_CV};
+use super::{allowed_cpus, contention_limit, sampler, samples_of, status_of, unsettled, Outcome, Report};
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
 use kiln_text::Progress;
@@ -95,7 +95,7 @@ pub fn train(inv: &Inventory, config: &kiln_bench::train::Config) -> anyhow::Res
     progress.finish();
     let telemetry = sampler.stop();
     let report = result?;
-    let status = if report.learned { status_of(report.step_s.cv > MAX_CV) } else { RunStatus::Failed };
+    let status = if report.learned { status_of(unsettled(&report.step_s)) } else { RunStatus::Failed };
     let (metrics, samples) = train_metrics(&report);
     Ok(Outcome {
         started_at,

@@ -13,7 +13,7 @@ use super::{
     close, interpret, read_document, render_verdict, run_all, wrong_by, ChildError, Closing, GpuReport, Prepared,
     Shown, PEAK_MARGIN, TELEMETRY_INTERVAL,
 };
-use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, unsettled, Outcome, Report};
 use kiln_inventory::telemetry;
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
@@ -284,7 +284,8 @@ fn judge(
                 PEAK_MARGIN * 100.0
             ));
         }
-        unstable |= r.cv.is_some_and(|cv| cv > MAX_CV);
+        unstable |=
+            r.run.as_ref().and_then(|g| kiln_bench::stats::summarize(&g.seconds)).is_some_and(|s| unsettled(&s));
     }
     for sw in &sweeps {
         let at = format!("GPU {} ({} sweep)", sw.gpu, sw.dtype);
@@ -481,7 +482,7 @@ mod tests {
             n: 8192,
             shape: kiln_gpu::gemm::Shape::square(8192),
             flops_per_rep: 2.0 * 8192f64.powi(3),
-            seconds: vec![0.0015, 0.0015, 0.0016],
+            seconds: vec![0.0015, 0.0015, 0.00152],
             tflops_median: best * 0.98,
             tflops_best: best,
             check,

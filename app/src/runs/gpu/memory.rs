@@ -17,7 +17,7 @@ use super::{
     close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
     TELEMETRY_INTERVAL,
 };
-use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, unsettled, Outcome, Report};
 use kiln_inventory::telemetry;
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
@@ -254,7 +254,7 @@ fn judge(
                     PEAK_MARGIN * 100.0
                 ));
             }
-            unstable |= kiln_bench::stats::summarize(&c.seconds).is_some_and(|s| s.cv > MAX_CV);
+            unstable |= kiln_bench::stats::summarize(&c.seconds).is_some_and(|s| unsettled(&s));
         }
     }
     let (metrics, samples) = metrics_of(&results);

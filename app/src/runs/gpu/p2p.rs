@@ -21,7 +21,7 @@ use super::{
     close, interpret, read_document, render_verdict, run_all, Closing, GpuReport, Prepared, Shown, PEAK_MARGIN,
     TELEMETRY_INTERVAL,
 };
-use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, unsettled, Outcome, Report};
 use kiln_inventory::telemetry;
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
@@ -213,7 +213,7 @@ fn judge(
                     PEAK_MARGIN * 100.0
                 ));
             }
-            unstable |= kiln_bench::stats::summarize(&p.copies.seconds).is_some_and(|s| s.cv > MAX_CV);
+            unstable |= kiln_bench::stats::summarize(&p.copies.seconds).is_some_and(|s| unsettled(&s));
         }
         for b in &m.both_ways {
             let at = format!("GPU {} <-> GPU {}", b.a, b.b);

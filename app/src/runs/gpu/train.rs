@@ -19,7 +19,7 @@ use super::{
     close, interpret, read_document, render_verdict, run_all, wrong_by, Closing, GpuReport, Prepared, Shown,
     PEAK_MARGIN, TELEMETRY_INTERVAL,
 };
-use crate::runs::{sampler, samples_of, Outcome, Report, MAX_CV};
+use crate::runs::{sampler, samples_of, unsettled, Outcome, Report};
 use kiln_inventory::telemetry;
 use kiln_inventory::Inventory;
 use kiln_text::timefmt::now_rfc3339;
@@ -181,7 +181,7 @@ fn judge(
                 ));
             }
         }
-        unstable |= run.step_s.cv > MAX_CV;
+        unstable |= unsettled(&run.step_s);
     }
     let (metrics, samples) = metrics_of(&config, &results);
     let body = TrainBody { results };
