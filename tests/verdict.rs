@@ -132,6 +132,8 @@ pub(crate) fn cases() -> Vec<Case> {
             "gpu.power_limit",
             "GPU 1 0000:2a:00.0",
         ),
+        reject("one GPU on another VBIOS", 7, "vbios", "96.00.74.00.1C", "siblings.gpu.vbios", "GPU 7 0000:db:00.0"),
+        reject("one GPU's clocks capped", 4, "clocks", "1755 2619", "siblings.gpu.clocks", "GPU 4 0000:9a:00.0"),
         Case {
             spec_gpu: "vbios = [\"96.00.99.00.01\"]\n",
             ..case("a VBIOS not allowed", None, "reject", Some(("gpu.vbios", "GPU 0 0000:18:00.0")))
@@ -329,6 +331,10 @@ fn broken_specs_name_file_line_and_column() {
         ),
         ("name = \"x\"\n[match]\n[cpu]\nsource = \"s\"\nsocket = 2\n", "5:1: unknown field `socket`"),
         ("name = \"x\"\n[match]\n[gpu]\ncount = 8\nmodel = \"m\"\n", "3:1: missing field `source`"),
+        (
+            "name = \"x\"\n[match]\n[siblings]\nsource = \"s\"\nagree = [\"gpu.vbios\", \"gpu.bios\"]\n",
+            "5:1: agree: \"gpu.bios\" is none of gpu.vbios, gpu.ecc,",
+        ),
         ("name = \"x\"\n[match]\n[gpu]\nsource = \"s\"\ncount = 8\nmodel = \"m\"\npcie_gen = \"5\"\n", "7:12: \"5\" has no unit: write a PCIe generation like \"Gen5\""),
     ];
     let dir = tempfile::tempdir().unwrap();

@@ -49,6 +49,8 @@ pub struct SkuSpec {
     pub platform: Option<PlatformSpec>,
     pub software: Option<SoftwareSpec>,
     pub health: Option<HealthSpec>,
+    /// What identical devices must agree on (every attribute when the section is absent).
+    pub siblings: Option<SiblingsSpec>,
     #[serde(default, rename = "performance")]
     pub performance: Vec<Spanned<PerfSpec>>,
 }
@@ -189,6 +191,16 @@ pub struct SoftwareSpec {
     /// Allowed CUDA driver API versions ("12.4").
     #[serde(default)]
     pub cuda: Vec<String>,
+}
+
+/// Identical devices in one box (one model) agree on these attributes
+/// (`crate::verdict::siblings::ATTRIBUTES`: "gpu.vbios", "nic.firmware", …); the device that
+/// differs is named.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiblingsSpec {
+    pub source: String,
+    pub agree: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -370,12 +382,20 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
         ("[platform]", spec.platform.as_ref().map(|s| &s.source)),
         ("[software]", spec.software.as_ref().map(|s| &s.source)),
         ("[health]", spec.health.as_ref().map(|s| &s.source)),
+        ("[siblings]", spec.siblings.as_ref().map(|s| &s.source)),
     ];
     for (section, source) in sources {
         if source.is_some_and(|s| s.trim().is_empty()) {
             errors.push(
                 src.error_at(at_key(section), format!("{section}: source is empty: say where its numbers come from")),
             );
+        }
+    }
+    for a in spec.siblings.iter().flat_map(|s| &s.agree) {
+        let known = crate::verdict::siblings::ATTRIBUTES;
+        if !known.iter().any(|(id, _)| id == a) {
+            let names: Vec<&str> = known.iter().map(|(id, _)| *id).collect();
+            errors.push(src.error_at(at_key("agree"), format!("agree: \"{a}\" is none of {}", names.join(", "))));
         }
     }
     for nic in &spec.nics {

@@ -10,6 +10,7 @@ pub mod hardware;
 pub mod health;
 pub mod ocp;
 pub mod perf;
+pub mod siblings;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -276,6 +277,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     hardware::links_under_load(&spec.spec, evidence, &mut checks);
     health::thermal(&spec.spec, evidence, &mut checks);
     health::check(&spec.spec, evidence.inventory, &mut checks);
+    siblings::check(&spec.spec, evidence.inventory, &mut checks);
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);
     }
