@@ -150,8 +150,16 @@ pub fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>
             let sum = |scope: &str, kinds: &[&str]| -> u64 {
                 kinds.iter().filter_map(|k| g.num(&format!("ECC Errors/{scope}/{k}"))).map(|v| v as u64).sum()
             };
-            let corr = ["SRAM Correctable", "DRAM Correctable"];
-            let unc = ["SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable"];
+            // Hopper splits SRAM uncorrectables by kind; Ampere has one "SRAM Uncorrectable";
+            // Volta and before count single- and double-bit errors ("Single Bit/Total").
+            let corr = ["SRAM Correctable", "DRAM Correctable", "Single Bit/Total"];
+            let unc = [
+                "SRAM Uncorrectable Parity",
+                "SRAM Uncorrectable SEC-DED",
+                "SRAM Uncorrectable",
+                "DRAM Uncorrectable",
+                "Double Bit/Total",
+            ];
             lines.push(format!(
                 "ecc_errors {} {} {} {}",
                 sum("Volatile", &corr),
@@ -294,6 +302,24 @@ fn assert_matches_capture(inv: &Value, smi: &Smi) {
             None => assert!(gpu["mig"].is_null(), "no MIG on this GPU"),
         }
         assert_eq!(gpu["temperature_celsius"].as_f64(), g.num("Temperature/GPU Current Temp"));
+    }
+}
+
+/// The converter reads every generation's ECC counter names: Ampere's single "SRAM
+/// Uncorrectable" and Volta's single- and double-bit totals, not only Hopper's split names.
+#[test]
+fn the_converter_reads_ampere_and_volta_ecc_names() {
+    let capture = |ecc: &str| {
+        format!(
+            "Driver Version : 470.103.01\nCUDA Version : 11.4\n\nGPU 00000000:D8:00.0\n    Product Name : Tesla V100\n    PCI\n        Bus Id : 00000000:D8:00.0\n    ECC Mode\n        Current : Enabled\n        Pending : Enabled\n    ECC Errors\n{ecc}"
+        )
+    };
+    let ampere = "        Volatile\n            SRAM Correctable : 1\n            SRAM Uncorrectable : 2\n            DRAM Correctable : 3\n            DRAM Uncorrectable : 4\n        Aggregate\n            SRAM Correctable : 5\n            SRAM Uncorrectable : 6\n            DRAM Correctable : 7\n            DRAM Uncorrectable : 8\n";
+    let volta = "        Volatile\n            Single Bit\n                Device Memory : 1\n                Total : 4\n            Double Bit\n                Device Memory : 2\n                Total : 6\n        Aggregate\n            Single Bit\n                Total : 40\n            Double Bit\n                Total : 60\n";
+    for (ecc, want) in [(ampere, "ecc_errors 4 6 12 14"), (volta, "ecc_errors 4 6 40 60")] {
+        let smi = parse_smi_q(&capture(ecc));
+        let text = fixture(&smi, Wiring::None, |_, _| {});
+        assert!(text.lines().any(|l| l == want), "want {want} in\n{text}");
     }
 }
 

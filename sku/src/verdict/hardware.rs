@@ -129,6 +129,23 @@ fn memory(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
     }
 }
 
+/// Why a GPU's enforced power limit is below the spec's: another model (whose limit is its own), a
+/// board whose default is already below it, or a limit lowered from the default.
+fn power_reason(s: &crate::spec::GpuSpec, g: &Gpu) -> String {
+    match (&g.name, g.power.default_watts, g.power.enforced_watts) {
+        (Some(name), ..) if *name != s.model => {
+            format!("this GPU is another model ({name}, not {}): its power limit is that model's", s.model)
+        }
+        (_, Some(default), Some(enforced)) if enforced < default => {
+            format!("the power limit is lowered from the board's default of {default} W (nvidia-smi -pl {default})")
+        }
+        (_, Some(default), _) => {
+            format!("the board's own default limit is {default} W: another board or SKU, or a capped VBIOS")
+        }
+        _ => "the power limit is below the spec's (nvidia-smi -q -d POWER says why)".to_string(),
+    }
+}
+
 /// "GPU 3 0000:1b:00.0": how every GPU check names its subject.
 pub(super) fn gpu_subject(g: &Gpu) -> String {
     format!("GPU {} {}", g.index, g.pci_address.as_deref().unwrap_or("?"))
@@ -189,13 +206,17 @@ fn on_off(b: bool) -> &'static str {
 // would scatter one device's checks.
 fn gpu_one(s: &crate::spec::GpuSpec, g: &Gpu, inv: &Inventory, ev: &str, c: &mut Checks) {
     let subject = gpu_subject(g);
-    let name = g.name.clone().unwrap_or_default();
+    // A name NVML could not read is not another model: the check cannot run.
+    let model = g.name.as_ref().map_or_else(
+        || Measured::missing("name unknown: NVML could not read it (nvmlDeviceGetName)"),
+        |name| Measured::of(name, *name == s.model),
+    );
     c.add(
         "gpu.model",
         &subject,
         Severity::Major,
         &s.model,
-        Measured::of(&name, name == s.model),
+        model,
         "another GPU model in this slot",
         &format!("{ev} nvmlDeviceGetName"),
     );
@@ -276,7 +297,7 @@ fn gpu_one(s: &crate::spec::GpuSpec, g: &Gpu, inv: &Inventory, ev: &str, c: &mut
             Severity::Minor,
             format!("≥ {min}"),
             m,
-            "the power limit is lowered (nvidia-smi -pl)",
+            &power_reason(s, g),
             &format!("{ev} nvmlDeviceGetEnforcedPowerLimit"),
         );
     }
@@ -886,5 +907,33 @@ pub fn links_under_load(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks)
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A power limit below the spec's is explained by what it is: another model, a limit lowered
+    /// from the board's default, or a board whose default is already lower.
+    #[test]
+    fn a_low_power_limit_says_why() {
+        let spec: crate::spec::GpuSpec = toml::from_str(
+            "source = \"s\"\ncount = 8\nmodel = \"NVIDIA H100 80GB HBM3\"\nmin_power_limit = \"700 W\"\n",
+        )
+        .unwrap();
+        let gpu = |name: &str, default: u32, enforced: u32| -> Gpu {
+            serde_json::from_value(serde_json::json!({
+                "index": 0, "name": name, "pcie": {}, "nvlinks": [],
+                "power": {"default_watts": default, "enforced_watts": enforced},
+            }))
+            .unwrap()
+        };
+        let other = power_reason(&spec, &gpu("NVIDIA H100 PCIe", 350, 350));
+        assert!(other.contains("another model (NVIDIA H100 PCIe") && !other.contains("lowered"), "{other}");
+        let lowered = power_reason(&spec, &gpu("NVIDIA H100 80GB HBM3", 700, 500));
+        assert!(lowered.contains("lowered from the board's default of 700 W"), "{lowered}");
+        let capped = power_reason(&spec, &gpu("NVIDIA H100 80GB HBM3", 650, 650));
+        assert!(capped.contains("default limit is 650 W") && !capped.contains("lowered"), "{capped}");
     }
 }

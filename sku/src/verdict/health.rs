@@ -57,7 +57,7 @@ fn gpu_memory(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
                     ),
                     !r.pending && !r.failure,
                 ),
-                None => Measured::missing("NVML reports no row remapping (pre-Ampere GPU?)"),
+                None => Measured::missing(no_remapping(g)),
             };
             let reason = match &g.remapped_rows {
                 Some(r) if r.failure => "row remapping failed: RMA the GPU",
@@ -338,5 +338,46 @@ pub fn thermal(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks) {
             "held back by heat under load (airflow, fans, heatsink)",
             &format!("NVML throttle reasons during run {}", kiln_text::short(run)),
         );
+    }
+}
+
+/// Why NVML gave no row-remapping figures: GPUs before Ampere (compute capability 8) retire pages
+/// instead; for an Ampere or later GPU, or one whose generation NVML did not say, the query failed.
+fn no_remapping(g: &kiln_inventory::gpu::Gpu) -> String {
+    let major = g.compute_capability.as_deref().and_then(|cc| cc.split('.').next()?.parse::<u32>().ok());
+    match major {
+        Some(m) if m < 8 => format!(
+            "this GPU ({}, compute capability {}) predates row remapping: it retires pages instead",
+            g.architecture.as_deref().unwrap_or("before Ampere"),
+            g.compute_capability.as_deref().unwrap_or("?")
+        ),
+        Some(_) => format!(
+            "NVML gave no row-remapping figures for this {} GPU (nvmlDeviceGetRemappedRows failed)",
+            g.architecture.as_deref().unwrap_or("Ampere or later")
+        ),
+        None => "NVML gave no row-remapping figures, nor the GPU's generation".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(cc: Option<&str>, arch: Option<&str>) -> kiln_inventory::gpu::Gpu {
+        let mut g: kiln_inventory::gpu::Gpu =
+            serde_json::from_value(serde_json::json!({"index": 0, "power": {}, "pcie": {}, "nvlinks": []})).unwrap();
+        g.compute_capability = cc.map(str::to_string);
+        g.architecture = arch.map(str::to_string);
+        g
+    }
+
+    /// A Hopper without row-remapping figures is not guessed to be pre-Ampere; a Volta is.
+    #[test]
+    fn missing_row_remapping_is_explained_by_the_gpus_generation() {
+        let hopper = no_remapping(&gpu(Some("9.0"), Some("Hopper")));
+        assert!(hopper.contains("Hopper GPU") && hopper.contains("failed") && !hopper.contains("pre"), "{hopper}");
+        let volta = no_remapping(&gpu(Some("7.0"), Some("Volta")));
+        assert!(volta.contains("predates row remapping"), "{volta}");
+        assert!(no_remapping(&gpu(None, None)).contains("nor the GPU's generation"));
     }
 }
