@@ -477,10 +477,16 @@ async fn import_parents(
     malformed: &dyn Fn(usize, String) -> ImportError,
     stats: &mut ImportStats,
 ) -> std::result::Result<Parents, Failed> {
-    let pairs =
-        |rows: Vec<Row>| -> HashMap<String, String> { rows.into_iter().map(|r| (r.get(0), r.get(1))).collect() };
-    let existing_hosts = pairs(query("SELECT identity, id FROM hosts").fetch_all(tx).await?);
-    let existing_software = pairs(query("SELECT fingerprint, id FROM software_stacks").fetch_all(tx).await?);
+    // Only the hosts and stacks these records name: an upload must not read the whole fleet.
+    let identities =
+        records.iter().filter_map(|(_, r)| if let Record::Host(h) = r { Some(h.identity.as_str()) } else { None });
+    let existing_hosts = pairs_in(tx, "SELECT identity, id FROM hosts WHERE identity IN (", identities).await?;
+    let fingerprints =
+        records
+            .iter()
+            .filter_map(|(_, r)| if let Record::Software(s) = r { Some(s.fingerprint.as_str()) } else { None });
+    let existing_software =
+        pairs_in(tx, "SELECT fingerprint, id FROM software_stacks WHERE fingerprint IN (", fingerprints).await?;
     let mut p = Parents::default();
     for (n, rec) in records {
         match rec {
@@ -592,6 +598,24 @@ async fn import_inventory(
     .execute(tx)
     .await?;
     Ok(())
+}
+
+/// The (key, value) rows of `select` (which ends in `IN (`) for the distinct `keys`, in batches;
+/// no statement at all for no keys.
+async fn pairs_in<'k>(
+    tx: &mut Conn<'_>,
+    select: &str,
+    keys: impl Iterator<Item = &'k str>,
+) -> std::result::Result<HashMap<String, String>, sqlx::Error> {
+    let keys: Vec<&str> = keys.collect::<HashSet<_>>().into_iter().collect();
+    let mut found = HashMap::new();
+    for chunk in keys.chunks(MAX_BINDS) {
+        let mut q = Builder::new(select);
+        q.list(chunk.iter().copied());
+        q.push(")");
+        found.extend(q.build().fetch_all(tx).await?.into_iter().map(|r: Row| (r.get(0), r.get(1))));
+    }
+    Ok(found)
 }
 
 /// Which of `ids` are already in `table` (batched lookups; a fresh database answers with nothing).
@@ -727,12 +751,8 @@ async fn insert_runs(
 
 /// The series of the new runs (only results: `ok` and `unstable`).
 async fn index_fresh(tx: &mut Conn<'_>, fresh: &[NewRunRef<'_>], p: &Parents) -> std::result::Result<(), sqlx::Error> {
-    let software_fps: HashMap<String, String> = query("SELECT id, fingerprint FROM software_stacks")
-        .fetch_all(tx)
-        .await?
-        .into_iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let used = fresh.iter().filter_map(|r| r.software.as_deref());
+    let software_fps = pairs_in(tx, "SELECT id, fingerprint FROM software_stacks WHERE id IN (", used).await?;
     let empty = (String::new(), String::new());
     let index: Vec<IndexRun> = fresh
         .iter()

@@ -27,10 +27,23 @@ pub(crate) async fn index_runs(conn: &mut Conn<'_>, runs: &[IndexRun<'_>]) -> st
     if runs.is_empty() {
         return Ok(());
     }
-    let existing: Vec<(i64, String, String, String, String, String)> =
-        query("SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys")
-            .fetch_all_as(conn)
-            .await?;
+    // The keys of these runs' series only (an upload must not read every key the fleet has).
+    let prefixes: Vec<[&str; 4]> = runs
+        .iter()
+        .map(|r| [r.config_fingerprint, r.benchmark, r.bench_config, r.software_fingerprint])
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut existing: Vec<(i64, String, String, String, String, String)> = Vec::new();
+    for chunk in prefixes.chunks(500) {
+        let mut q = Builder::new(
+            "SELECT id, config_fingerprint, benchmark, bench_config, software_fingerprint, metric FROM series_keys \
+             WHERE (config_fingerprint, benchmark, bench_config, software_fingerprint) IN (",
+        );
+        q.values(chunk.iter().map(|p| p.map(Arg::from)));
+        q.push(")");
+        existing.extend(q.build().fetch_all_as(conn).await?);
+    }
     // Keys borrowed from the rows above and from the runs: no string copies per metric. Grouped
     // by what a run shares (configuration, benchmark, its configuration, software), so that each
     // metric hashes only its name.
