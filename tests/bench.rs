@@ -512,3 +512,37 @@ fn disk_never_writes_a_device_without_destructive() {
     assert!(report.tests.iter().any(|t| t.test == "rand_write"), "{report:?}");
     assert_ne!(digest(), before);
 }
+
+/// The silent-data-corruption screen as a technician runs it: a healthy machine's CPUs agree and
+/// the run is stored `ok`; with a wrong result injected on CPU 0 (a test build's
+/// `KILN_SDC_INJECT`), the run fails (exit 1) naming the CPU, the kernel and the first wrong word,
+/// and the verdict of that inventory REJECTs with `cpu.sdc`.
+#[test]
+fn sdc_screen_names_a_cpu_that_computes_wrong_and_the_verdict_rejects_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let clean = kiln(&["bench", "sdc", "--seconds", "0.5", "--json"], &[("KILN_DB", &db)]).success().json();
+    assert_eq!(clean["status"], "ok");
+    assert_eq!(clean["report"]["wrong"].as_array().unwrap().len(), 0);
+    assert_eq!(clean["report"]["kernels"].as_array().unwrap().len(), kiln_bench::sdc::KERNELS.len());
+    let inject = std::path::Path::new("0:sha256");
+    let run = kiln(&["bench", "sdc", "--seconds", "0.5", "--json"], &[("KILN_DB", &db), ("KILN_SDC_INJECT", inject)]);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    let faulty = run.json();
+    assert_eq!(faulty["status"], "failed");
+    let wrong = faulty["report"]["wrong"].as_array().unwrap();
+    assert!(wrong.iter().all(|w| w["cpu"] == 0 && w["kernel"] == "sha256"), "{wrong:?}");
+    assert_eq!(wrong[0]["round"], 0);
+    assert!(wrong[0]["what"].as_str().unwrap().contains("output word 0 is"), "{wrong:?}");
+    let human = kiln(&["show", "run", faulty["run_id"].as_str().unwrap()], &[("KILN_DB", &db)]).success().stdout();
+    assert!(human.contains("sdc.cpu0.wrong"), "{human}");
+    // The faulty run's inventory: its verdict REJECTs whatever else passes.
+    let hosts = kiln(&["hosts", "--json"], &[("KILN_DB", &db)]).success().json();
+    let inventory = hosts["hosts"][0]["latest_inventory"].as_str().unwrap().to_string();
+    let verdict = kiln(&["verdict", "--inventory", &inventory, "--no-save", "--json"], &[("KILN_DB", &db)]);
+    assert_eq!(verdict.code(), Some(1), "{}", verdict.describe());
+    let v = verdict.json();
+    let sdc: Vec<&serde_json::Value> =
+        v["checks"].as_array().unwrap().iter().filter(|c| c["id"] == "cpu.sdc").collect();
+    assert!(sdc.iter().any(|c| c["status"] == "fail" && c["measured"].as_str().unwrap().contains("CPU 0")), "{sdc:?}");
+}

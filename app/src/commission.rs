@@ -215,6 +215,9 @@ pub fn run_suite(
         config.gemm = kiln_bench::train::Gemm::Auto;
         until_settled(SUITE_ATTEMPTS, &spent, || runs::train(inv, &config), keep)?;
     }
+    if !over("sdc") && !interrupted.load(Ordering::Relaxed) {
+        keep(runs::sdc(inv, if quick { 5.0 } else { 60.0 }, interrupted))?;
+    }
     if !inv.gpus.devices.is_empty() && !over("gpu gemm") && !interrupted.load(Ordering::Relaxed) {
         match runs::gpu::prepare(inv, interrupted) {
             Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),

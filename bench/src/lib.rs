@@ -13,5 +13,6 @@ pub mod gemm;
 pub mod membw;
 pub mod net;
 pub mod peaks;
+pub mod sdc;
 pub mod stats;
 pub mod train;

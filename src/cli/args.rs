@@ -763,6 +763,16 @@ pub enum Bench {
         #[command(subcommand)]
         what: GpuBench,
     },
+    /// A screen for silent data corruption: every CPU runs the same deterministic kernels (FMA
+    /// chains, a GEMM, integer multiplies, CRC-32, SHA-256, AES-GCM, deflate), compared bit for bit
+    /// across CPUs and against known answers; a CPU that differs is named and fails the run
+    Sdc {
+        /// How long every CPU runs the kernels
+        #[arg(long, default_value_t = 30.0, value_name = "S")]
+        seconds: f64,
+        #[command(flatten)]
+        store: Store,
+    },
     /// Network: TCP throughput and latency to another kiln (`--serve` there, `--connect` here)
     Net {
         /// Serve clients on this address until idle for --idle seconds

@@ -45,6 +45,14 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let outcome = runs::disk(&path, config, destructive, &INTERRUPTED)?;
             finish(ctx, &inv, outcome, store)
         }
+        Bench::Sdc { seconds, store } => {
+            preflight(ctx, store)?;
+            anyhow::ensure!(seconds > 0.0 && seconds.is_finite(), "--seconds must be positive");
+            catch_interrupts();
+            let inv = live_inventory()?;
+            let outcome = runs::sdc(&inv, seconds, &INTERRUPTED);
+            finish(ctx, &inv, outcome, store)
+        }
         Bench::Net { serve, connect, streams, seconds, repetitions, idle, store } => {
             if let Some(addr) = serve {
                 return serve_net(&addr, idle);

@@ -8,6 +8,7 @@ mod gemm;
 pub mod gpu;
 mod membw;
 mod net;
+mod sdc;
 mod train;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ pub use disk::disk;
 pub use gemm::{gemm, GemmReport, Libraries, TheoreticalPeak};
 pub use membw::{default_membw_elements, membw, membw_scopes, render_membw, MembwReport};
 pub use net::net;
+pub use sdc::{injected_fault, sdc};
 pub use train::{render_train, train, train_metrics, TrainReport};
 
 use kiln_inventory::cpulist::parse_list;
@@ -109,6 +111,7 @@ pub enum Report {
     Train(TrainReport),
     Disk(kiln_bench::disk::Report),
     Net(kiln_bench::net::Report),
+    Sdc(kiln_bench::sdc::Report),
     Fabric(Box<kiln_cluster::FabricReport>),
     Collectives(Box<kiln_cluster::CollectivesReport>),
     Scaling(Box<kiln_cluster::TrainScalingReport>),
@@ -148,6 +151,7 @@ impl Report {
             Report::Train(_) => "train",
             Report::Disk(_) => "disk",
             Report::Net(_) => "net",
+            Report::Sdc(_) => "sdc",
             Report::Fabric(_) => "fabric",
             Report::Collectives(_) => "collectives",
             Report::Scaling(_) => "scaling",

@@ -313,6 +313,45 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
 
 /// GPUs held back by heat while a benchmark loaded them: more than the spec's share of a run's
 /// telemetry samples fails (airflow, fans, a heatsink badly seated).
+/// The silent-data-corruption screen's runs taken with this inventory (`kiln bench sdc`, a short
+/// one in the suite): a CPU that computed wrong fails the box, whatever the spec says — its
+/// results cannot be trusted. Each wrong CPU is named from the run's `sdc.cpu<N>.wrong` metrics.
+pub fn sdc(e: &super::Evidence<'_>, c: &mut Checks) {
+    for run in e.runs.iter().filter(|r| r.benchmark == "sdc") {
+        let metric = |name: &str| run.metrics.iter().find(|m| m.0 == name).map(|m| m.1);
+        let wrong: Vec<String> = run
+            .metrics
+            .iter()
+            .filter_map(|(name, v, _)| {
+                let cpu = name.strip_prefix("sdc.cpu")?.strip_suffix(".wrong")?;
+                Some(format!("CPU {cpu} ({v:.0} wrong results)"))
+            })
+            .collect();
+        let cpus = metric("sdc.cpus").unwrap_or(0.0);
+        let failed = run.status == kiln_db::RunStatus::Failed || metric("sdc.cpus_wrong").is_some_and(|n| n > 0.0);
+        let measured = if failed {
+            if wrong.is_empty() {
+                "a CPU computed wrong".to_string()
+            } else {
+                wrong.join(", ")
+            }
+        } else {
+            format!("{cpus:.0} CPUs agree, {:.0} rounds compared", metric("sdc.rounds_compared").unwrap_or(0.0))
+        };
+        c.add(
+            "cpu.sdc",
+            "CPUs",
+            Severity::Critical,
+            "every CPU computes every result right",
+            Measured::of(measured, !failed),
+            "a CPU computes wrong without crashing (silent data corruption): take the box out of service and \
+             confirm with `kiln bench sdc --seconds 600`; the CPU is a replacement (kiln show run for the kernel \
+             and the first wrong word)",
+            &format!("run {}", run.id),
+        );
+    }
+}
+
 pub fn thermal(spec: &SkuSpec, e: &super::Evidence<'_>, c: &mut Checks) {
     let Some(max) = spec.health.as_ref().and_then(|h| h.max_thermal_throttle.as_ref()) else { return };
     for g in &e.inventory.gpus.devices {
