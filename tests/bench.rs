@@ -545,4 +545,7 @@ fn sdc_screen_names_a_cpu_that_computes_wrong_and_the_verdict_rejects_it() {
     let sdc: Vec<&serde_json::Value> =
         v["checks"].as_array().unwrap().iter().filter(|c| c["id"] == "cpu.sdc").collect();
     assert!(sdc.iter().any(|c| c["status"] == "fail" && c["measured"].as_str().unwrap().contains("CPU 0")), "{sdc:?}");
+    assert!(sdc[0]["remedy"]["source"].as_str().unwrap().contains("Silent Data Corruptions at Scale"), "{sdc:?}");
+    let text = kiln(&["verdict", "--inventory", &inventory, "--no-save"], &[("KILN_DB", &db)]).stdout();
+    assert!(text.contains("What to do:\n- cpu.sdc (CPUs): take the box out of service"), "{text}");
 }

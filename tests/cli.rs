@@ -276,10 +276,7 @@ fn commission_runs_the_quick_suite() {
     benchmarks.dedup();
     assert_eq!(benchmarks, ["membw", "gemm", "train", "sdc", "disk"]);
     // The silent-data-corruption screen ran on every CPU and passed the verdict.
-    assert!(
-        out["checks"].as_array().unwrap().iter().any(|c| c["id"] == "cpu.sdc" && c["status"] == "pass"),
-        "{out}"
-    );
+    assert!(out["checks"].as_array().unwrap().iter().any(|c| c["id"] == "cpu.sdc" && c["status"] == "pass"), "{out}");
     // Every run points at the inventory the commission stored.
     let train = out["benchmarks"].as_array().unwrap().iter().find(|b| b["benchmark"] == "train").unwrap();
     let id = train["run_id"].as_str().unwrap();

@@ -212,6 +212,15 @@ fn hgx_h100_faults_give_exact_verdicts() {
             .map(|c| format!("{} {} {} {}: {}", c["status"], c["id"], c["subject"], c["measured"], c["reason"]))
             .collect();
         assert_eq!(v["verdict"], c.verdict, "{}: {failures:#?}", c.name);
+        // Every check that failed or warned says what to do, and where that advice comes from.
+        for check in v["checks"].as_array().unwrap().iter().filter(|c| c["status"] == "fail" || c["status"] == "warn") {
+            let (action, source) = (check["remedy"]["action"].as_str(), check["remedy"]["source"].as_str());
+            assert!(
+                action.is_some_and(|a| !a.is_empty()) && source.is_some_and(|s| !s.is_empty()),
+                "{}: {check}",
+                c.name
+            );
+        }
         assert_eq!(code, if c.verdict == "accept" { 0 } else { 1 }, "{}", c.name);
         let want = c.first.map(|(id, subject)| (id.to_string(), subject.to_string()));
         assert_eq!(first_failure(&v), want, "{}: {failures:#?}", c.name);

@@ -236,10 +236,16 @@ fn verdict_section(v: &kiln_db::VerdictRow) -> Section {
                 .checks
                 .iter()
                 .filter(|c| c.status != kiln_sku::verdict::Status::Pass)
-                .map(kiln_sku::verdict::Check::row)
+                .map(|c| {
+                    let mut row = c.row();
+                    row.push(c.remedy.as_ref().map_or(String::new(), |r| format!("{} [{}]", r.action, r.source)));
+                    row
+                })
                 .collect();
             if !rows.is_empty() {
-                s.table = Some((kiln_sku::verdict::Check::COLUMNS.iter().map(|h| h.to_string()).collect(), rows));
+                let mut head: Vec<String> = kiln_sku::verdict::Check::COLUMNS.iter().map(|h| h.to_string()).collect();
+                head.push("remedy".into());
+                s.table = Some((head, rows));
             }
         }
         Err(_) => s.text.push("(a verdict document this kiln cannot read)".into()),

@@ -10,6 +10,7 @@ pub mod hardware;
 pub mod health;
 pub mod ocp;
 pub mod perf;
+pub mod remedy;
 pub mod siblings;
 
 use std::collections::BTreeMap;
@@ -71,6 +72,10 @@ pub struct Check {
     pub reason: String,
     /// Where the measurement came from: a sysfs file, an NVML call, a benchmark run id.
     pub evidence: String,
+    /// What to do about a check that failed or warned, and where that advice comes from
+    /// (`remedy::remedy_for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remedy: Option<remedy::Remedy>,
 }
 
 impl Check {
@@ -244,6 +249,7 @@ impl Checks {
             measured,
             reason,
             evidence: evidence.to_string(),
+            remedy: None,
         });
     }
 }
@@ -283,6 +289,9 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
         perf::check(&spec.spec, evidence, &mut checks);
     }
     let mut list = checks.list;
+    for c in list.iter_mut().filter(|c| matches!(c.status, Status::Fail | Status::Warn)) {
+        c.remedy = remedy::remedy_for(&c.id);
+    }
     // A stable sort: failures by severity, then skips, warnings and passes, each in check order.
     list.sort_by_key(|c| (c.status, if c.status == Status::Fail { c.severity } else { Severity::Critical }));
     let mut counts = Counts::default();
@@ -327,6 +336,21 @@ impl Verdict {
             let head: Vec<String> = Check::COLUMNS.iter().map(|h| h.to_uppercase()).collect();
             let head: Vec<&str> = head.iter().map(String::as_str).collect();
             out.push_str(&kiln_text::table(&head, &rows));
+        }
+        // What to do, once per check id, naming the subjects it applies to.
+        let mut remedies: Vec<(&str, Vec<&str>, &remedy::Remedy)> = Vec::new();
+        for c in shown.iter().filter(|c| matches!(c.status, Status::Fail | Status::Warn)) {
+            let Some(r) = &c.remedy else { continue };
+            match remedies.iter_mut().find(|(id, ..)| *id == c.id) {
+                Some(entry) => entry.1.push(&c.subject),
+                None => remedies.push((&c.id, vec![&c.subject], r)),
+            }
+        }
+        if !remedies.is_empty() {
+            out.push_str("What to do:\n");
+            for (id, subjects, r) in remedies {
+                let _ = writeln!(out, "- {id} ({}): {} [{}]", subjects.join("; "), r.action, r.source);
+            }
         }
         let c = &self.counts;
         let _ = writeln!(

@@ -46,6 +46,9 @@ pub fn lines(v: &Verdict, inv: &Inventory, command_line: &str, now: &str) -> Str
                 message.push_str(&format!(" ({})", c.reason));
             }
             message.push_str(&format!(" [evidence: {}]", c.evidence));
+            if let Some(r) = &c.remedy {
+                message.push_str(&format!(" Remedy: {} [source: {}]", r.action, r.source));
+            }
             emit(json!({ "testStepArtifact": { "testStepId": id, "diagnosis": {
                 "verdict": format!("{}-{}", c.id, c.status.as_str()),
                 "type": kind,
