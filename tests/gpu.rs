@@ -517,6 +517,34 @@ fn faults_nvlink_down_gen4_x8_ecc_and_pending_remap() {
         summary.contains("GPU4 NVIDIA H100 80GB HBM3 0000:9a:00.0 79.6 GiB, PCIe Gen4 x8 (max Gen5 x16)"),
         "{summary}"
     );
+    // The inventory names every health fault it read, not only a commission's verdict.
+    assert!(summary.contains("; FAULTS: 2 uncorrectable ECC errors, row remap pending (reset the GPU)"), "{summary}");
+}
+
+/// What the GPUs say at rest, read with the inventory: clocks held back by a power brake and a
+/// hardware slowdown, a power limit below the board's default; the summary names both.
+#[test]
+fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let text = fixture(&smi, Wiring::NvSwitch18, |i, lines| {
+        if i == 1 {
+            lines.push("load 80000 345 2619 0 0 0x89".to_string());
+            let at = lines.iter().position(|l| l.starts_with("power ")).unwrap();
+            lines[at] = "power 700000 500000 200000 700000".to_string();
+        }
+    });
+    let machine = FakeMachine::new(&text);
+    let inv = machine.inventory(None);
+    let gpus = inv["gpus"]["devices"].as_array().unwrap();
+    assert_eq!(gpus[1]["clock_event_reasons"], serde_json::json!(["gpu_idle", "hw_slowdown", "hw_power_brake"]));
+    assert!(gpus[0]["clock_event_reasons"].is_null(), "the fake reads no reasons without a load line");
+    let summary = machine.kiln(&["inventory"]).success().stdout();
+    assert!(
+        summary.contains(
+            "; FAULTS: clocks held back at rest (hw_slowdown, hw_power_brake), power limit 500 W of the default 700 W"
+        ),
+        "{summary}"
+    );
 }
 
 #[test]

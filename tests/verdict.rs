@@ -82,9 +82,12 @@ impl Case {
     }
 }
 
-fn set(lines: &mut [String], key: &str, value: &str) {
-    let at = lines.iter().position(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no {key} line"));
-    lines[at] = format!("{key} {value}");
+/// Sets a GPU's `key` line of the fake NVML (appended where the capture has none).
+fn set(lines: &mut Vec<String>, key: &str, value: &str) {
+    match lines.iter().position(|l| l.starts_with(&format!("{key} "))) {
+        Some(at) => lines[at] = format!("{key} {value}"),
+        None => lines.push(format!("{key} {value}")),
+    }
 }
 
 const CLEAN_DMESG: &str = "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  565.57.01\n";
@@ -131,6 +134,14 @@ pub(crate) fn cases() -> Vec<Case> {
             "700000 500000 200000 700000",
             "gpu.power_limit",
             "GPU 1 0000:2a:00.0",
+        ),
+        reject(
+            "a power brake and a hardware slowdown at rest",
+            3,
+            "load",
+            "80000 345 2619 0 0 0x89",
+            "gpu.at_rest.clocks",
+            "GPU 3 0000:5d:00.0",
         ),
         reject("one GPU on another VBIOS", 7, "vbios", "96.00.74.00.1C", "siblings.gpu.vbios", "GPU 7 0000:db:00.0"),
         reject("one GPU's clocks capped", 4, "clocks", "1755 2619", "siblings.gpu.clocks", "GPU 4 0000:9a:00.0"),

@@ -123,6 +123,11 @@ pub struct Gpu {
     pub temperature_celsius: Option<u32>,
     pub numa_node: Option<u32>,
     pub cpu_affinity: Option<String>,
+    /// Why the GPU's clocks are held back as the inventory is taken (NVML's clock event
+    /// reasons: "hw_slowdown", "hw_power_brake", "gpu_idle", …); at rest only idle and settings
+    /// should show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_event_reasons: Option<Vec<String>>,
     pub nvlinks: Vec<NvLink>,
 }
 
@@ -398,15 +403,49 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
         persistence_mode: get!("persistence mode", device.is_in_persistent_mode()),
         mig,
         temperature_celsius: get!("temperature", device.temperature(TemperatureSensor::Gpu)),
+        clock_event_reasons: get!("clock event reasons", device.current_throttle_reasons())
+            .map(|r| reason_names(r.bits())),
         numa_node,
         cpu_affinity,
         nvlinks,
     }
 }
 
+/// NVML's clock event reason bits (nvml.h, `nvmlClocksEventReason*`) by name.
+pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks_setting"),
+];
+
+/// The names of the reasons set in an NVML clock event bitmask (an unknown bit by its value).
+pub fn reason_names(bits: u64) -> Vec<String> {
+    let mut names: Vec<String> =
+        CLOCK_EVENT_REASONS.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| (*n).to_string()).collect();
+    let known: u64 = CLOCK_EVENT_REASONS.iter().map(|(b, _)| b).sum();
+    if bits & !known != 0 {
+        names.push(format!("{:#x}", bits & !known));
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clock_event_reason_names() {
+        assert_eq!(reason_names(0x1), ["gpu_idle"]);
+        assert_eq!(reason_names(0x88), ["hw_slowdown", "hw_power_brake"]);
+        assert_eq!(reason_names(0x1000), ["0x1000"]);
+        assert!(reason_names(0).is_empty());
+    }
 
     #[test]
     fn bus_ids() {

@@ -196,7 +196,7 @@ fn link_text(l: &crate::pci::PciLink) -> String {
 
 /// GPUs, NVMe drives, NICs and RDMA devices, one line each.
 fn devices(out: &mut String, inv: &Inventory) {
-    gpus(out, &inv.gpus);
+    gpus(out, &inv.gpus, &inv.kernel_log.xids);
     let pci_link = |addr: &Option<String>| {
         addr.as_ref()
             .and_then(|a| inv.pci.iter().find(|d| &d.address == a))
@@ -268,8 +268,52 @@ fn devices(out: &mut String, inv: &Inventory) {
     }
 }
 
-/// The GPUs NVML sees (identity, memory, PCIe, NVLink, bf16 peak) and those it does not.
-fn gpus(out: &mut String, g: &crate::gpu::Gpus) {
+/// The health faults a GPU shows at inventory time, for its summary line: uncorrectable ECC
+/// errors, a pending or failed row remap, XIDs in the kernel log, clocks held back at rest, a
+/// power limit below the board's default.
+pub fn gpu_faults(gpu: &crate::gpu::Gpu, xids: &[crate::kmsg::XidEvent]) -> Vec<String> {
+    let mut faults = Vec::new();
+    if let Some(e) = &gpu.ecc {
+        let unc = e.volatile_uncorrected.unwrap_or(0).max(e.aggregate_uncorrected.unwrap_or(0));
+        if unc > 0 {
+            faults.push(format!("{unc} uncorrectable ECC errors"));
+        }
+    }
+    if let Some(r) = &gpu.remapped_rows {
+        if r.failure {
+            faults.push("row remapping FAILED".into());
+        } else if r.pending {
+            faults.push("row remap pending (reset the GPU)".into());
+        }
+    }
+    let mut by_xid: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+    for x in
+        xids.iter().filter(|x| gpu.pci_address.as_deref().is_some_and(|a| a.starts_with(&x.pci.to_ascii_lowercase())))
+    {
+        *by_xid.entry(x.xid).or_default() += 1;
+    }
+    faults.extend(by_xid.iter().map(|(xid, n)| format!("XID {xid} ({}) x{n}", crate::kmsg::xid_name(*xid))));
+    let at_rest: Vec<&str> = gpu
+        .clock_event_reasons
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|r| matches!(*r, "hw_slowdown" | "hw_power_brake" | "hw_thermal_slowdown" | "sw_thermal_slowdown"))
+        .collect();
+    if !at_rest.is_empty() {
+        faults.push(format!("clocks held back at rest ({})", at_rest.join(", ")));
+    }
+    if let (Some(d), Some(e)) = (gpu.power.default_watts, gpu.power.enforced_watts) {
+        if e < d {
+            faults.push(format!("power limit {e} W of the default {d} W"));
+        }
+    }
+    faults
+}
+
+/// The GPUs NVML sees (identity, memory, PCIe, NVLink, bf16 peak, health faults) and those it
+/// does not.
+fn gpus(out: &mut String, g: &crate::gpu::Gpus, xids: &[crate::kmsg::XidEvent]) {
     if !g.devices.is_empty() || !g.pci_gpus.is_empty() {
         let _ = writeln!(
             out,
@@ -303,9 +347,11 @@ fn gpus(out: &mut String, g: &crate::gpu::Gpus) {
                 .and_then(|n| kiln_bench::peaks::gpu_peak_tflops(n, "bf16"))
                 .map(|t| format!(", {t:.0} TFLOP/s bf16 dense"))
                 .unwrap_or_default();
+            let faults = gpu_faults(gpu, xids);
+            let health = if faults.is_empty() { String::new() } else { format!("; FAULTS: {}", faults.join(", ")) };
             let _ = writeln!(
                 out,
-                "          GPU{} {} {} {}{pcie}{nvlink}{peak}",
+                "          GPU{} {} {} {}{pcie}{nvlink}{peak}{health}",
                 gpu.index,
                 gpu.name.as_deref().unwrap_or("?"),
                 gpu.pci_address.as_deref().unwrap_or("?"),

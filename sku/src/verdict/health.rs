@@ -313,6 +313,45 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
 
 /// GPUs held back by heat while a benchmark loaded them: more than the spec's share of a run's
 /// telemetry samples fails (airflow, fans, a heatsink badly seated).
+/// What the GPUs say at rest, read with the inventory and judged whatever the spec pins: clocks
+/// held back by a hardware slowdown, a power brake (a signal from the chassis) or heat while idle,
+/// and an enforced power limit below the board's default (a GH200 capped at 700 of its 900 W).
+pub fn at_rest(inv: &Inventory, c: &mut Checks) {
+    const AT_FAULT: [&str; 4] = ["hw_slowdown", "hw_power_brake", "hw_thermal_slowdown", "sw_thermal_slowdown"];
+    for g in &inv.gpus.devices {
+        let subject = gpu_subject(g);
+        let ev = format!("NVML GPU {}", g.index);
+        if let Some(reasons) = &g.clock_event_reasons {
+            let held: Vec<&str> = reasons.iter().map(String::as_str).filter(|r| AT_FAULT.contains(r)).collect();
+            let measured = if reasons.is_empty() { "none".to_string() } else { reasons.join(", ") };
+            c.add(
+                "gpu.at_rest.clocks",
+                &subject,
+                Severity::Major,
+                "no hardware slowdown, power brake or thermal slowdown at rest",
+                Measured::of(measured, held.is_empty()),
+                &format!(
+                    "the clocks are held back at rest by {}: a power brake from the chassis, a cooling fault or a \
+                     failing sensor, before any load",
+                    held.join(", ")
+                ),
+                &format!("{ev} nvmlDeviceGetCurrentClocksEventReasons"),
+            );
+        }
+        if let (Some(default), Some(enforced)) = (g.power.default_watts, g.power.enforced_watts) {
+            c.add(
+                "gpu.power_limit.default",
+                &subject,
+                Severity::Minor,
+                format!("the board's default, {default} W"),
+                Measured::of(format!("{enforced} W"), enforced >= default),
+                &format!("the power limit is lowered from the board's default of {default} W"),
+                &format!("{ev} nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetPowerManagementDefaultLimit"),
+            );
+        }
+    }
+}
+
 /// The silent-data-corruption screen's runs taken with this inventory (`kiln bench sdc`, a short
 /// one in the suite): a CPU that computed wrong fails the box, whatever the spec says — its
 /// results cannot be trusted. Each wrong CPU is named from the run's `sdc.cpu<N>.wrong` metrics.

@@ -283,6 +283,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     hardware::links_under_load(&spec.spec, evidence, &mut checks);
     health::thermal(&spec.spec, evidence, &mut checks);
     health::sdc(evidence, &mut checks);
+    health::at_rest(evidence.inventory, &mut checks);
     health::check(&spec.spec, evidence.inventory, &mut checks);
     siblings::check(&spec.spec, evidence.inventory, &mut checks);
     if evidence.performance_judged {
