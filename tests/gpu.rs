@@ -522,11 +522,13 @@ fn faults_nvlink_down_gen4_x8_ecc_and_pending_remap() {
 }
 
 /// What the GPUs say at rest, read with the inventory: clocks held back by a power brake and a
-/// hardware slowdown, a power limit below the board's default; the summary names both.
+/// hardware slowdown, a power limit below the board's default (the summary names both), and each
+/// GPU's fabric registration.
 #[test]
 fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
     let smi = capture("H100SXMx8_smi_q.txt");
     let text = fixture(&smi, Wiring::NvSwitch18, |i, lines| {
+        lines.push(format!("fabric {} 0", if i == 2 { 2 } else { 3 }));
         if i == 1 {
             lines.push("load 80000 345 2619 0 0 0x89".to_string());
             let at = lines.iter().position(|l| l.starts_with("power ")).unwrap();
@@ -538,6 +540,9 @@ fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
     let gpus = inv["gpus"]["devices"].as_array().unwrap();
     assert_eq!(gpus[1]["clock_event_reasons"], serde_json::json!(["gpu_idle", "hw_slowdown", "hw_power_brake"]));
     assert!(gpus[0]["clock_event_reasons"].is_null(), "the fake reads no reasons without a load line");
+    // Each GPU's NVLink fabric registration (NVML's fabric info).
+    assert_eq!(gpus[0]["fabric"], serde_json::json!({"state": "completed", "status": 0}));
+    assert_eq!(gpus[2]["fabric"]["state"], "in_progress");
     let summary = machine.kiln(&["inventory"]).success().stdout();
     assert!(
         summary.contains(

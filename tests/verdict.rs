@@ -135,6 +135,7 @@ pub(crate) fn cases() -> Vec<Case> {
             "gpu.power_limit",
             "GPU 1 0000:2a:00.0",
         ),
+        reject("the fabric manager down", 5, "fabric", "1 0", "gpu.fabric", "GPU 5 0000:ab:00.0"),
         reject(
             "a power brake and a hardware slowdown at rest",
             3,

@@ -97,6 +97,15 @@ pub struct Mig {
     pub pending_enabled: bool,
 }
 
+/// A GPU's fabric registration (`nvmlDeviceGetGpuFabricInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fabric {
+    /// "not_supported", "not_started", "in_progress" or "completed".
+    pub state: String,
+    /// The registration's result, an NVML return code (0: success).
+    pub status: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gpu {
     pub index: u32,
@@ -128,6 +137,10 @@ pub struct Gpu {
     /// should show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_event_reasons: Option<Vec<String>>,
+    /// The GPU's place in the NVLink fabric (NVML's fabric info, Hopper and later): on NVSwitch
+    /// systems the fabric manager must have brought every GPU to "completed", with success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<Fabric>,
     pub nvlinks: Vec<NvLink>,
 }
 
@@ -351,6 +364,23 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
             })
         })
     };
+    // SAFETY: the handle belongs to this live Nvml; the symbol fills one nvmlGpuFabricInfo_t.
+    let fabric = unsafe {
+        nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref().ok().and_then(|f| {
+            let mut info: nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t = std::mem::zeroed();
+            (f(device.handle(), &mut info) == 0).then(|| Fabric {
+                state: match u32::from(info.state) {
+                    0 => "not_supported".into(),
+                    1 => "not_started".into(),
+                    2 => "in_progress".into(),
+                    3 => "completed".into(),
+                    other => format!("state {other}"),
+                },
+                status: info.status,
+            })
+        })
+    }
+    .filter(|f| f.state != "not_supported");
     let retired = |cause| device.retired_pages(cause).ok().map(|p| p.len());
     let retired_pages =
         match (retired(RetirementCause::MultipleSingleBitEccErrors), retired(RetirementCause::DoubleBitEccError)) {
@@ -403,6 +433,7 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
         persistence_mode: get!("persistence mode", device.is_in_persistent_mode()),
         mig,
         temperature_celsius: get!("temperature", device.temperature(TemperatureSensor::Gpu)),
+        fabric,
         clock_event_reasons: get!("clock event reasons", device.current_throttle_reasons())
             .map(|r| reason_names(r.bits())),
         numa_node,

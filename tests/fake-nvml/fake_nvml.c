@@ -18,6 +18,7 @@
  *   temp <C> | numa <node> | affinity <cpu list, e.g. 0-19,40-59>
  *   nvlink <link> <active> <version> <remote bus id|-> <remote type: 0 gpu, 1 npu, 2 switch>
  *   nvlink_errors <link> <replay> <recovery> <crc_flit> <crc_data>
+ *   fabric <state 0-3> <status, an nvmlReturn_t>   (nvmlDeviceGetGpuFabricInfo; absent: not supported)
  *   load <power_mW> <sm_MHz> <mem_MHz> <util_gpu_%> <util_mem_%> <throttle reasons, hex bitmask>
  */
 #define _GNU_SOURCE
@@ -75,6 +76,7 @@ struct gpu {
     int has_numa; unsigned int numa;
     int has_affinity; unsigned long affinity[16];
     struct link links[MAX_LINKS];
+    int has_fabric; unsigned int fabric_state, fabric_status;
     int has_load;
     unsigned int power_mw, sm_mhz, mem_mhz, util_gpu, util_mem;
     unsigned long long throttle;
@@ -158,6 +160,8 @@ static nvmlReturn_t load(void) {
         else if (!strcmp(key, "temp")) g->has_temp = sscanf(arg, "%u", &g->temp) == 1;
         else if (!strcmp(key, "numa")) g->has_numa = sscanf(arg, "%u", &g->numa) == 1;
         else if (!strcmp(key, "affinity")) parse_affinity(g, arg);
+        else if (!strcmp(key, "fabric"))
+            g->has_fabric = sscanf(arg, "%u %u", &g->fabric_state, &g->fabric_status) == 2;
         else if (!strcmp(key, "load"))
             g->has_load = sscanf(arg, "%u %u %u %u %u %llx", &g->power_mw, &g->sm_mhz, &g->mem_mhz, &g->util_gpu,
                                  &g->util_mem, &g->throttle) == 6;
@@ -271,6 +275,20 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(DEV d, int type, int counter, unsigned 
     if (!d->has_ecc_errors || type < 0 || type > 1 || counter < 0 || counter > 1) return NOT_SUPPORTED;
     /* errorType 0 corrected, 1 uncorrected; counterType 0 volatile, 1 aggregate */
     *n = d->ecc_errors[counter * 2 + type];
+    return OK;
+}
+/* nvmlGpuFabricInfo_t: cluster UUID, status, clique id, state (an unsigned char). */
+typedef struct {
+    unsigned char cluster_uuid[16];
+    int status;
+    unsigned int clique_id;
+    unsigned char state;
+} fabric_info;
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(DEV d, fabric_info *info) {
+    CHECK_DEV(d);
+    if (!d->has_fabric) return NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->status = (int)d->fabric_status, info->state = (unsigned char)d->fabric_state;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetRemappedRows(DEV d, unsigned int *c, unsigned int *u, unsigned int *p, unsigned int *f) {

@@ -318,9 +318,24 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
 /// and an enforced power limit below the board's default (a GH200 capped at 700 of its 900 W).
 pub fn at_rest(inv: &Inventory, c: &mut Checks) {
     const AT_FAULT: [&str; 4] = ["hw_slowdown", "hw_power_brake", "hw_thermal_slowdown", "sw_thermal_slowdown"];
+    let nvswitch = !inv.gpus.nvswitches.is_empty() || inv.topology.nvswitch;
     for g in &inv.gpus.devices {
         let subject = gpu_subject(g);
         let ev = format!("NVML GPU {}", g.index);
+        // On NVSwitch systems the fabric manager registers every GPU with the fabric; one it did
+        // not is a box whose NVLink traffic will fail, however healthy each GPU looks.
+        if let Some(f) = g.fabric.as_ref().filter(|_| nvswitch) {
+            let ok = f.state == "completed" && f.status == 0;
+            c.add(
+                "gpu.fabric",
+                &subject,
+                Severity::Major,
+                "completed, with success",
+                Measured::of(format!("{}, status {}", f.state, f.status), ok),
+                "the GPU is not registered with the NVLink fabric: the fabric manager is down, not started or failed",
+                &format!("{ev} nvmlDeviceGetGpuFabricInfo"),
+            );
+        }
         if let Some(reasons) = &g.clock_event_reasons {
             let held: Vec<&str> = reasons.iter().map(String::as_str).filter(|r| AT_FAULT.contains(r)).collect();
             let measured = if reasons.is_empty() { "none".to_string() } else { reasons.join(", ") };
