@@ -87,6 +87,11 @@ impl Tree {
 
 /// What the shipped H100 spec needs of a box beyond its PCI tree: the kernel command line, the CPU
 /// governor, the kernel log and AER counters on every PCI function.
+/// `/proc/modules` of a GPU box with GPUDirect RDMA: the driver and the peer memory module.
+pub const CLEAN_MODULES: &str = "nvidia_peermem 16384 0 - Live 0x0000000000000000 (OE)\n\
+nvidia_uvm 1794048 0 - Live 0x0000000000000000 (POE)\nnvidia 60932096 2 nvidia_peermem,nvidia_uvm, Live 0x0000000000000000 (POE)\n\
+mlx5_ib 495616 0 - Live 0x0000000000000000\n";
+
 pub fn finish_root(tree: &Tree, dmesg: &str) {
     let root = tree.root();
     std::fs::write(root.join("proc/cmdline"), "BOOT_IMAGE=/vmlinuz root=/dev/sda1 iommu=pt\n").unwrap();
@@ -100,6 +105,7 @@ pub fn finish_root(tree: &Tree, dmesg: &str) {
         std::fs::write(cpu.join(format!("cpu{n}/topology/core_id")), "0\n").unwrap();
     }
     std::fs::write(cpu.join("online"), "0-1\n").unwrap();
+    std::fs::write(root.join("proc/modules"), CLEAN_MODULES).unwrap();
     std::fs::write(root.join("dmesg.txt"), dmesg).unwrap();
     for entry in std::fs::read_dir(root.join("sys/bus/pci/devices")).unwrap() {
         let dev = std::fs::canonicalize(entry.unwrap().path()).unwrap();

@@ -73,6 +73,8 @@ pub(crate) struct Case {
     verdict: &'static str,
     /// The first failing check: (id, subject).
     first: Option<(&'static str, &'static str)>,
+    /// `/proc/modules` instead of the clean one.
+    modules: Option<&'static str>,
 }
 
 impl Case {
@@ -94,8 +96,16 @@ const CLEAN_DMESG: &str = "[    1.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Mod
 
 /// The fault table: one row per fault.
 pub(crate) fn cases() -> Vec<Case> {
-    let case =
-        |name, edit, verdict, first| Case { name, edit, port: None, dmesg: CLEAN_DMESG, spec_gpu: "", verdict, first };
+    let case = |name, edit, verdict, first| Case {
+        name,
+        edit,
+        port: None,
+        dmesg: CLEAN_DMESG,
+        spec_gpu: "",
+        verdict,
+        first,
+        modules: None,
+    };
     let reject =
         |name, gpu, key, value, id, subject| case(name, Some((gpu, key, value)), "reject", Some((id, subject)));
     vec![
@@ -136,6 +146,15 @@ pub(crate) fn cases() -> Vec<Case> {
             "GPU 1 0000:2a:00.0",
         ),
         reject("the fabric manager down", 5, "fabric", "1 0", "gpu.fabric", "GPU 5 0000:ab:00.0"),
+        Case {
+            modules: Some("nvidia 60932096 0 - Live 0x0000000000000000 (POE)\nmlx5_ib 495616 0 - Live 0x0\n"),
+            ..case(
+                "GPUDirect RDMA without nvidia_peermem",
+                None,
+                "reject",
+                Some(("services.nvidia_peermem", "GPUDirect RDMA")),
+            )
+        },
         reject(
             "a power brake and a hardware slowdown at rest",
             3,
@@ -171,6 +190,9 @@ fn judge(smi: &Smi, c: &Case, db: &Path, extra: &[&str]) -> (Value, i32) {
 pub(crate) fn judge_with(smi: &Smi, c: &Case, db: &Path, extra: &[&str], env: &[(&str, &Path)]) -> (Value, i32) {
     let tree = SyntheticPci::hgx_degraded(smi, c.port);
     finish_root(&tree, c.dmesg);
+    if let Some(modules) = c.modules {
+        std::fs::write(tree.root().join("proc/modules"), modules).unwrap();
+    }
     let edit = c.edit;
     let machine = FakeMachine::new(&fixture(smi, Wiring::NvSwitch18, move |i, lines| match edit {
         Some((gpu, "-", _)) if gpu == i => lines.clear(),

@@ -39,6 +39,9 @@ pub struct Os {
     pub virtualization: Virtualization,
     /// Whether this kiln process has root's rights (some facts need them).
     pub kiln_is_root: bool,
+    /// The loaded kernel modules (`/proc/modules`), by name; `None` where it cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_modules: Option<Vec<String>>,
 }
 
 /// Parses `os-release`: `KEY=value` lines, values optionally quoted.
@@ -169,6 +172,9 @@ pub fn collect(src: &Source, cpu: &Cpu, system: &System) -> Os {
         virtualization: detect_virtualization(src, cpu, system),
         // SAFETY: geteuid has no preconditions and cannot fail.
         kiln_is_root: unsafe { libc::geteuid() } == 0,
+        kernel_modules: src
+            .read_optional("proc/modules")
+            .map(|t| t.lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect()),
     }
 }
 

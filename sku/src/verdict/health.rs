@@ -318,6 +318,22 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
 /// and an enforced power limit below the board's default (a GH200 capped at 700 of its 900 W).
 pub fn at_rest(inv: &Inventory, c: &mut Checks) {
     const AT_FAULT: [&str; 4] = ["hw_slowdown", "hw_power_brake", "hw_thermal_slowdown", "sw_thermal_slowdown"];
+    // GPUDirect RDMA (NCCL over InfiniBand or RoCE straight from GPU memory) needs the peer memory
+    // module where GPUs and RDMA devices share the box.
+    if let Some(modules) =
+        inv.os.kernel_modules.as_ref().filter(|_| !inv.gpus.devices.is_empty() && !inv.rdma.is_empty())
+    {
+        let loaded = modules.iter().find(|m| *m == "nvidia_peermem" || *m == "nv_peer_mem");
+        c.add(
+            "services.nvidia_peermem",
+            "GPUDirect RDMA",
+            Severity::Major,
+            "nvidia_peermem loaded (GPUs and RDMA devices in one box)",
+            Measured::of(loaded.map_or("not loaded".to_string(), |m| format!("{m} loaded")), loaded.is_some()),
+            "GPUDirect RDMA is off: NCCL falls back to copies through host memory",
+            "/proc/modules",
+        );
+    }
     let nvswitch = !inv.gpus.nvswitches.is_empty() || inv.topology.nvswitch;
     for g in &inv.gpus.devices {
         let subject = gpu_subject(g);
