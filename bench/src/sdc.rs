@@ -113,39 +113,59 @@ fn fma_f32(round: u64) -> Vec<u64> {
     );
     let (c, s): (Vec<f32>, Vec<f32>) =
         v[2 * CHAIN_LANES..].iter().map(|t| turn(*t)).map(|(c, s)| (c as f32, s as f32)).unzip();
-    rotate_f32(&mut x, &mut y, &c, &s);
+    rotate(&mut x, &mut y, &c, &s, CHAIN_STEPS / 2);
     x.iter().chain(&y).map(|v| u64::from(v.to_bits())).collect()
 }
 
+/// A lane of the rotations: f32 or f64, with its fused multiply-add.
+trait Lane: Copy + std::ops::Mul<Output = Self> + std::ops::Neg<Output = Self> {
+    fn fma(self, a: Self, b: Self) -> Self;
+}
+
+impl Lane for f32 {
+    #[inline(always)]
+    fn fma(self, a: f32, b: f32) -> f32 {
+        self.mul_add(a, b)
+    }
+}
+
+impl Lane for f64 {
+    #[inline(always)]
+    fn fma(self, a: f64, b: f64) -> f64 {
+        self.mul_add(a, b)
+    }
+}
+
+/// `steps` turns of every lane's pair, through the AVX2 and FMA build where the CPU has them.
 #[cfg(target_arch = "x86_64")]
-fn rotate_f32(x: &mut [f32], y: &mut [f32], c: &[f32], s: &[f32]) {
+fn rotate<T: Lane>(x: &mut [T], y: &mut [T], c: &[T], s: &[T], steps: usize) {
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the features were detected just above.
-        unsafe { rotate_f32_avx2(x, y, c, s) }
+        unsafe { rotate_avx2(x, y, c, s, steps) }
     } else {
-        rotate_f32_any(x, y, c, s);
+        rotate_any(x, y, c, s, steps);
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn rotate_f32(x: &mut [f32], y: &mut [f32], c: &[f32], s: &[f32]) {
-    rotate_f32_any(x, y, c, s);
+fn rotate<T: Lane>(x: &mut [T], y: &mut [T], c: &[T], s: &[T], steps: usize) {
+    rotate_any(x, y, c, s, steps);
 }
 
-/// The same steps compiled for AVX2 and FMA: `mul_add` becomes `vfmadd` on 8 lanes at once.
+/// The same steps compiled for AVX2 and FMA: `mul_add` becomes `vfmadd` on a vector of lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rotate_f32_avx2(x: &mut [f32], y: &mut [f32], c: &[f32], s: &[f32]) {
-    rotate_f32_any(x, y, c, s);
+unsafe fn rotate_avx2<T: Lane>(x: &mut [T], y: &mut [T], c: &[T], s: &[T], steps: usize) {
+    rotate_any(x, y, c, s, steps);
 }
 
 #[inline(always)]
-fn rotate_f32_any(x: &mut [f32], y: &mut [f32], c: &[f32], s: &[f32]) {
-    for _ in 0..CHAIN_STEPS / 2 {
+fn rotate_any<T: Lane>(x: &mut [T], y: &mut [T], c: &[T], s: &[T], steps: usize) {
+    for _ in 0..steps {
         for (((x, y), c), s) in x.iter_mut().zip(y.iter_mut()).zip(c).zip(s) {
             let (x0, y0) = (*x, *y);
-            *x = x0.mul_add(*c, -(y0 * s));
-            *y = y0.mul_add(*c, x0 * s);
+            *x = x0.fma(*c, -(y0 * *s));
+            *y = y0.fma(*c, x0 * *s);
         }
     }
 }
@@ -163,40 +183,8 @@ fn fma_f64(round: u64) -> Vec<u64> {
     let v = inputs(round, 2, 3 * CHAIN_LANES);
     let (mut x, mut y) = (v[..CHAIN_LANES].to_vec(), v[CHAIN_LANES..2 * CHAIN_LANES].to_vec());
     let (c, s): (Vec<f64>, Vec<f64>) = v[2 * CHAIN_LANES..].iter().map(|t| turn(*t)).unzip();
-    rotate_f64(&mut x, &mut y, &c, &s);
+    rotate(&mut x, &mut y, &c, &s, CHAIN_STEPS / 4);
     x.iter().chain(&y).map(|v| v.to_bits()).collect()
-}
-
-#[cfg(target_arch = "x86_64")]
-fn rotate_f64(x: &mut [f64], y: &mut [f64], c: &[f64], s: &[f64]) {
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features were detected just above.
-        unsafe { rotate_f64_avx2(x, y, c, s) }
-    } else {
-        rotate_f64_any(x, y, c, s);
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn rotate_f64(x: &mut [f64], y: &mut [f64], c: &[f64], s: &[f64]) {
-    rotate_f64_any(x, y, c, s);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rotate_f64_avx2(x: &mut [f64], y: &mut [f64], c: &[f64], s: &[f64]) {
-    rotate_f64_any(x, y, c, s);
-}
-
-#[inline(always)]
-fn rotate_f64_any(x: &mut [f64], y: &mut [f64], c: &[f64], s: &[f64]) {
-    for _ in 0..CHAIN_STEPS / 4 {
-        for (((x, y), c), s) in x.iter_mut().zip(y.iter_mut()).zip(c).zip(s) {
-            let (x0, y0) = (*x, *y);
-            *x = x0.mul_add(*c, -(y0 * s));
-            *y = y0.mul_add(*c, x0 * s);
-        }
-    }
 }
 
 const GEMM_N: usize = 128;
@@ -587,8 +575,8 @@ mod tests {
             v[2 * CHAIN_LANES..].iter().map(|t| turn(*t)).map(|(c, s)| (c as f32, s as f32)).unzip();
         let (mut x1, mut y1) = start();
         let (mut x2, mut y2) = start();
-        rotate_f32(&mut x1, &mut y1, &c, &s);
-        rotate_f32_any(&mut x2, &mut y2, &c, &s);
+        rotate(&mut x1, &mut y1, &c, &s, CHAIN_STEPS / 2);
+        rotate_any(&mut x2, &mut y2, &c, &s, CHAIN_STEPS / 2);
         assert_eq!((x1, y1), (x2, y2));
         let (a, b) = (inputs(7, 3, GEMM_N * GEMM_N), inputs(7, 4, GEMM_N * GEMM_N));
         let (a, b): (Vec<f32>, Vec<f32>) =
