@@ -686,7 +686,7 @@ pub enum Bench {
         #[command(flatten)]
         store: Store,
     },
-    /// The set a commission or a nightly run uses: membw, gemm, train, disk, within a time budget
+    /// The set a commission or a nightly run uses: membw, gemm, train, sdc, disk, within a time budget
     Suite {
         /// The short set (under two minutes on a small VM)
         #[arg(long)]
