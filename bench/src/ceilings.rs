@@ -92,27 +92,14 @@ impl From<PeakWire> for PeakResult {
             None => (w.gflops, w.summary, w.own_gflops),
         };
         PeakResult {
-            summary: summary.or_else(|| summarize(&window)).unwrap_or_else(empty_summary),
+            // A malformed stored report without samples reads as the summary of none, rather than
+            // not at all.
+            summary: summary.or_else(|| summarize(&window)).unwrap_or_default(),
             gflops: window,
             isa: w.isa,
             best_gflops: w.best_gflops,
             own_gflops: own,
         }
-    }
-}
-
-/// The summary of no samples (a malformed stored report), rather than a refusal to read it.
-fn empty_summary() -> Summary {
-    Summary {
-        n: 0,
-        median: 0.0,
-        mean: 0.0,
-        stddev: 0.0,
-        min: 0.0,
-        max: 0.0,
-        cv: 0.0,
-        median_ci: (0.0, 0.0),
-        outliers: 0,
     }
 }
 
@@ -317,7 +304,7 @@ impl From<TypePeakWire> for TypePeak {
         TypePeak {
             dtype: w.dtype,
             instruction: w.instruction,
-            summary: summary.or_else(|| summarize(&window)).unwrap_or_else(empty_summary),
+            summary: summary.or_else(|| summarize(&window)).unwrap_or_default(),
             gops: window,
             per_cycle: w.per_cycle,
             best_gops: w.best_gops,

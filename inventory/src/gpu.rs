@@ -455,6 +455,18 @@ pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
     (0x100, "display_clocks_setting"),
 ];
 
+/// The clock event reasons that are a fault when the GPU is at rest: a hardware slowdown, the
+/// chassis's power brake, heat (idle, the applications clocks and the power cap are not).
+pub const AT_REST_FAULTS: [&str; 4] = ["hw_slowdown", "hw_power_brake", "hw_thermal_slowdown", "sw_thermal_slowdown"];
+
+impl Gpu {
+    /// The clock event reasons read with the inventory that are faults at rest
+    /// ([`AT_REST_FAULTS`]).
+    pub fn held_back_at_rest(&self) -> Vec<&str> {
+        self.clock_event_reasons.iter().flatten().map(String::as_str).filter(|r| AT_REST_FAULTS.contains(r)).collect()
+    }
+}
+
 /// The names of the reasons set in an NVML clock event bitmask (an unknown bit by its value).
 pub fn reason_names(bits: u64) -> Vec<String> {
     let mut names: Vec<String> =

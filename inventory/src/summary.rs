@@ -293,13 +293,7 @@ pub fn gpu_faults(gpu: &crate::gpu::Gpu, xids: &[crate::kmsg::XidEvent]) -> Vec<
         *by_xid.entry(x.xid).or_default() += 1;
     }
     faults.extend(by_xid.iter().map(|(xid, n)| format!("XID {xid} ({}) x{n}", crate::kmsg::xid_name(*xid))));
-    let at_rest: Vec<&str> = gpu
-        .clock_event_reasons
-        .iter()
-        .flatten()
-        .map(String::as_str)
-        .filter(|r| matches!(*r, "hw_slowdown" | "hw_power_brake" | "hw_thermal_slowdown" | "sw_thermal_slowdown"))
-        .collect();
+    let at_rest = gpu.held_back_at_rest();
     if !at_rest.is_empty() {
         faults.push(format!("clocks held back at rest ({})", at_rest.join(", ")));
     }

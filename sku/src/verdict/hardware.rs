@@ -194,7 +194,7 @@ fn switch(b: Option<bool>, expected: bool) -> Measured {
     }
 }
 
-fn on_off(b: bool) -> &'static str {
+pub(super) fn on_off(b: bool) -> &'static str {
     if b {
         "on"
     } else {

@@ -317,7 +317,6 @@ fn nvme(h: &HealthSpec, inv: &Inventory, c: &mut Checks) {
 /// held back by a hardware slowdown, a power brake (a signal from the chassis) or heat while idle,
 /// and an enforced power limit below the board's default (a GH200 capped at 700 of its 900 W).
 pub fn at_rest(inv: &Inventory, c: &mut Checks) {
-    const AT_FAULT: [&str; 4] = ["hw_slowdown", "hw_power_brake", "hw_thermal_slowdown", "sw_thermal_slowdown"];
     // GPUDirect RDMA (NCCL over InfiniBand or RoCE straight from GPU memory) needs the peer memory
     // module where GPUs and RDMA devices share the box.
     if let Some(modules) =
@@ -353,7 +352,7 @@ pub fn at_rest(inv: &Inventory, c: &mut Checks) {
             );
         }
         if let Some(reasons) = &g.clock_event_reasons {
-            let held: Vec<&str> = reasons.iter().map(String::as_str).filter(|r| AT_FAULT.contains(r)).collect();
+            let held = g.held_back_at_rest();
             let measured = if reasons.is_empty() { "none".to_string() } else { reasons.join(", ") };
             c.add(
                 "gpu.at_rest.clocks",

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use kiln_inventory::Inventory;
 
-use super::hardware::gpu_subject;
+use super::hardware::{gpu_subject, on_off};
 use super::{Checks, Measured, Severity};
 use crate::spec::SkuSpec;
 
@@ -51,9 +51,8 @@ pub fn check(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
         // A GPU whose name NVML could not read has no known siblings.
         let Some(model) = g.name.as_deref() else { continue };
         let s = gpu_subject(g);
-        let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
         add("gpu.vbios", model, "nvmlDeviceGetVbiosVersion", s.clone(), g.vbios.clone());
-        add("gpu.ecc", model, "nvmlDeviceGetEccMode", s.clone(), g.ecc.as_ref().map(|e| on_off(e.enabled)));
+        add("gpu.ecc", model, "nvmlDeviceGetEccMode", s.clone(), g.ecc.as_ref().map(|e| on_off(e.enabled).to_string()));
         let watts = g.power.enforced_watts.map(|w| format!("{w} W"));
         add("gpu.power_limit", model, "nvmlDeviceGetEnforcedPowerLimit", s.clone(), watts);
         let clocks = match (g.max_sm_clock_mhz, g.max_memory_clock_mhz) {
@@ -66,7 +65,13 @@ pub fn check(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
             _ => None,
         };
         add("gpu.pcie", model, "nvmlDeviceGetMaxPcieLinkGeneration/Width", s.clone(), link);
-        add("gpu.persistence", model, "nvmlDeviceGetPersistenceMode", s, g.persistence_mode.map(on_off));
+        add(
+            "gpu.persistence",
+            model,
+            "nvmlDeviceGetPersistenceMode",
+            s,
+            g.persistence_mode.map(|p| on_off(p).to_string()),
+        );
     }
     for n in inv.nics.iter().filter(|n| !n.virtual_device) {
         // A NIC's model is its PCI function's vendor:device (and name, where pci.ids has it).
