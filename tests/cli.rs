@@ -54,6 +54,7 @@ fn json_document_has_the_documented_shape() {
             "cpu",
             "fingerprints",
             "gpus",
+            "hwmon",
             "kernel_log",
             "kiln_version",
             "memory",

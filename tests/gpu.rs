@@ -202,6 +202,9 @@ pub fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>
         if let Some(t) = g.num("Temperature/GPU Current Temp") {
             lines.push(format!("temp {t}"));
         }
+        if let Some(n) = g.num("PCI/Replays Since Reset") {
+            lines.push(format!("pcie_replay {n}"));
+        }
         match wiring {
             Wiring::None => {}
             Wiring::NvSwitch18 => {
@@ -302,6 +305,7 @@ fn assert_matches_capture(inv: &Value, smi: &Smi) {
             None => assert!(gpu["mig"].is_null(), "no MIG on this GPU"),
         }
         assert_eq!(gpu["temperature_celsius"].as_f64(), g.num("Temperature/GPU Current Temp"));
+        assert_eq!(gpu["pcie_replays"].as_f64(), g.num("PCI/Replays Since Reset"));
     }
 }
 

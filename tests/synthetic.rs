@@ -79,11 +79,54 @@ impl Tree {
         std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
         std::fs::write(port.join("rate"), "400 Gb/sec (4X NDR)\n").unwrap();
         std::fs::write(port.join("link_layer"), "InfiniBand\n").unwrap();
+        std::fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap();
+        std::fs::create_dir_all(port.join("counters")).unwrap();
+        for counter in RDMA_COUNTERS {
+            std::fs::write(port.join("counters").join(counter), "0\n").unwrap();
+        }
+        // The P_Key table: the default partition, then empty entries.
+        std::fs::create_dir_all(port.join("pkeys")).unwrap();
+        for i in 0..4 {
+            std::fs::write(port.join(format!("pkeys/{i}")), if i == 0 { "0xffff\n" } else { "0x0000\n" }).unwrap();
+        }
         let class = self.root().join("sys/class/infiniband");
         std::fs::create_dir_all(&class).unwrap();
         std::os::unix::fs::symlink(format!("../../{dev}"), class.join(name)).unwrap();
     }
 }
+
+/// The kernel's port error counters (`/sys/class/infiniband/*/ports/*/counters`).
+pub const RDMA_COUNTERS: [&str; 12] = [
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+];
+
+/// A board sensor chip (a Super I/O): an inlet sensor at 24 °C, a hotter one with its critical
+/// limit, and two fans at speed above their minimum.
+pub const CLEAN_HWMON: &[(&str, &str)] = &[
+    ("name", "nct6779"),
+    ("temp1_input", "24000"),
+    ("temp1_label", "Inlet Temp"),
+    ("temp2_input", "48000"),
+    ("temp2_label", "SYSTIN"),
+    ("temp2_crit", "95000"),
+    ("temp2_alarm", "0"),
+    ("fan1_input", "6120"),
+    ("fan1_min", "1000"),
+    ("fan1_alarm", "0"),
+    ("fan2_input", "6240"),
+    ("fan2_min", "1000"),
+];
 
 /// What the shipped H100 spec needs of a box beyond its PCI tree: the kernel command line, the CPU
 /// governor, the kernel log and AER counters on every PCI function.
@@ -107,6 +150,14 @@ pub fn finish_root(tree: &Tree, dmesg: &str) {
     std::fs::write(cpu.join("online"), "0-1\n").unwrap();
     std::fs::write(root.join("proc/modules"), CLEAN_MODULES).unwrap();
     std::fs::write(root.join("dmesg.txt"), dmesg).unwrap();
+    let chip = root.join("sys/devices/platform/nct6775.656/hwmon/hwmon2");
+    std::fs::create_dir_all(&chip).unwrap();
+    for (file, value) in CLEAN_HWMON {
+        std::fs::write(chip.join(file), format!("{value}\n")).unwrap();
+    }
+    std::fs::create_dir_all(root.join("sys/class/hwmon")).unwrap();
+    std::os::unix::fs::symlink("../../devices/platform/nct6775.656/hwmon/hwmon2", root.join("sys/class/hwmon/hwmon2"))
+        .unwrap();
     for entry in std::fs::read_dir(root.join("sys/bus/pci/devices")).unwrap() {
         let dev = std::fs::canonicalize(entry.unwrap().path()).unwrap();
         for kind in ["correctable", "nonfatal", "fatal"] {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::gpu::{capture, fixture, FakeMachine, Smi, SyntheticPci, Wiring};
-use crate::synthetic::{finish_root, ndv5_tree, on_bus_ids};
+use crate::synthetic::{self, finish_root, ndv5_tree, on_bus_ids};
 use crate::util::{fixtures, kiln};
 
 fn ndv5_xml() -> String {
@@ -75,6 +75,8 @@ pub(crate) struct Case {
     first: Option<(&'static str, &'static str)>,
     /// `/proc/modules` instead of the clean one.
     modules: Option<&'static str>,
+    /// Files of the tree (below the root, through its links) rewritten: (path, content).
+    files: &'static [(&'static str, &'static str)],
 }
 
 impl Case {
@@ -105,6 +107,7 @@ pub(crate) fn cases() -> Vec<Case> {
         verdict,
         first,
         modules: None,
+        files: &[],
     };
     let reject =
         |name, gpu, key, value, id, subject| case(name, Some((gpu, key, value)), "reject", Some((id, subject)));
@@ -177,6 +180,32 @@ pub(crate) fn cases() -> Vec<Case> {
             dmesg: "[ 812.1] NVRM: Xid (PCI:0000:2a:00): 13, pid=1234, name=python, Graphics Exception\n",
             ..case("an application XID only warns", None, "accept", None)
         },
+        reject("a GPU hot at rest", 2, "temp", "71", "gpu.at_rest.temperature", "GPU 2 0000:3a:00.0"),
+        Case {
+            files: &[("sys/class/hwmon/hwmon2/fan2_input", "0")],
+            ..case("a stopped fan", None, "reject", Some(("board.sensors", "hwmon2 nct6779")))
+        },
+        Case {
+            files: &[("sys/class/hwmon/hwmon2/temp1_input", "36000")],
+            ..case("a hot inlet", None, "reject", Some(("board.inlet", "hwmon2 nct6779 Inlet Temp")))
+        },
+        Case {
+            files: &[("sys/class/infiniband/mlx5_3/ports/1/pkeys/0", "0x8001")],
+            ..case("a port outside the default partition", None, "reject", Some(("fabric.port.pkey", "mlx5_3 port 1")))
+        },
+        Case {
+            files: &[("sys/class/infiniband/mlx5_5/ports/1/phys_state", "2: Polling")],
+            ..case(
+                "a port whose link does not train",
+                None,
+                "reject",
+                Some(("fabric.port.physical_state", "mlx5_5 port 1")),
+            )
+        },
+        Case {
+            files: &[("sys/class/infiniband/mlx5_1/ports/1/counters/symbol_error", "1542")],
+            ..case("symbol errors since boot only warn without a suite run", None, "accept", None)
+        },
     ]
 }
 
@@ -192,6 +221,9 @@ pub(crate) fn judge_with(smi: &Smi, c: &Case, db: &Path, extra: &[&str], env: &[
     finish_root(&tree, c.dmesg);
     if let Some(modules) = c.modules {
         std::fs::write(tree.root().join("proc/modules"), modules).unwrap();
+    }
+    for (path, content) in c.files {
+        std::fs::write(tree.root().join(path), format!("{content}\n")).unwrap();
     }
     let edit = c.edit;
     let machine = FakeMachine::new(&fixture(smi, Wiring::NvSwitch18, move |i, lines| match edit {
@@ -259,6 +291,28 @@ fn hgx_h100_faults_give_exact_verdicts() {
         let want = c.first.map(|(id, subject)| (id.to_string(), subject.to_string()));
         assert_eq!(first_failure(&v), want, "{}: {failures:#?}", c.name);
         assert_eq!(v["spec"]["name"], "hgx-h100-sxm5-80gb-8x");
+        let statuses = |id: &str| -> Vec<String> {
+            let checks = v["checks"].as_array().unwrap().iter().filter(|c| c["id"] == id);
+            checks.map(|c| format!("{} {}", c["status"].as_str().unwrap(), c["subject"].as_str().unwrap())).collect()
+        };
+        if c.name == "clean" {
+            // The healthy box passes every field check it was given evidence for.
+            for (id, count) in [
+                ("fabric.port.physical_state", 8),
+                ("fabric.port.width", 8),
+                ("fabric.port.pkey", 8),
+                ("fabric.port.errors", 8),
+                ("gpu.at_rest.temperature", 8),
+                ("board.sensors", 1),
+                ("board.inlet", 1),
+            ] {
+                let got = statuses(id);
+                assert!(got.len() == count && got.iter().all(|s| s.starts_with("pass")), "{id}: {got:?}");
+            }
+        }
+        if c.name.starts_with("symbol errors since boot") {
+            assert!(statuses("fabric.port.errors").contains(&"warn mlx5_1 port 1".to_string()), "{v}");
+        }
     }
 }
 
@@ -448,47 +502,9 @@ fn links_under_load_are_judged_from_stored_runs() {
         "software_id": null, "benchmark": "gpu-load", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
         "finished_at": "2026-12-03T10:00:01Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
     });
-    let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
-    let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
-    let records = end["records"].as_u64().unwrap() + 1;
-    lines.pop();
-    lines.push(run.to_string());
-    lines.push(serde_json::json!({"type": "end", "records": records}).to_string());
-    let file = dir.path().join("with-load.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let other = dir.path().join("other.db");
-    kiln(&["--db", other.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
-    let spec = spec_path(H100_SPEC);
-    let run = kiln(
-        &[
-            "--db",
-            other.to_str().unwrap(),
-            "verdict",
-            "--inventory",
-            inventory,
-            "--spec",
-            spec.to_str().unwrap(),
-            "--json",
-        ],
-        &[],
-    );
-    assert_eq!(run.code(), Some(1), "{}", run.describe());
-    let v = run.json();
-    let failing: Vec<(String, String, String)> = v["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["status"] == "fail")
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap().into(),
-                c["subject"].as_str().unwrap().into(),
-                c["reason"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let v = rejudged_with(dir.path(), &export, inventory, &run);
     assert_eq!(
-        failing,
+        failing(&v),
         [
             (
                 "gpu.pcie.under_load".to_string(),
@@ -513,4 +529,128 @@ fn links_under_load_are_judged_from_stored_runs() {
         ],
         "{v}"
     );
+}
+
+/// The failing checks of a verdict: (id, subject, reason).
+fn failing(v: &Value) -> Vec<(String, String, String)> {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().into(),
+                c["subject"].as_str().unwrap().into(),
+                c["reason"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// `export` with `run` added, imported into a new database under `dir` and judged there against
+/// the H100 spec (`kiln verdict --inventory`), as a site re-judging its fleet would: the verdict
+/// JSON, which must be a REJECT.
+fn rejudged_with(dir: &Path, export: &str, inventory: &str, run: &Value) -> Value {
+    let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
+    let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    let records = end["records"].as_u64().unwrap() + 1;
+    lines.pop();
+    lines.push(run.to_string());
+    lines.push(serde_json::json!({"type": "end", "records": records}).to_string());
+    let file = dir.join(format!("with-{}.jsonl", run["benchmark"].as_str().unwrap()));
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let other = dir.join(format!("other-{}.db", run["benchmark"].as_str().unwrap()));
+    kiln(&["--db", other.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
+    let spec = spec_path(H100_SPEC);
+    let args = [
+        "--db",
+        other.to_str().unwrap(),
+        "verdict",
+        "--inventory",
+        inventory,
+        "--spec",
+        spec.to_str().unwrap(),
+        "--json",
+    ];
+    let run = kiln(&args, &[]);
+    assert_eq!(run.code(), Some(1), "{}", run.describe());
+    run.json()
+}
+
+/// What the suite caused is judged from the counters read before and after it (a `counters`
+/// run) and from its telemetry: a port whose symbol errors grew fails, one whose link went down
+/// and came back is a flap, a GPU that replayed more PCIe packets than DCGM's 8 a minute fails,
+/// and a GPU hotter than the spec's load limit fails; counters that stayed within their limits
+/// (port_xmit_discards +40 of 100 allowed) pass.
+#[test]
+fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
+    finish_root(&tree, CLEAN_DMESG);
+    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
+    let root = tree.root().to_str().unwrap();
+    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
+    assert_eq!(v["verdict"], "accept", "{v}");
+    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
+    let host = v["stored"]["host_id"].as_str().unwrap();
+    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let metric = |name: &str, value: f64| serde_json::json!([name, value, "events", "lower"]);
+    let mut metrics = vec![metric("counters.seconds", 95.0)];
+    for port in 0..8 {
+        for counter in synthetic::RDMA_COUNTERS {
+            let grew = match (port, counter) {
+                (1, "symbol_error") => 12.0,
+                (2, "link_downed") => 2.0,
+                (4, "port_xmit_discards") => 40.0,
+                _ => 0.0,
+            };
+            metrics.push(metric(&format!("ib.mlx5_{port}.port1.{counter}"), grew));
+        }
+    }
+    for gpu in 0..8 {
+        // 95 s at 8 a minute allows 12.
+        metrics.push(metric(&format!("gpu{gpu}.pcie_replays"), if gpu == 3 { 50.0 } else { 12.0 }));
+    }
+    let counters = serde_json::json!({
+        "type": "run", "id": "0f7d7a52-3c1e-4a8e-9a51-5d1f2b9c0e01", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "counters", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:01:35Z", "status": "ok", "metrics": metrics, "samples": [], "telemetry": [],
+    });
+    let v = rejudged_with(dir.path(), &export, inventory, &counters);
+    let got = failing(&v);
+    let ids: Vec<(&str, &str)> = got.iter().map(|(id, subject, _)| (id.as_str(), subject.as_str())).collect();
+    assert_eq!(
+        ids,
+        [
+            ("fabric.port.errors", "mlx5_1 port 1"),
+            ("fabric.port.flaps", "mlx5_2 port 1"),
+            ("gpu.pcie.replays", "GPU 3 0008:00:00.0"),
+        ],
+        "{got:#?}"
+    );
+    assert_eq!(check_of(&v, "fabric.port.errors", "mlx5_1 port 1")["measured"], "symbol_error +12 (max 0)");
+    assert_eq!(check_of(&v, "fabric.port.errors", "mlx5_4 port 1")["status"], "pass");
+    assert_eq!(check_of(&v, "gpu.pcie.replays", "GPU 3 0008:00:00.0")["measured"], "50 during the suite");
+    assert!(check_of(&v, "fabric.port.flaps", "mlx5_2 port 1")["evidence"].as_str().unwrap().contains("0f7d7a52"));
+
+    // The hottest a GPU ran during a run, from its telemetry.
+    let telemetry: Vec<Value> =
+        (0..4).map(|t| serde_json::json!([t * 500, "gpu6", "temperature_c", 70 + t * 7])).collect();
+    let load = serde_json::json!({
+        "type": "run", "id": "2a9e4c1b-7d3f-4e5a-8b6c-9d0e1f2a3b4c", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "gpu-burn", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:00:02Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
+    });
+    let v = rejudged_with(dir.path(), &export, inventory, &load);
+    let got = failing(&v);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("gpu.temperature.load", "GPU 6 000b:00:00.0"));
+    assert_eq!(check_of(&v, "gpu.temperature.load", "GPU 6 000b:00:00.0")["measured"], "91 °C");
+}
+
+fn check_of(v: &Value, id: &str, subject: &str) -> Value {
+    v["checks"].as_array().unwrap().iter().find(|c| c["id"] == id && c["subject"] == subject).unwrap().clone()
 }

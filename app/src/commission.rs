@@ -188,6 +188,7 @@ pub fn run_suite(
     keep: &mut dyn FnMut(Outcome) -> Result<()>,
 ) -> Result<()> {
     let started = Instant::now();
+    let started_at = kiln_text::timefmt::now_rfc3339();
     let budget = Duration::from_secs(budget.unwrap_or(if quick { 110 } else { 1800 }));
     let over = |name: &str| {
         let out = started.elapsed() > budget;
@@ -219,73 +220,7 @@ pub fn run_suite(
         keep(runs::sdc(inv, if quick { 5.0 } else { 60.0 }, interrupted))?;
     }
     if !inv.gpus.devices.is_empty() && !over("gpu gemm") && !interrupted.load(Ordering::Relaxed) {
-        match runs::gpu::prepare(inv, interrupted) {
-            Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),
-            Ok(prepared) => {
-                let config = runs::gpu::GemmConfig {
-                    dtypes: if quick {
-                        vec!["bf16".into()]
-                    } else {
-                        ["bf16", "f16", "f32", "tf32"].map(String::from).to_vec()
-                    },
-                    n: 8192,
-                    reps: if quick { 10 } else { 20 },
-                    samples: 32,
-                    gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
-                    timeout_s: 300,
-                    // The full suite measures each GPU's ceiling too.
-                    sweep: (!quick).then(|| kiln_gpu::gemm::DEFAULT_SWEEP.to_string()),
-                };
-                let measure = || Ok(runs::gpu::gemm(inv, &prepared, config.clone(), interrupted));
-                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
-                if !over("gpu memory") && !interrupted.load(Ordering::Relaxed) {
-                    let config = runs::gpu::MemoryConfig {
-                        mib: 1024,
-                        reps: if quick { 10 } else { 20 },
-                        gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
-                        timeout_s: 300,
-                    };
-                    let measure = || Ok(runs::gpu::memory(inv, &prepared, config.clone(), interrupted));
-                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
-                }
-                let gpus: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
-                if gpus.len() > 1 && !over("gpu p2p") && !interrupted.load(Ordering::Relaxed) {
-                    let config = runs::gpu::P2pConfig {
-                        mib: 256,
-                        reps: if quick { 10 } else { 20 },
-                        gpus: gpus.clone(),
-                        timeout_s: 600,
-                    };
-                    let measure = || Ok(runs::gpu::p2p(inv, &prepared, config.clone(), interrupted));
-                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
-                }
-                if gpus.len() > 1 && !over("gpu collectives") && !interrupted.load(Ordering::Relaxed) {
-                    let config = runs::gpu::CollectivesConfig {
-                        collectives: kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec(),
-                        min_bytes: 8,
-                        max_bytes: if quick { 256 << 20 } else { 8 << 30 },
-                        iterations: 20,
-                        gpus,
-                        timeout_s: 900,
-                    };
-                    let measure = || Ok(runs::gpu::collectives(inv, &prepared, config.clone(), interrupted));
-                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
-                }
-                if !over("gpu train") && !interrupted.load(Ordering::Relaxed) {
-                    let config = runs::gpu::TrainConfig {
-                        size: "gpt2".into(),
-                        steps: Some(if quick { 10 } else { 20 }),
-                        batch: None,
-                        dtype: "bf16".into(),
-                        gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
-                        timeout_s: 1800,
-                        data_parallel: false,
-                    };
-                    let measure = || Ok(runs::gpu::train(inv, &prepared, config.clone(), interrupted));
-                    until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
-                }
-            }
-        }
+        gpu_suite(inv, quick, &over, &spent, interrupted, keep)?;
     }
     if !over("disk") && !interrupted.load(Ordering::Relaxed) {
         let dir = disk_path.unwrap_or_else(std::env::temp_dir);
@@ -295,6 +230,90 @@ pub fn run_suite(
             queue_depths: vec![1, 32],
         };
         keep(runs::disk(&dir, config, false, interrupted)?)?;
+    }
+    // The error counters again, so that the verdict judges what the suite's load caused.
+    if let Some(outcome) = runs::counters_after(inv, started_at, started.elapsed().as_secs_f64()) {
+        keep(outcome)?;
+    }
+    Ok(())
+}
+
+/// The suite's GPU benchmarks (gemm, memory, p2p, collectives, train), each repeated until
+/// settled while the budget lasts.
+fn gpu_suite(
+    inv: &Inventory,
+    quick: bool,
+    over: &dyn Fn(&str) -> bool,
+    spent: &dyn Fn() -> bool,
+    interrupted: &AtomicBool,
+    keep: &mut dyn FnMut(Outcome) -> Result<()>,
+) -> Result<()> {
+    match runs::gpu::prepare(inv, interrupted) {
+        Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),
+        Ok(prepared) => {
+            let config = runs::gpu::GemmConfig {
+                dtypes: if quick {
+                    vec!["bf16".into()]
+                } else {
+                    ["bf16", "f16", "f32", "tf32"].map(String::from).to_vec()
+                },
+                n: 8192,
+                reps: if quick { 10 } else { 20 },
+                samples: 32,
+                gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                timeout_s: 300,
+                // The full suite measures each GPU's ceiling too.
+                sweep: (!quick).then(|| kiln_gpu::gemm::DEFAULT_SWEEP.to_string()),
+            };
+            let measure = || Ok(runs::gpu::gemm(inv, &prepared, config.clone(), interrupted));
+            until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            if !over("gpu memory") && !interrupted.load(Ordering::Relaxed) {
+                let config = runs::gpu::MemoryConfig {
+                    mib: 1024,
+                    reps: if quick { 10 } else { 20 },
+                    gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                    timeout_s: 300,
+                };
+                let measure = || Ok(runs::gpu::memory(inv, &prepared, config.clone(), interrupted));
+                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            }
+            let gpus: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
+            if gpus.len() > 1 && !over("gpu p2p") && !interrupted.load(Ordering::Relaxed) {
+                let config = runs::gpu::P2pConfig {
+                    mib: 256,
+                    reps: if quick { 10 } else { 20 },
+                    gpus: gpus.clone(),
+                    timeout_s: 600,
+                };
+                let measure = || Ok(runs::gpu::p2p(inv, &prepared, config.clone(), interrupted));
+                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            }
+            if gpus.len() > 1 && !over("gpu collectives") && !interrupted.load(Ordering::Relaxed) {
+                let config = runs::gpu::CollectivesConfig {
+                    collectives: kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec(),
+                    min_bytes: 8,
+                    max_bytes: if quick { 256 << 20 } else { 8 << 30 },
+                    iterations: 20,
+                    gpus,
+                    timeout_s: 900,
+                };
+                let measure = || Ok(runs::gpu::collectives(inv, &prepared, config.clone(), interrupted));
+                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            }
+            if !over("gpu train") && !interrupted.load(Ordering::Relaxed) {
+                let config = runs::gpu::TrainConfig {
+                    size: "gpt2".into(),
+                    steps: Some(if quick { 10 } else { 20 }),
+                    batch: None,
+                    dtype: "bf16".into(),
+                    gpus: inv.gpus.devices.iter().map(|d| d.index as usize).collect(),
+                    timeout_s: 1800,
+                    data_parallel: false,
+                };
+                let measure = || Ok(runs::gpu::train(inv, &prepared, config.clone(), interrupted));
+                until_settled(SUITE_ATTEMPTS, &spent, measure, keep)?;
+            }
+        }
     }
     Ok(())
 }

@@ -51,6 +51,7 @@ pub fn judge_stored(
             RunEvidence {
                 links: kiln_inventory::linkwatch::links_of(&r.id, &samples),
                 thermal: verdict::thermal_of(&samples),
+                hottest: verdict::hottest_of(&samples),
                 id: r.id,
                 benchmark: r.benchmark,
                 status: r.status,

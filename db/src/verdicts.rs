@@ -52,7 +52,8 @@ impl Store {
     }
 
     /// The telemetry a verdict reads of the runs taken with one inventory — PCIe link readings
-    /// (`pcie:<address>`) and GPU throttling (`gpu<N>` `throttled_*`): (run id, milliseconds,
+    /// (`pcie:<address>`), GPU throttling and temperature (`gpu<N>` `throttled_*`,
+    /// `temperature_c`): (run id, milliseconds,
     /// source, name, value), in time order per run.
     pub async fn verdict_telemetry_of_inventory(
         &mut self,
@@ -61,7 +62,7 @@ impl Store {
         let err = self.sql_err();
         let rows = sqlx::query(
             "SELECT t.run_id, t.t_ms, t.source, t.name, t.value FROM telemetry t JOIN runs r ON r.id = t.run_id \
-             WHERE r.inventory_id = ? AND (t.source LIKE 'pcie:%' OR (t.source LIKE 'gpu%' AND t.name LIKE 'throttled_%')) ORDER BY r.started_at, t.run_id, t.t_ms, t.source, t.name",
+             WHERE r.inventory_id = ? AND (t.source LIKE 'pcie:%' OR (t.source LIKE 'gpu%' AND (t.name LIKE 'throttled_%' OR t.name = 'temperature_c'))) ORDER BY r.started_at, t.run_id, t.t_ms, t.source, t.name",
         )
         .bind(inventory_id)
         .fetch_all(&mut self.conn)

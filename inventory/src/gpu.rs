@@ -141,6 +141,10 @@ pub struct Gpu {
     /// systems the fabric manager must have brought every GPU to "completed", with success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<Fabric>,
+    /// PCIe replays since the driver loaded (`nvmlDeviceGetPcieReplayCounter`): each is a TLP the
+    /// link had to send again, the first sign of a marginal slot, riser or retimer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_replays: Option<u64>,
     pub nvlinks: Vec<NvLink>,
 }
 
@@ -434,6 +438,7 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
         mig,
         temperature_celsius: get!("temperature", device.temperature(TemperatureSensor::Gpu)),
         fabric,
+        pcie_replays: get!("PCIe replay counter", device.pcie_replay_counter()).map(u64::from),
         clock_event_reasons: get!("clock event reasons", device.current_throttle_reasons())
             .map(|r| reason_names(r.bits())),
         numa_node,

@@ -4,10 +4,12 @@
 //! over time: `telemetry` (CPU and GPU sensors during a run), `linkwatch` (PCIe links under load),
 //! `snapshot` (the files the readers read, as a tarball) and `summary` (the inventory for people).
 
+pub mod counters;
 pub mod cpu;
 pub mod cpulist;
 pub mod fingerprint;
 pub mod gpu;
+pub mod hwmon;
 pub mod kmsg;
 pub mod linkwatch;
 pub mod memory;
@@ -66,6 +68,9 @@ pub struct Inventory {
     /// GPU XID events from the kernel log since boot (absent in documents from before it was read).
     #[serde(default)]
     pub kernel_log: kmsg::KernelLog,
+    /// The board's temperature and fan sensors (hwmon; absent in documents from before it was read).
+    #[serde(default)]
+    pub hwmon: Vec<hwmon::Chip>,
     pub problems: Vec<Problem>,
 }
 
@@ -123,7 +128,8 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
             let nvme = nvme::collect(&src);
             let nics = net::collect(&src, options.all_nics);
             let rdma = rdma::collect(&src);
-            (memory, system, (pci, nvme, nics, rdma, before_devices, src.take_problems()))
+            let hwmon = hwmon::collect(&src);
+            (memory, system, (pci, nvme, nics, rdma, hwmon, before_devices, src.take_problems()))
         });
         let cpu = cpu::collect(&src);
         let present: std::collections::BTreeSet<u32> = cpu.logical_cpus.iter().map(|c| c.id).collect();
@@ -131,7 +137,7 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
         let others = others.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         ((cpu, numa), others)
     });
-    let (pci, nvme, nics, rdma, memory_problems, device_problems) = rest;
+    let (pci, nvme, nics, rdma, hwmon, memory_problems, device_problems) = rest;
     let mut problems = src.take_problems();
     problems.extend(memory_problems);
     let os = os::collect(&src, &cpu, &system);
@@ -162,6 +168,7 @@ pub fn collect_with(root: &Path, options: &Options) -> Result<Inventory, Invento
         topology,
         fingerprints,
         kernel_log,
+        hwmon,
         problems,
     })
 }

@@ -5,7 +5,7 @@
 //! and the walk never follows a link, so sysfs's cycles cannot trap it.
 //!
 //! Captured: the `/proc` and `/etc` files the readers use, `/sys/devices` (without the memory block
-//! and software-only trees), the `/sys/bus/pci/devices` and `/sys/class/{net,infiniband,nvme,block,
+//! and software-only trees), the `/sys/bus/pci/devices` and `/sys/class/{net,infiniband,hwmon,nvme,block,
 //! dmi}` links into it, DMI tables, hugepage and THP settings, and the kernel log (as `dmesg.txt`,
 //! where it can be read: it needs root). Nothing is written anywhere but the archive.
 
@@ -42,6 +42,7 @@ const TREES: &[&str] = &[
     "sys/bus/dax/devices",
     "sys/class/net",
     "sys/class/infiniband",
+    "sys/class/hwmon",
     "sys/class/nvme",
     "sys/class/block",
     "sys/class/dmi",

@@ -15,7 +15,7 @@
  *   remapped <corr> <uncorr> <pending> <failure> | retired <single_bit> <double_bit>
  *   power <default_mW> <enforced_mW> <min_mW> <max_mW> | clocks <max_sm_MHz> <max_mem_MHz>
  *   pcie <cur_gen> <max_gen> <cur_width> <max_width> | persistence <0|1> | mig <cur> <pending>
- *   temp <C> | numa <node> | affinity <cpu list, e.g. 0-19,40-59>
+ *   temp <C> | pcie_replay <count> | numa <node> | affinity <cpu list, e.g. 0-19,40-59>
  *   nvlink <link> <active> <version> <remote bus id|-> <remote type: 0 gpu, 1 npu, 2 switch>
  *   nvlink_errors <link> <replay> <recovery> <crc_flit> <crc_data>
  *   fabric <state 0-3> <status, an nvmlReturn_t>   (nvmlDeviceGetGpuFabricInfo; absent: not supported)
@@ -73,6 +73,7 @@ struct gpu {
     int has_persistence, persistence;
     int has_mig; unsigned int mig[2];
     int has_temp; unsigned int temp;
+    int has_replay; unsigned int replay;
     int has_numa; unsigned int numa;
     int has_affinity; unsigned long affinity[16];
     struct link links[MAX_LINKS];
@@ -158,6 +159,7 @@ static nvmlReturn_t load(void) {
         else if (!strcmp(key, "persistence")) g->has_persistence = sscanf(arg, "%d", &g->persistence) == 1;
         else if (!strcmp(key, "mig")) g->has_mig = sscanf(arg, "%u %u", &g->mig[0], &g->mig[1]) == 2;
         else if (!strcmp(key, "temp")) g->has_temp = sscanf(arg, "%u", &g->temp) == 1;
+        else if (!strcmp(key, "pcie_replay")) g->has_replay = sscanf(arg, "%u", &g->replay) == 1;
         else if (!strcmp(key, "numa")) g->has_numa = sscanf(arg, "%u", &g->numa) == 1;
         else if (!strcmp(key, "affinity")) parse_affinity(g, arg);
         else if (!strcmp(key, "fabric"))
@@ -354,6 +356,12 @@ nvmlReturn_t nvmlDeviceGetTemperature(DEV d, int sensor, unsigned int *v) {
     CHECK_DEV(d);
     if (!d->has_temp || sensor != 0) return NOT_SUPPORTED;
     *v = d->temp;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(DEV d, unsigned int *v) {
+    CHECK_DEV(d);
+    if (!d->has_replay) return NOT_SUPPORTED;
+    *v = d->replay;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetNumaNodeId(DEV d, unsigned int *v) { CHECK_DEV(d); if (!d->has_numa) return NOT_SUPPORTED; *v = d->numa; return OK; }

@@ -3,6 +3,7 @@
 //! report document, its text, the headline, metrics, raw samples and telemetry — that the command
 //! line serialises at the edge and the store keeps.
 
+mod counters;
 mod disk;
 mod gemm;
 pub mod gpu;
@@ -17,6 +18,7 @@ use kiln_db::{Metric, NewRun, RunStatus};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+pub use counters::{counters_after, CountersReport};
 pub use disk::disk;
 pub use gemm::{gemm, GemmReport, Libraries, TheoreticalPeak};
 pub use membw::{default_membw_elements, membw, membw_scopes, render_membw, MembwReport};
@@ -112,6 +114,7 @@ pub enum Report {
     Disk(kiln_bench::disk::Report),
     Net(kiln_bench::net::Report),
     Sdc(kiln_bench::sdc::Report),
+    Counters(CountersReport),
     Fabric(Box<kiln_cluster::FabricReport>),
     Collectives(Box<kiln_cluster::CollectivesReport>),
     Scaling(Box<kiln_cluster::TrainScalingReport>),
@@ -152,6 +155,7 @@ impl Report {
             Report::Disk(_) => "disk",
             Report::Net(_) => "net",
             Report::Sdc(_) => "sdc",
+            Report::Counters(_) => "counters",
             Report::Fabric(_) => "fabric",
             Report::Collectives(_) => "collectives",
             Report::Scaling(_) => "scaling",

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use toml::Spanned;
 
 use kiln_inventory::Inventory;
-use units::{Bytes, DataRate, Fraction, LinkWidth, PcieGen, Power, TransferRate};
+use units::{Bytes, DataRate, Fraction, LinkWidth, PcieGen, Power, Temperature, TransferRate};
 
 /// The specs built into the binary (`specs/*.toml`), so that a box with only `kiln` on it finds
 /// its spec. `--spec FILE` and `--specs DIR` add to or override them.
@@ -49,6 +49,10 @@ pub struct SkuSpec {
     pub platform: Option<PlatformSpec>,
     pub software: Option<SoftwareSpec>,
     pub health: Option<HealthSpec>,
+    /// The InfiniBand / RoCE ports: link state, width, partitions and error counters.
+    pub fabric: Option<FabricSpec>,
+    /// Temperatures at rest and under load, and the board's sensors.
+    pub heat: Option<HeatSpec>,
     /// What identical devices must agree on (every attribute when the section is absent).
     pub siblings: Option<SiblingsSpec>,
     #[serde(default, rename = "performance")]
@@ -230,6 +234,47 @@ pub struct HealthSpec {
     pub nvme_critical_warning: Option<bool>,
     pub max_nvme_media_errors: Option<u64>,
     pub max_nvme_percentage_used: Option<Fraction>,
+    /// GPU PCIe replays (`nvmlDeviceGetPcieReplayCounter`) allowed per minute of the suite (a
+    /// suite shorter than a minute is allowed one minute's worth). Judged across a suite run only:
+    /// the count since the driver loaded has no time base.
+    pub max_pcie_replays_per_minute: Option<u64>,
+}
+
+/// The RDMA ports of the box (`/sys/class/infiniband/*/ports/*`). State, width and partitions
+/// apply to the ports of the `[[nic]]` groups; the error counters to every port that is up.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricSpec {
+    pub source: String,
+    /// "LinkUp".
+    pub physical_state: Option<String>,
+    /// The link width from the port's rate ("4X").
+    pub width: Option<String>,
+    /// Partition keys every port must hold ("0xffff"), compared without the membership bit;
+    /// judged where the P_Key table is readable.
+    #[serde(default)]
+    pub pkeys: Vec<String>,
+    /// Per error counter (`kiln_inventory::rdma::ERROR_COUNTERS`), how much it may grow during the
+    /// suite: more fails the port. Without a suite run the counts since boot are judged, and more
+    /// only warns (they include whatever happened before this run). `link_downed` growing is a
+    /// link flap (`fabric.port.flaps`).
+    #[serde(default)]
+    pub max_errors: std::collections::BTreeMap<String, u64>,
+}
+
+/// Heat: a cooling fault shows at rest, before any load.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeatSpec {
+    pub source: String,
+    /// The hottest a GPU may be at rest, as the inventory reads it before the suite.
+    pub max_gpu_idle: Option<Temperature>,
+    /// The hottest a GPU may get under the suite's load (its telemetry).
+    pub max_gpu_load: Option<Temperature>,
+    /// The hottest the air coming in may be (a hwmon sensor labelled inlet or ambient).
+    pub max_inlet: Option<Temperature>,
+    /// No hwmon sensor in alarm or at its critical limit, no fan stopped below its minimum.
+    pub board_sensors: Option<bool>,
 }
 
 /// A performance threshold on a stored metric.
@@ -382,6 +427,8 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
         ("[platform]", spec.platform.as_ref().map(|s| &s.source)),
         ("[software]", spec.software.as_ref().map(|s| &s.source)),
         ("[health]", spec.health.as_ref().map(|s| &s.source)),
+        ("[fabric]", spec.fabric.as_ref().map(|s| &s.source)),
+        ("[heat]", spec.heat.as_ref().map(|s| &s.source)),
         ("[siblings]", spec.siblings.as_ref().map(|s| &s.source)),
     ];
     for (section, source) in sources {
@@ -396,6 +443,20 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
         if !known.iter().any(|(id, _)| id == a) {
             let names: Vec<&str> = known.iter().map(|(id, _)| *id).collect();
             errors.push(src.error_at(at_key("agree"), format!("agree: \"{a}\" is none of {}", names.join(", "))));
+        }
+    }
+    for counter in spec.fabric.iter().flat_map(|f| f.max_errors.keys()) {
+        let known = kiln_inventory::rdma::ERROR_COUNTERS;
+        if !known.contains(&counter.as_str()) {
+            errors.push(src.error_at(
+                at_key("max_errors"),
+                format!("max_errors: \"{counter}\" is none of the kernel's port counters: {}", known.join(", ")),
+            ));
+        }
+    }
+    for key in spec.fabric.iter().flat_map(|f| &f.pkeys) {
+        if pkey_base(key).is_none() {
+            errors.push(src.error_at(at_key("pkeys"), format!("pkeys: \"{key}\" is not a P_Key like \"0xffff\"")));
         }
     }
     for nic in &spec.nics {
@@ -424,6 +485,13 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
         validate_perf(perf, src, &mut errors);
     }
     errors
+}
+
+/// A partition key without its membership bit ("0xffff" and "0x7fff" are both 0x7fff).
+pub fn pkey_base(key: &str) -> Option<u16> {
+    let hex = key.trim().strip_prefix("0x")?;
+    let v = u16::from_str_radix(hex, 16).ok()?;
+    (v & 0x7fff != 0).then_some(v & 0x7fff)
 }
 
 fn validate_perf(perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Vec<SpecError>) {

@@ -33,6 +33,8 @@ pub enum Dimension {
     PcieGen,
     /// A PCIe link width ("x16").
     LinkWidth,
+    /// Degrees Celsius ("85 °C", "85 degC").
+    Temperature,
 }
 
 impl Dimension {
@@ -50,6 +52,7 @@ impl Dimension {
             Dimension::Fraction => "a percentage like \"5 %\"",
             Dimension::PcieGen => "a PCIe generation like \"Gen5\"",
             Dimension::LinkWidth => "a link width like \"x16\"",
+            Dimension::Temperature => "a temperature like \"85 °C\"",
         }
     }
 
@@ -66,6 +69,7 @@ impl Dimension {
             Dimension::Fraction => "fraction",
             Dimension::PcieGen => "PCIe generation",
             Dimension::LinkWidth => "link width",
+            Dimension::Temperature => "temperature",
         }
     }
 }
@@ -141,6 +145,9 @@ pub fn parse_unit(unit: &str) -> Result<(Dimension, f64, Option<String>), String
     }
     if unit == "%" {
         return Ok((Dimension::Fraction, 0.01, None));
+    }
+    if matches!(unit, "°C" | "degC") {
+        return Ok((Dimension::Temperature, 1.0, None));
     }
     if unit == "ratio" {
         return Ok((Dimension::Fraction, 1.0, None));
@@ -335,6 +342,7 @@ typed_quantity! {
     Fraction => Dimension::Fraction,
     PcieGen => Dimension::PcieGen,
     LinkWidth => Dimension::LinkWidth,
+    Temperature => Dimension::Temperature,
 }
 
 /// Parses a quantity of any dimension ("1.9 TB/s").
@@ -378,6 +386,8 @@ mod tests {
             ("Gen5", Dimension::PcieGen, 5.0),
             ("x16", Dimension::LinkWidth, 16.0),
             ("150 us", Dimension::Time, 150e-6),
+            ("85 °C", Dimension::Temperature, 85.0),
+            ("42.5 degC", Dimension::Temperature, 42.5),
         ];
         for (text, dim, value) in ok {
             let q = Quantity::parse(text, dim).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -399,6 +409,7 @@ mod tests {
             ("Gen9", Dimension::PcieGen, "\"Gen9\": out of range"),
             ("16", Dimension::LinkWidth, "\"16\" has no unit: write a link width like \"x16\""),
             ("fast", Dimension::Power, "\"fast\": not a number followed by a unit"),
+            ("85", Dimension::Temperature, "\"85\" has no unit: write a temperature like \"85 °C\""),
         ];
         for (text, dim, message) in bad {
             assert_eq!(Quantity::parse(text, dim).unwrap_err().to_string(), message, "{text}");
@@ -445,6 +456,7 @@ mod properties {
         ("IOPS", Dimension::ItemRate),
         ("us", Dimension::Time),
         ("%", Dimension::Fraction),
+        ("°C", Dimension::Temperature),
     ];
 
     proptest! {

@@ -462,7 +462,7 @@ fn nvlink(spec: &SkuSpec, inv: &Inventory, c: &mut Checks) {
 }
 
 /// The physical functions whose PCI name or RDMA HCA type holds `model`.
-fn nic_functions<'a>(inv: &'a Inventory, model: &str) -> Vec<&'a PciDevice> {
+pub(super) fn nic_functions<'a>(inv: &'a Inventory, model: &str) -> Vec<&'a PciDevice> {
     inv.pci
         .iter()
         .filter(|d| d.physfn.is_none() && d.class.starts_with("02"))

@@ -6,8 +6,10 @@
 //! evidence and spec give the same verdict byte for byte, and a stored inventory can be re-judged
 //! against a tightened spec without touching the box (`kiln verdict --inventory ID`).
 
+pub mod counters;
 pub mod hardware;
 pub mod health;
+pub mod heat;
 pub mod ocp;
 pub mod perf;
 pub mod remedy;
@@ -160,6 +162,20 @@ pub struct RunEvidence {
     /// Per GPU (NVML index): (samples, samples held back by heat) during this run.
     #[serde(default)]
     pub thermal: Vec<(u32, u32, u32)>,
+    /// Per GPU (NVML index): the hottest its telemetry read during this run, in °C.
+    #[serde(default)]
+    pub hottest: Vec<(u32, f64)>,
+}
+
+/// Per GPU, the hottest a run's telemetry read (`temperature_c`).
+pub fn hottest_of(telemetry: &[kiln_inventory::telemetry::Sample]) -> Vec<(u32, f64)> {
+    let mut by: BTreeMap<u32, f64> = BTreeMap::new();
+    for (_, source, _, v) in telemetry.iter().filter(|s| s.2 == "temperature_c") {
+        let Some(i) = source.strip_prefix("gpu").and_then(|n| n.parse().ok()) else { continue };
+        let e = by.entry(i).or_insert(*v);
+        *e = e.max(*v);
+    }
+    by.into_iter().collect()
 }
 
 /// Per GPU, how many telemetry samples of a run there were and how many saw thermal throttling.
@@ -286,6 +302,8 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     health::at_rest(evidence.inventory, &mut checks);
     health::check(&spec.spec, evidence.inventory, &mut checks);
     siblings::check(&spec.spec, evidence.inventory, &mut checks);
+    counters::check(&spec.spec, evidence, &mut checks);
+    heat::check(&spec.spec, evidence, &mut checks);
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);
     }

@@ -234,6 +234,7 @@ mod tests {
             status: RunStatus::Ok,
             links: Vec::new(),
             thermal: Vec::new(),
+            hottest: Vec::new(),
             metrics: [
                 "membw.node10.triad_gbps",
                 "membw.node9.triad_gbps",

@@ -19,6 +19,8 @@ const FABRIC: &str = "NVIDIA Fabric Manager User Guide (docs.nvidia.com/datacent
 const NVME: &str = "NVM Express Base Specification, SMART / Health Information log page (critical warning, media \
                     errors, percentage used)";
 const AER: &str = "Linux PCI Express Advanced Error Reporting HOWTO (Documentation/PCI/pcieaer-howto.rst)";
+const IB_COUNTERS: &str = "NVIDIA (Mellanox) InfiniBand port counters reference and the Azure HPC health checks (check_ib_link_flapping, IB port error thresholds): symbol and link-integrity errors point at the cable or transceiver";
+const ASHRAE: &str = "ASHRAE TC 9.9 Thermal Guidelines for Data Processing Environments (recommended inlet 18–27 °C)";
 const KILN: &str = "kiln (no outside document: what a technician does first)";
 
 /// The catalogue: (check id or prefix, action, source). Order does not matter: the longest prefix
@@ -65,6 +67,16 @@ const CATALOGUE: &[(&str, &str, &str)] = &[
     ("siblings.gpu.vbios", "bring the GPU named to the VBIOS its siblings run (the vendor's firmware bundle updates every GPU to one version)", "Meta GCM health checks, check-nvidia-smi vbios_mismatch"),
     ("siblings", "bring the device named to the value its siblings have (firmware update, `nvidia-smi` setting, or reseating a link that trained low)", KILN),
     ("perf", "slower than the spec or the fleet: re-run on a quiet box, read the run's telemetry (throttling, clocks, contention), and compare with the box's siblings; a box that stays slow goes to the vendor with the run", KILN),
+    ("fabric.port.errors", "clean or reseat the cable and transceiver at both ends (the HCA and the switch port), then clear the counters (`perfquery -x`) and re-run; errors that return: replace the cable, then move to another switch port", IB_COUNTERS),
+    ("fabric.port.flaps", "reseat or replace the cable and transceiver; if the link still drops, check the switch port's log and move the cable to another port", IB_COUNTERS),
+    ("fabric.port.physical_state", "check that the cable is seated at both ends and the switch port is enabled (`ibstat`, the switch's port status); replace the cable or transceiver if the link does not train", IB_COUNTERS),
+    ("fabric.port.width", "the link trained on fewer lanes: reseat, then replace the cable or transceiver (a damaged lane), and check the switch port", IB_COUNTERS),
+    ("fabric.port.pkey", "add this port's GUID to the partition in the subnet manager's partition configuration (OpenSM partitions.conf or UFM), then re-read with `kiln inventory`", "OpenSM partition configuration (opensm partitions.conf(5))"),
+    ("gpu.pcie.replays", "the GPU's PCIe link resends packets: reseat the GPU and its riser or cable, check the retimers' firmware, then replace the part that keeps the count growing; DCGM's PCIe diagnostic confirms", "NVIDIA DCGM diagnostics, PCIe test (docs.nvidia.com/datacenter/dcgm): replay counter"),
+    ("gpu.at_rest.temperature", "a GPU hot at rest has a cooling fault: check the chassis fans and airflow baffles, that nothing blocks the inlet, and the heatsink's mounting; compare with its siblings", ASHRAE),
+    ("gpu.temperature", "check the chassis fans, airflow and the room's inlet temperature; a GPU hotter than its siblings under the same load needs its heatsink checked", ASHRAE),
+    ("board.sensors", "replace the stopped fan, or read the BMC's event log (`ipmitool sel list`) for the sensor in alarm, and fix its cause before the box takes load", KILN),
+    ("board.inlet", "the air coming in is too hot: check the rack's blanking panels, hot-aisle containment and the room's cooling", ASHRAE),
     ("link", "a link changed speed or width under load: reseat the device and its riser or cable, then replace the part that keeps flapping", AER),
 ];
 
