@@ -205,6 +205,13 @@ pub fn fixture(smi: &Smi, wiring: Wiring, tweak: impl Fn(usize, &mut Vec<String>
         if let Some(n) = g.num("PCI/Replays Since Reset") {
             lines.push(format!("pcie_replay {n}"));
         }
+        // nvidia-smi renders the driver's recovery action as two answers (R550 and later).
+        match (g.get("GPU Reset Status/Reset Required"), g.get("GPU Reset Status/Drain and Reset Recommended")) {
+            (_, Some("Yes")) => lines.push("recovery 4".into()),
+            (Some("Yes"), _) => lines.push("recovery 1".into()),
+            (Some(_), Some(_)) => lines.push("recovery 0".into()),
+            _ => {}
+        }
         match wiring {
             Wiring::None => {}
             Wiring::NvSwitch18 => {
@@ -306,6 +313,14 @@ fn assert_matches_capture(inv: &Value, smi: &Smi) {
         }
         assert_eq!(gpu["temperature_celsius"].as_f64(), g.num("Temperature/GPU Current Temp"));
         assert_eq!(gpu["pcie_replays"].as_f64(), g.num("PCI/Replays Since Reset"));
+        let recovery =
+            match (g.get("GPU Reset Status/Reset Required"), g.get("GPU Reset Status/Drain and Reset Recommended")) {
+                (_, Some("Yes")) => Some("drain_and_reset"),
+                (Some("Yes"), _) => Some("gpu_reset"),
+                (Some(_), Some(_)) => Some("none"),
+                _ => None,
+            };
+        assert_eq!(gpu["recovery_action"].as_str(), recovery);
     }
 }
 
@@ -526,8 +541,8 @@ fn faults_nvlink_down_gen4_x8_ecc_and_pending_remap() {
 }
 
 /// What the GPUs say at rest, read with the inventory: clocks held back by a power brake and a
-/// hardware slowdown, a power limit below the board's default (the summary names both), and each
-/// GPU's fabric registration.
+/// hardware slowdown, a power limit below the board's default, a reset the driver asks for and a
+/// drain (the summary names them all), and each GPU's fabric registration.
 #[test]
 fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
     let smi = capture("H100SXMx8_smi_q.txt");
@@ -537,6 +552,8 @@ fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
             lines.push("load 80000 345 2619 0 0 0x89".to_string());
             let at = lines.iter().position(|l| l.starts_with("power ")).unwrap();
             lines[at] = "power 700000 500000 200000 700000".to_string();
+            lines.push("recovery 1".to_string());
+            lines.push("drained 1".to_string());
         }
     });
     let machine = FakeMachine::new(&text);
@@ -547,10 +564,14 @@ fn clocks_held_back_at_rest_and_a_lowered_power_limit_are_read_and_shown() {
     // Each GPU's NVLink fabric registration (NVML's fabric info).
     assert_eq!(gpus[0]["fabric"], serde_json::json!({"state": "completed", "status": 0}));
     assert_eq!(gpus[2]["fabric"]["state"], "in_progress");
+    // What the driver asks for before the GPU takes work again, and its drain state.
+    assert_eq!((gpus[1]["recovery_action"].as_str(), gpus[1]["drained"].as_bool()), (Some("gpu_reset"), Some(true)));
+    assert_eq!((gpus[0]["recovery_action"].as_str(), gpus[0]["drained"].as_bool()), (Some("none"), None));
     let summary = machine.kiln(&["inventory"]).success().stdout();
     assert!(
         summary.contains(
-            "; FAULTS: clocks held back at rest (hw_slowdown, hw_power_brake), power limit 500 W of the default 700 W"
+            "; FAULTS: clocks held back at rest (hw_slowdown, hw_power_brake), power limit 500 W of the default 700 W, \
+             the driver asks for gpu reset, drained"
         ),
         "{summary}"
     );

@@ -181,6 +181,8 @@ pub(crate) fn cases() -> Vec<Case> {
             ..case("an application XID only warns", None, "accept", None)
         },
         reject("a GPU hot at rest", 2, "temp", "71", "gpu.at_rest.temperature", "GPU 2 0000:3a:00.0"),
+        reject("a GPU the driver wants reset", 4, "recovery", "1", "gpu.recovery", "GPU 4 0000:9a:00.0"),
+        reject("a drained GPU", 6, "drained", "1", "gpu.drain", "GPU 6 0000:ba:00.0"),
         Case {
             files: &[("sys/class/hwmon/hwmon2/fan2_input", "0")],
             ..case("a stopped fan", None, "reject", Some(("board.sensors", "hwmon2 nct6779")))
@@ -303,6 +305,7 @@ fn hgx_h100_faults_give_exact_verdicts() {
                 ("fabric.port.pkey", 8),
                 ("fabric.port.errors", 8),
                 ("gpu.at_rest.temperature", 8),
+                ("gpu.recovery", 8),
                 ("board.sensors", 1),
                 ("board.inlet", 1),
             ] {

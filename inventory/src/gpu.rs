@@ -145,6 +145,14 @@ pub struct Gpu {
     /// link had to send again, the first sign of a marginal slot, riser or retimer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie_replays: Option<u64>,
+    /// What the driver says must happen before the GPU is trusted with work again (NVML's GPU
+    /// recovery action, R550 drivers and later): "none", "gpu_reset", "node_reboot", "drain_p2p"
+    /// or "drain_and_reset".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<String>,
+    /// The GPU is drained (`nvmlDeviceQueryDrainState`): the driver is taking it out of service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<bool>,
     pub nvlinks: Vec<NvLink>,
 }
 
@@ -195,7 +203,12 @@ pub fn affinity_list(words: &[std::os::raw::c_ulong]) -> String {
 fn opt<T>(src: &Source, gpu: u32, what: &str, result: Result<T, NvmlError>) -> Option<T> {
     match result {
         Ok(v) => Some(v),
-        Err(NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::InvalidArg) => None,
+        Err(
+            NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::InvalidArg
+            | NvmlError::FailedToLoadSymbol(_),
+        ) => None,
         Err(e) => {
             src.problem_at(format!("nvml: GPU {gpu}"), ProblemKind::Unreadable, format!("{what}: {e}"));
             None
@@ -439,12 +452,35 @@ fn read_gpu(src: &Source, nvml: &Nvml, device: &Device<'_>, index: u32, pci: &[P
         temperature_celsius: get!("temperature", device.temperature(TemperatureSensor::Gpu)),
         fabric,
         pcie_replays: get!("PCIe replay counter", device.pcie_replay_counter()).map(u64::from),
+        recovery_action: recovery_action(device),
+        drained: get!("drain state", device.is_drain_enabled(pci_info.clone())),
         clock_event_reasons: get!("clock event reasons", device.current_throttle_reasons())
             .map(|r| reason_names(r.bits())),
         numa_node,
         cpu_affinity,
         nvlinks,
     }
+}
+
+/// NVML's GPU recovery actions (`nvmlDeviceGpuRecoveryAction_t`) by name.
+pub const RECOVERY_ACTIONS: [&str; 5] = ["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"];
+
+/// The GPU's recovery action (the field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`); `None` where the
+/// driver does not report it (before R550).
+fn recovery_action(device: &Device<'_>) -> Option<String> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+    let id = nvml_wrapper::structs::device::FieldId(
+        nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    );
+    let sample: FieldValueSample = device.field_values_for(&[id]).ok()?.into_iter().next()?.ok()?;
+    let n = match sample.value.ok()? {
+        SampleValue::U32(n) => u64::from(n),
+        SampleValue::U64(n) => n,
+        SampleValue::I64(n) => u64::try_from(n).ok()?,
+        SampleValue::F64(f) => f as u64,
+    };
+    Some(RECOVERY_ACTIONS.get(n as usize).map_or_else(|| format!("action {n}"), |s| (*s).to_string()))
 }
 
 /// NVML's clock event reason bits (nvml.h, `nvmlClocksEventReason*`) by name.

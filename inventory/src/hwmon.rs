@@ -145,5 +145,6 @@ mod tests {
         let faulted: Vec<u32> = c.fans.iter().filter(|f| f.faulted()).map(|f| f.index).collect();
         // Fan 2 reads 0 RPM but states no minimum: an empty header, not a stopped fan.
         assert_eq!(faulted, [1]);
+        assert_eq!(crate::summary::sensor_faults(c), ["temp2 97 °C in alarm", "fan1 at 0 RPM (stopped or in alarm)"]);
     }
 }

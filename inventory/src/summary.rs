@@ -232,7 +232,23 @@ fn devices(out: &mut String, inv: &Inventory) {
             .ports
             .iter()
             .map(|p| {
-                format!("port {} {} {}", p.port, p.state.as_deref().unwrap_or("?"), p.rate.as_deref().unwrap_or(""))
+                let errors: Vec<String> = p
+                    .counters
+                    .iter()
+                    .filter(|(n, &v)| v > 0 && n.as_str() != "link_downed")
+                    .map(|(n, v)| format!("{n} {v}"))
+                    .collect();
+                format!(
+                    "port {} {} {}{}",
+                    p.port,
+                    p.state.as_deref().unwrap_or("?"),
+                    p.rate.as_deref().unwrap_or(""),
+                    if errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (errors since boot: {})", errors.join(", "))
+                    }
+                )
             })
             .collect();
         let _ = writeln!(
@@ -243,6 +259,18 @@ fn devices(out: &mut String, inv: &Inventory) {
             r.firmware.as_deref().unwrap_or("?"),
             ports.join("; ")
         );
+    }
+    for chip in &inv.hwmon {
+        let faults = sensor_faults(chip);
+        if !faults.is_empty() {
+            let _ = writeln!(
+                out,
+                "sensors   {} {}: FAULTS: {}",
+                chip.hwmon,
+                chip.name.as_deref().unwrap_or("?"),
+                faults.join(", ")
+            );
+        }
     }
     let degraded: Vec<String> = inv
         .pci
@@ -268,9 +296,22 @@ fn devices(out: &mut String, inv: &Inventory) {
     }
 }
 
+/// A hwmon chip's sensors in alarm or at their critical limit, and its stopped fans.
+pub fn sensor_faults(chip: &crate::hwmon::Chip) -> Vec<String> {
+    let temps = chip.temperatures.iter().filter(|t| t.faulted()).map(|t| {
+        let name = t.label.clone().unwrap_or_else(|| format!("temp{}", t.index));
+        t.celsius.map_or(format!("{name} in alarm"), |c| format!("{name} {c:.0} °C in alarm"))
+    });
+    let fans = chip.fans.iter().filter(|f| f.faulted()).map(|f| {
+        let name = f.label.clone().unwrap_or_else(|| format!("fan{}", f.index));
+        format!("{name} at {} RPM (stopped or in alarm)", f.rpm.unwrap_or(0))
+    });
+    temps.chain(fans).collect()
+}
+
 /// The health faults a GPU shows at inventory time, for its summary line: uncorrectable ECC
 /// errors, a pending or failed row remap, XIDs in the kernel log, clocks held back at rest, a
-/// power limit below the board's default.
+/// power limit below the board's default, a recovery action the driver asks for, a drain.
 pub fn gpu_faults(gpu: &crate::gpu::Gpu, xids: &[crate::kmsg::XidEvent]) -> Vec<String> {
     let mut faults = Vec::new();
     if let Some(e) = &gpu.ecc {
@@ -301,6 +342,12 @@ pub fn gpu_faults(gpu: &crate::gpu::Gpu, xids: &[crate::kmsg::XidEvent]) -> Vec<
         if e < d {
             faults.push(format!("power limit {e} W of the default {d} W"));
         }
+    }
+    if let Some(action) = gpu.recovery_action.as_deref().filter(|a| *a != "none") {
+        faults.push(format!("the driver asks for {}", action.replace('_', " ")));
+    }
+    if gpu.drained == Some(true) {
+        faults.push("drained".into());
     }
     faults
 }

@@ -15,7 +15,9 @@
  *   remapped <corr> <uncorr> <pending> <failure> | retired <single_bit> <double_bit>
  *   power <default_mW> <enforced_mW> <min_mW> <max_mW> | clocks <max_sm_MHz> <max_mem_MHz>
  *   pcie <cur_gen> <max_gen> <cur_width> <max_width> | persistence <0|1> | mig <cur> <pending>
- *   temp <C> | pcie_replay <count> | numa <node> | affinity <cpu list, e.g. 0-19,40-59>
+ *   temp <C> | pcie_replay <count> | numa <node>
+ *   recovery <nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset>
+ *   drained <0|1>                  (nvmlDeviceQueryDrainState, found by the GPU's bus id) | affinity <cpu list, e.g. 0-19,40-59>
  *   nvlink <link> <active> <version> <remote bus id|-> <remote type: 0 gpu, 1 npu, 2 switch>
  *   nvlink_errors <link> <replay> <recovery> <crc_flit> <crc_data>
  *   fabric <state 0-3> <status, an nvmlReturn_t>   (nvmlDeviceGetGpuFabricInfo; absent: not supported)
@@ -74,6 +76,8 @@ struct gpu {
     int has_mig; unsigned int mig[2];
     int has_temp; unsigned int temp;
     int has_replay; unsigned int replay;
+    int has_recovery; unsigned int recovery;
+    int has_drain; int drained;
     int has_numa; unsigned int numa;
     int has_affinity; unsigned long affinity[16];
     struct link links[MAX_LINKS];
@@ -160,6 +164,8 @@ static nvmlReturn_t load(void) {
         else if (!strcmp(key, "mig")) g->has_mig = sscanf(arg, "%u %u", &g->mig[0], &g->mig[1]) == 2;
         else if (!strcmp(key, "temp")) g->has_temp = sscanf(arg, "%u", &g->temp) == 1;
         else if (!strcmp(key, "pcie_replay")) g->has_replay = sscanf(arg, "%u", &g->replay) == 1;
+        else if (!strcmp(key, "recovery")) g->has_recovery = sscanf(arg, "%u", &g->recovery) == 1;
+        else if (!strcmp(key, "drained")) g->has_drain = sscanf(arg, "%d", &g->drained) == 1;
         else if (!strcmp(key, "numa")) g->has_numa = sscanf(arg, "%u", &g->numa) == 1;
         else if (!strcmp(key, "affinity")) parse_affinity(g, arg);
         else if (!strcmp(key, "fabric"))
@@ -363,6 +369,37 @@ nvmlReturn_t nvmlDeviceGetPcieReplayCounter(DEV d, unsigned int *v) {
     if (!d->has_replay) return NOT_SUPPORTED;
     *v = d->replay;
     return OK;
+}
+/* nvmlFieldValue_t: only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230) is served. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType; /* nvmlValueType_t: 1 = unsigned int */
+    nvmlReturn_t nvmlReturn;
+    union { double dVal; int siVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; unsigned short usVal; } value;
+} nvmlFieldValue_t;
+nvmlReturn_t nvmlDeviceGetFieldValues(DEV d, int count, nvmlFieldValue_t *values) {
+    CHECK_DEV(d);
+    for (int i = 0; i < count; i++) {
+        if (values[i].fieldId == 230 && d->has_recovery) {
+            values[i].valueType = 1, values[i].nvmlReturn = OK, values[i].value.uiVal = d->recovery;
+        } else {
+            values[i].nvmlReturn = NOT_SUPPORTED;
+        }
+    }
+    return OK;
+}
+nvmlReturn_t nvmlDeviceQueryDrainState(nvmlPciInfo_t *pci, int *state) {
+    if (!initialized) return UNINITIALIZED;
+    if (!pci || !state) return INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (!strcasecmp(gpus[i].bus_id, pci->busId)) {
+            if (!gpus[i].has_drain) return NOT_SUPPORTED;
+            *state = gpus[i].drained;
+            return OK;
+        }
+    }
+    return NOT_FOUND;
 }
 nvmlReturn_t nvmlDeviceGetNumaNodeId(DEV d, unsigned int *v) { CHECK_DEV(d); if (!d->has_numa) return NOT_SUPPORTED; *v = d->numa; return OK; }
 nvmlReturn_t nvmlDeviceGetCpuAffinity(DEV d, unsigned int size, unsigned long *set) {

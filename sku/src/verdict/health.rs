@@ -351,6 +351,28 @@ pub fn at_rest(inv: &Inventory, c: &mut Checks) {
                 &format!("{ev} nvmlDeviceGetGpuFabricInfo"),
             );
         }
+        if let Some(action) = &g.recovery_action {
+            c.add(
+                "gpu.recovery",
+                &subject,
+                Severity::Critical,
+                "none",
+                Measured::of(action, action == "none"),
+                &format!("the driver asks for {} before the GPU takes work again", action.replace('_', " ")),
+                &format!("{ev} nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"),
+            );
+        }
+        if let Some(drained) = g.drained {
+            c.add(
+                "gpu.drain",
+                &subject,
+                Severity::Major,
+                "not drained",
+                Measured::of(if drained { "drained" } else { "not drained" }, !drained),
+                "the GPU is drained: it is being taken out of service (a pending reset, or an operator's drain)",
+                &format!("{ev} nvmlDeviceQueryDrainState"),
+            );
+        }
         if let Some(reasons) = &g.clock_event_reasons {
             let held = g.held_back_at_rest();
             let measured = if reasons.is_empty() { "none".to_string() } else { reasons.join(", ") };
