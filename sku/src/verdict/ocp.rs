@@ -93,13 +93,14 @@ fn dut_info(inv: &Inventory, v: &Verdict) -> Value {
         hardware.push(h);
     }
     let mut dut = json!({
-        "id": v.inventory_id.clone().or_else(|| inv.fingerprints.host.clone()).unwrap_or_else(|| "unknown".into()),
+        "dutInfoId": v.inventory_id.clone().or_else(|| inv.fingerprints.host.clone()).unwrap_or_else(|| "unknown".into()),
         "platformInfos": [ { "info": format!("{} {}",
             inv.system.product.vendor.as_deref().unwrap_or(""), inv.system.product.name.as_deref().unwrap_or("")).trim().to_string() } ],
         "hardwareInfos": hardware,
     });
+    // OCP TV 2.0's dutInfo has a `name`, no `hostname`.
     if let Some(h) = &inv.os.hostname {
-        dut["hostname"] = json!(h);
+        dut["name"] = json!(h);
     }
     let mut software = Vec::new();
     if let Some(k) = &inv.os.kernel_release {
