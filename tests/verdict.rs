@@ -644,7 +644,7 @@ fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
                 (4, "port_xmit_discards") => 40.0,
                 _ => 0.0,
             };
-            metrics.push(metric(&format!("ib.mlx5_{port}.port1.{counter}"), grew));
+            metrics.push(metric(&format!("rdma.mlx5_{port}.port1.{counter}"), grew));
         }
     }
     for gpu in 0..8 {

@@ -1,7 +1,7 @@
 //! The error counters a run is judged by: read with the inventory before the suite and again
 //! after it, so that a verdict judges what the run itself caused rather than what happened since
 //! boot (a cable reseated last week, a switch rebooted). Flat, by metric name:
-//! `ib.<device>.port<N>.<counter>` for the InfiniBand/RoCE port counters and
+//! `rdma.<device>.port<N>.<counter>` for the InfiniBand/RoCE port counters and
 //! `gpu<index>.pcie_replays` for NVML's PCIe replay counter.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ pub const SUITE_SECONDS: &str = "counters.seconds";
 
 /// The metric name of an RDMA port's counter.
 pub fn port_metric(device: &str, port: u32, counter: &str) -> String {
-    format!("ib.{device}.port{port}.{counter}")
+    format!("rdma.{device}.port{port}.{counter}")
 }
 
 /// The metric name of a GPU's PCIe replay counter.

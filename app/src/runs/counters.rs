@@ -94,8 +94,8 @@ mod tests {
     #[test]
     fn the_run_holds_the_growth_of_each_counter() {
         let map = |v: &[(&str, u64)]| v.iter().map(|(k, n)| (k.to_string(), *n)).collect::<BTreeMap<_, _>>();
-        let before = map(&[("ib.mlx5_0.port1.symbol_error", 4), ("gpu0.pcie_replays", 0)]);
-        let after = map(&[("ib.mlx5_0.port1.symbol_error", 16), ("gpu0.pcie_replays", 0)]);
+        let before = map(&[("rdma.mlx5_0.port1.symbol_error", 4), ("gpu0.pcie_replays", 0)]);
+        let after = map(&[("rdma.mlx5_0.port1.symbol_error", 16), ("gpu0.pcie_replays", 0)]);
         let o = outcome(before, after, "2026-12-07T00:00:00Z".into(), 95.4);
         assert_eq!(o.benchmark(), "counters");
         let m: Vec<(&str, f64, &str)> = o.metrics.iter().map(|m| (m.name.as_str(), m.value, m.unit.as_str())).collect();
@@ -103,7 +103,7 @@ mod tests {
             m,
             [
                 ("gpu0.pcie_replays", 0.0, "replays"),
-                ("ib.mlx5_0.port1.symbol_error", 12.0, "events"),
+                ("rdma.mlx5_0.port1.symbol_error", 12.0, "events"),
                 ("counters.seconds", 95.0, "s")
             ]
         );

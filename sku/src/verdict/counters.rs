@@ -140,7 +140,7 @@ fn port_errors(
     let during =
         |counter: &str| growth.and_then(|(_, m)| m.get(port_metric(&d.name, p.port, counter).as_str()).copied());
     let judged_during =
-        growth.is_some_and(|(_, m)| m.keys().any(|k| k.starts_with(&format!("ib.{}.port{}.", d.name, p.port))));
+        growth.is_some_and(|(_, m)| m.keys().any(|k| k.starts_with(&format!("rdma.{}.port{}.", d.name, p.port))));
     let run = growth.map_or("", |(id, _)| id);
     let over: Vec<String> = f
         .max_errors
