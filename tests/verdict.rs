@@ -205,6 +205,11 @@ pub(crate) fn cases() -> Vec<Case> {
             )
         },
         Case {
+            // A port trained on two of its four lanes: its rate falls too, and both say so.
+            files: &[("sys/class/infiniband/mlx5_2/ports/1/rate", "200 Gb/sec (2X NDR)")],
+            ..case("a port on two of its four lanes", None, "reject", Some(("nic.port.rate", "mlx5_2 port 1")))
+        },
+        Case {
             files: &[("sys/class/infiniband/mlx5_1/ports/1/counters/symbol_error", "1542")],
             ..case("symbol errors since boot only warn without a suite run", None, "accept", None)
         },
@@ -312,6 +317,9 @@ fn hgx_h100_faults_give_exact_verdicts() {
                 let got = statuses(id);
                 assert!(got.len() == count && got.iter().all(|s| s.starts_with("pass")), "{id}: {got:?}");
             }
+        }
+        if c.name == "a port on two of its four lanes" {
+            assert!(statuses("fabric.port.width").contains(&"fail mlx5_2 port 1".to_string()), "{v}");
         }
         if c.name.starts_with("symbol errors since boot") {
             assert!(statuses("fabric.port.errors").contains(&"warn mlx5_1 port 1".to_string()), "{v}");
