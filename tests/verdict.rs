@@ -531,7 +531,8 @@ fn links_under_load_are_judged_from_stored_runs() {
         "software_id": null, "benchmark": "gpu-load", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
         "finished_at": "2026-12-03T10:00:01Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
     });
-    let v = rejudged_with(dir.path(), &export, inventory, &run);
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&run], &[]);
+    assert_eq!(code, 1, "{v}");
     assert_eq!(
         failing(&v),
         [
@@ -593,22 +594,24 @@ fn failing(v: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// `export` with `run` added, imported into a new database under `dir` and judged there against
-/// the H100 spec (`kiln verdict --inventory`), as a site re-judging its fleet would: the verdict
-/// JSON, which must be a REJECT.
-fn rejudged_with(dir: &Path, export: &str, inventory: &str, run: &Value) -> Value {
+/// `export` with `runs` added, imported into a new database under `dir` and judged there against
+/// the H100 spec (`kiln verdict --inventory`, with `extra`), as a site re-judging its fleet would:
+/// the verdict JSON and the exit code.
+fn rejudged_with(dir: &Path, export: &str, inventory: &str, runs: &[&Value], extra: &[&str]) -> (Value, i32) {
     let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
     let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
-    let records = end["records"].as_u64().unwrap() + 1;
+    let records = end["records"].as_u64().unwrap() + runs.len() as u64;
     lines.pop();
-    lines.push(run.to_string());
+    lines.extend(runs.iter().map(|r| r.to_string()));
     lines.push(serde_json::json!({"type": "end", "records": records}).to_string());
-    let file = dir.join(format!("with-{}.jsonl", run["benchmark"].as_str().unwrap()));
+    let name: Vec<&str> = runs.iter().map(|r| r["benchmark"].as_str().unwrap()).collect();
+    let name = name.join("-");
+    let file = dir.join(format!("with-{name}.jsonl"));
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let other = dir.join(format!("other-{}.db", run["benchmark"].as_str().unwrap()));
+    let other = dir.join(format!("other-{name}.db"));
     kiln(&["--db", other.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
     let spec = spec_path(H100_SPEC);
-    let args = [
+    let mut args = vec![
         "--db",
         other.to_str().unwrap(),
         "verdict",
@@ -618,9 +621,10 @@ fn rejudged_with(dir: &Path, export: &str, inventory: &str, run: &Value) -> Valu
         spec.to_str().unwrap(),
         "--json",
     ];
+    args.extend_from_slice(extra);
     let run = kiln(&args, &[]);
-    assert_eq!(run.code(), Some(1), "{}", run.describe());
-    run.json()
+    let code = run.code().unwrap_or(-1);
+    (run.json(), code)
 }
 
 /// What the suite caused is judged from the counters read before and after it (a `counters`
@@ -664,7 +668,8 @@ fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
         "software_id": null, "benchmark": "counters", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
         "finished_at": "2026-12-03T10:01:35Z", "status": "ok", "metrics": metrics, "samples": [], "telemetry": [],
     });
-    let v = rejudged_with(dir.path(), &export, inventory, &counters);
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&counters], &[]);
+    assert_eq!(code, 1, "{v}");
     let got = failing(&v);
     let ids: Vec<(&str, &str)> = got.iter().map(|(id, subject, _)| (id.as_str(), subject.as_str())).collect();
     assert_eq!(
@@ -689,7 +694,8 @@ fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
         "software_id": null, "benchmark": "gpu-burn", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
         "finished_at": "2026-12-03T10:00:02Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
     });
-    let v = rejudged_with(dir.path(), &export, inventory, &load);
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&load], &[]);
+    assert_eq!(code, 1, "{v}");
     let got = failing(&v);
     assert_eq!(got.len(), 1, "{got:#?}");
     assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("gpu.temperature.load", "GPU 6 000b:00:00.0"));
@@ -698,4 +704,69 @@ fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
 
 fn check_of(v: &Value, id: &str, subject: &str) -> Value {
     v["checks"].as_array().unwrap().iter().find(|c| c["id"] == id && c["subject"] == subject).unwrap().clone()
+}
+
+/// A fault of kiln's own stack is not the hardware's: where kiln-gpu could not measure the GPUs
+/// NVML sees (a `harness` run), a box whose every check passes is INCONCLUSIVE with the reason
+/// "harness: …" — not ACCEPTed without its GPU benchmarks, and `--allow-skip` does not change
+/// that — and its OCP output carries an error of symptom "harness"; a box that also fails a check
+/// of its hardware is still REJECTed.
+#[test]
+fn a_broken_harness_is_inconclusive_and_never_blamed_on_the_hardware() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
+    finish_root(&tree, CLEAN_DMESG);
+    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
+    let root = tree.root().to_str().unwrap();
+    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
+    assert_eq!(v["verdict"], "accept", "{v}");
+    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
+    let host = v["stored"]["host_id"].as_str().unwrap();
+    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let why = "kiln-gpu: /usr/lib/kiln/kiln-gpu: error while loading shared libraries: libcublasLt.so.13: cannot open shared object file";
+    let harness = serde_json::json!({
+        "type": "run", "id": "5c3b2a19-8e7d-4f6a-9b0c-1d2e3f4a5b6c", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "harness", "config": "{\"component\":\"kiln-gpu\"}",
+        "started_at": "2026-12-03T10:00:00Z", "finished_at": "2026-12-03T10:00:00Z", "status": "failed",
+        "status_reason": why, "metrics": [["harness.faults", 1.0, "faults", "lower"]], "samples": [], "telemetry": [],
+    });
+    let ocp = dir.path().join("harness.jsonl");
+    for extra in [vec!["--ocp", ocp.to_str().unwrap()], vec!["--allow-skip"]] {
+        let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness], &extra);
+        assert_eq!((v["verdict"].as_str(), code), (Some("inconclusive"), 3), "{extra:?}: {v}");
+        assert_eq!(v["harness"], serde_json::json!([why]));
+        let check = check_of(&v, "harness", "kiln's own stack");
+        assert_eq!(check["status"], "skip");
+        assert_eq!(check["reason"], format!("harness: {why}"));
+        assert!(check["remedy"]["action"].as_str().unwrap().contains("kiln-gpu"), "{check}");
+    }
+    let (schemas, root_schema) = ocp_schemas();
+    let text = std::fs::read_to_string(&ocp).unwrap();
+    for line in text.lines() {
+        let value: Value = serde_json::from_str(line).unwrap();
+        if let Err(e) = schemas.validate(&value, root_schema) {
+            panic!("{line}\n{e:#}");
+        }
+    }
+    let errors: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).unwrap()["testRunArtifact"].get("error").cloned())
+        .collect();
+    assert_eq!(errors, [serde_json::json!({"symptom": "harness", "message": why})]);
+    // The hardware fails a check too (a GPU's link trained down under load): REJECT, as it should.
+    let mut telemetry = Vec::new();
+    for (t, gen) in [(0, 5), (400, 3), (900, 3)] {
+        telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "gen", gen]));
+        telemetry.push(serde_json::json!([t, "pcie:0003:00:00.0", "width", 16]));
+    }
+    let load = serde_json::json!({
+        "type": "run", "id": "7e6d5c4b-3a29-4187-a6b5-c4d3e2f1a0b9", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "gpu-load", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:00:01Z", "status": "ok", "metrics": [], "samples": [], "telemetry": telemetry,
+    });
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness, &load], &[]);
+    assert_eq!((v["verdict"].as_str(), code), (Some("reject"), 1), "{v}");
+    assert_eq!(failing(&v)[0].0, "gpu.pcie.under_load");
 }

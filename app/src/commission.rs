@@ -249,7 +249,12 @@ fn gpu_suite(
     keep: &mut dyn FnMut(Outcome) -> Result<()>,
 ) -> Result<()> {
     match runs::gpu::prepare(inv, interrupted) {
-        Err(skip) => eprintln!("kiln: gpu gemm skipped: {skip}"),
+        // NVML sees GPUs that kiln-gpu cannot measure: kiln's own stack is at fault, and the
+        // verdict must say so rather than accept the box without its GPU benchmarks.
+        Err(skip) => {
+            eprintln!("kiln: the GPU benchmarks cannot run: {skip}");
+            keep(runs::harness_fault("kiln-gpu", &skip.to_string()))?;
+        }
         Ok(prepared) => {
             let config = runs::gpu::GemmConfig {
                 dtypes: if quick {

@@ -52,6 +52,7 @@ pub fn judge_stored(
                 links: kiln_inventory::linkwatch::links_of(&r.id, &samples),
                 thermal: verdict::thermal_of(&samples),
                 hottest: verdict::hottest_of(&samples),
+                reason: r.status_reason,
                 id: r.id,
                 benchmark: r.benchmark,
                 status: r.status,

@@ -7,6 +7,7 @@ mod counters;
 mod disk;
 mod gemm;
 pub mod gpu;
+mod harness;
 mod membw;
 mod net;
 mod sdc;
@@ -21,6 +22,7 @@ use sha2::{Digest, Sha256};
 pub use counters::{counters_after, CountersReport};
 pub use disk::disk;
 pub use gemm::{gemm, GemmReport, Libraries, TheoreticalPeak};
+pub use harness::{harness_fault, HarnessReport};
 pub use membw::{default_membw_elements, membw, membw_scopes, render_membw, MembwReport};
 pub use net::net;
 pub use sdc::{injected_fault, sdc};
@@ -115,6 +117,7 @@ pub enum Report {
     Net(kiln_bench::net::Report),
     Sdc(kiln_bench::sdc::Report),
     Counters(CountersReport),
+    Harness(HarnessReport),
     Fabric(Box<kiln_cluster::FabricReport>),
     Collectives(Box<kiln_cluster::CollectivesReport>),
     Scaling(Box<kiln_cluster::TrainScalingReport>),
@@ -156,6 +159,7 @@ impl Report {
             Report::Net(_) => "net",
             Report::Sdc(_) => "sdc",
             Report::Counters(_) => "counters",
+            Report::Harness(_) => "harness",
             Report::Fabric(_) => "fabric",
             Report::Collectives(_) => "collectives",
             Report::Scaling(_) => "scaling",
@@ -195,7 +199,8 @@ impl Outcome {
     /// A check inside the benchmark failed (training did not learn, a figure above its physical
     /// ceiling): exit 1.
     pub fn failed_check(&self) -> bool {
-        matches!(self.status, RunStatus::Failed | RunStatus::Invalid)
+        // A harness fault is kiln's own, not a check of the hardware: the verdict says so.
+        matches!(self.status, RunStatus::Failed | RunStatus::Invalid) && !matches!(self.report, Report::Harness(_))
     }
 
     /// The run the store keeps.

@@ -144,6 +144,10 @@ pub struct Verdict {
     /// Skipped checks were allowed (`--allow-skip`).
     pub allow_skip: bool,
     pub counts: Counts,
+    /// Faults of kiln's own stack (kiln-gpu not loading, …): the verdict is INCONCLUSIVE for them
+    /// unless the hardware failed a check anyway, whatever `allow_skip` says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub harness: Vec<String>,
     /// Failures first (most severe first), then skips, warnings and passes, each in check order.
     pub checks: Vec<Check>,
 }
@@ -165,6 +169,9 @@ pub struct RunEvidence {
     /// Per GPU (NVML index): the hottest its telemetry read during this run, in °C.
     #[serde(default)]
     pub hottest: Vec<(u32, f64)>,
+    /// Why the run has its status, where it says (a `harness` run's fault).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// Per GPU, the hottest a run's telemetry read (`temperature_c`).
@@ -295,6 +302,7 @@ pub fn gpu_models(inv: &Inventory) -> Vec<String> {
 /// Judges `evidence` against `spec`. Pure and deterministic.
 pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Verdict {
     let mut checks = Checks::default();
+    let harness = harness_faults(evidence, &mut checks);
     hardware::check(&spec.spec, evidence.inventory, &mut checks);
     hardware::links_under_load(&spec.spec, evidence, &mut checks);
     health::thermal(&spec.spec, evidence, &mut checks);
@@ -308,7 +316,8 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
         perf::check(&spec.spec, evidence, &mut checks);
     }
     let mut list = checks.list;
-    for c in list.iter_mut().filter(|c| matches!(c.status, Status::Fail | Status::Warn)) {
+    // A harness fault skips what it could not measure, and says what to do about it too.
+    for c in list.iter_mut().filter(|c| matches!(c.status, Status::Fail | Status::Warn) || c.id == "harness") {
         c.remedy = remedy::remedy_for(&c.id);
     }
     // A stable sort: failures by severity, then skips, warnings and passes, each in check order.
@@ -324,7 +333,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     }
     let verdict = if counts.fail > 0 {
         Decision::Reject
-    } else if counts.skip > 0 && !allow_skip {
+    } else if !harness.is_empty() || counts.skip > 0 && !allow_skip {
         Decision::Inconclusive
     } else {
         Decision::Accept
@@ -337,8 +346,29 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
         performance_judged: evidence.performance_judged,
         allow_skip,
         counts,
+        harness,
         checks: list,
     }
+}
+
+/// The faults of kiln's own stack among the runs (failed `harness` runs), each a skipped check
+/// `harness` naming it: what cannot be measured is not judged, and not the hardware's fault.
+fn harness_faults(evidence: &Evidence<'_>, c: &mut Checks) -> Vec<String> {
+    let mut faults = Vec::new();
+    for run in evidence.runs.iter().filter(|r| r.benchmark == "harness" && r.status == RunStatus::Failed) {
+        let why = run.reason.clone().unwrap_or_else(|| "kiln's own stack failed".into());
+        c.add(
+            "harness",
+            "kiln's own stack",
+            Severity::Major,
+            "kiln-gpu and its libraries load and see every GPU",
+            Measured::missing(format!("harness: {why}")),
+            "",
+            &format!("run {}", run.id),
+        );
+        faults.push(why);
+    }
+    faults
 }
 
 impl Verdict {
@@ -358,7 +388,7 @@ impl Verdict {
         }
         // What to do, once per check id, naming the subjects it applies to.
         let mut remedies: Vec<(&str, Vec<&str>, &remedy::Remedy)> = Vec::new();
-        for c in shown.iter().filter(|c| matches!(c.status, Status::Fail | Status::Warn)) {
+        for c in shown.iter().filter(|c| matches!(c.status, Status::Fail | Status::Warn) || c.id == "harness") {
             let Some(r) = &c.remedy else { continue };
             match remedies.iter_mut().find(|(id, ..)| *id == c.id) {
                 Some(entry) => entry.1.push(&c.subject),
@@ -386,7 +416,10 @@ impl Verdict {
             if self.performance_judged { "" } else { "; performance not judged: --no-bench" },
             if self.allow_skip && c.skip > 0 { "; skips allowed" } else { "" },
         );
-        if self.verdict == Decision::Inconclusive {
+        for h in &self.harness {
+            let _ = writeln!(out, "harness: {h} — kiln's own stack, not the hardware: the GPUs were not measured.");
+        }
+        if self.verdict == Decision::Inconclusive && self.harness.is_empty() {
             out.push_str("Checks the spec requires could not run (see SKIP above); run as root, or pass --allow-skip to accept without them.\n");
         }
         out

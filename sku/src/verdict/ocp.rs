@@ -57,6 +57,10 @@ pub fn lines(v: &Verdict, inv: &Inventory, command_line: &str, now: &str) -> Str
         }
         emit(json!({ "testStepArtifact": { "testStepId": id, "testStepEnd": { "status": "COMPLETE" } } }));
     }
+    // A fault of kiln's own stack is an OCP error of the test, not a diagnosis of the DUT.
+    for h in &v.harness {
+        emit(json!({ "testRunArtifact": { "error": { "symptom": "harness", "message": h } } }));
+    }
     let result = match v.verdict {
         Decision::Accept => "PASS",
         Decision::Reject => "FAIL",

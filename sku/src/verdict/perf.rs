@@ -235,6 +235,7 @@ mod tests {
             links: Vec::new(),
             thermal: Vec::new(),
             hottest: Vec::new(),
+            reason: None,
             metrics: [
                 "membw.node10.triad_gbps",
                 "membw.node9.triad_gbps",
