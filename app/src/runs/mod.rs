@@ -205,6 +205,16 @@ impl Outcome {
 
     /// The run the store keeps.
     pub fn to_run(&self, inv: &Inventory, host_id: String, inventory_id: String) -> NewRun {
+        // A metric a spec cannot name is a metric no verdict can judge: every stored name is one
+        // `kiln_sku::spec::metrics::STORED` knows (checked in debug builds, so in every test).
+        for m in &self.metrics {
+            debug_assert!(
+                kiln_sku::spec::metrics::is_stored(&m.name),
+                "{} stores metric {}, which kiln_sku::spec::metrics::STORED does not know",
+                self.benchmark(),
+                m.name
+            );
+        }
         NewRun {
             host_id,
             inventory_id: Some(inventory_id),

@@ -7,6 +7,7 @@
 //! metric is an error naming `file:line:col` (the provisioning images' [`SourceText`](kiln_provision::image::SourceText)).
 
 pub mod capture;
+pub mod metrics;
 pub mod units;
 
 use std::path::{Path, PathBuf};
@@ -496,7 +497,8 @@ pub fn pkey_base(key: &str) -> Option<u16> {
 
 fn validate_perf(perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Vec<SpecError>) {
     let p = perf.get_ref();
-    let Some(unit) = metric_unit(&p.metric.replace("{n}", "0")) else {
+    let known = metrics::spec_metric_is_stored(&p.metric);
+    let Some(unit) = metric_unit(&p.metric.replace("{n}", "0")).filter(|_| known) else {
         errors
             .push(src.error(perf, format!("metric \"{}\": not a metric kiln stores (see `kiln show run`)", p.metric)));
         return;
