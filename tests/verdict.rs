@@ -495,18 +495,8 @@ fn a_cpu_box_picks_the_cpu_spec() {
 /// site re-judging its fleet would.
 #[test]
 fn links_under_load_are_judged_from_stored_runs() {
-    let smi = capture("H100SXMx8_smi_q.txt");
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("kiln.db");
-    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
-    finish_root(&tree, CLEAN_DMESG);
-    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
-    let root = tree.root().to_str().unwrap();
-    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
-    assert_eq!(v["verdict"], "accept");
-    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
-    let host = v["stored"]["host_id"].as_str().unwrap();
-    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let Accepted { dir, export, inventory, host } = accepted_ndv5();
+    let (inventory, host) = (inventory.as_str(), host.as_str());
     // A GPU-load run: the port above GPU 2 reads Gen3 for a while; GPU 5's own link flaps.
     let mut telemetry = Vec::new();
     for (t, gen) in [(0, 5), (400, 3), (900, 5)] {
@@ -634,18 +624,8 @@ fn rejudged_with(dir: &Path, export: &str, inventory: &str, runs: &[&Value], ext
 /// (port_xmit_discards +40 of 100 allowed) pass.
 #[test]
 fn what_the_suite_caused_is_judged_from_counters_read_before_and_after() {
-    let smi = capture("H100SXMx8_smi_q.txt");
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("kiln.db");
-    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
-    finish_root(&tree, CLEAN_DMESG);
-    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
-    let root = tree.root().to_str().unwrap();
-    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
-    assert_eq!(v["verdict"], "accept", "{v}");
-    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
-    let host = v["stored"]["host_id"].as_str().unwrap();
-    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let Accepted { dir, export, inventory, host } = accepted_ndv5();
+    let (inventory, host) = (inventory.as_str(), host.as_str());
     let metric = |name: &str, value: f64| serde_json::json!([name, value, "events", "lower"]);
     let mut metrics = vec![metric("counters.seconds", 95.0)];
     for port in 0..8 {
@@ -713,18 +693,8 @@ fn check_of(v: &Value, id: &str, subject: &str) -> Value {
 /// of its hardware is still REJECTed.
 #[test]
 fn a_broken_harness_is_inconclusive_and_never_blamed_on_the_hardware() {
-    let smi = capture("H100SXMx8_smi_q.txt");
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("kiln.db");
-    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
-    finish_root(&tree, CLEAN_DMESG);
-    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
-    let root = tree.root().to_str().unwrap();
-    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
-    assert_eq!(v["verdict"], "accept", "{v}");
-    let inventory = v["stored"]["inventory_id"].as_str().unwrap();
-    let host = v["stored"]["host_id"].as_str().unwrap();
-    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let Accepted { dir, export, inventory, host } = accepted_ndv5();
+    let (inventory, host) = (inventory.as_str(), host.as_str());
     let why = "kiln-gpu: /usr/lib/kiln/kiln-gpu: error while loading shared libraries: libcublasLt.so.13: cannot open shared object file";
     let harness = serde_json::json!({
         "type": "run", "id": "5c3b2a19-8e7d-4f6a-9b0c-1d2e3f4a5b6c", "host_id": host, "inventory_id": inventory,
@@ -769,4 +739,28 @@ fn a_broken_harness_is_inconclusive_and_never_blamed_on_the_hardware() {
     let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness, &load], &[]);
     assert_eq!((v["verdict"].as_str(), code), (Some("reject"), 1), "{v}");
     assert_eq!(failing(&v)[0].0, "gpu.pcie.under_load");
+}
+
+/// An ND H100 v5 box (the fake NVML over the synthetic tree) commissioned clean with `--no-bench`
+/// into a database in `dir`: the store's export and the ids, to which tests add runs and re-judge.
+struct Accepted {
+    dir: tempfile::TempDir,
+    export: String,
+    inventory: String,
+    host: String,
+}
+
+fn accepted_ndv5() -> Accepted {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
+    finish_root(&tree, CLEAN_DMESG);
+    let machine = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
+    let root = tree.root().to_str().unwrap();
+    let v = machine.kiln(&["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root]).json();
+    assert_eq!(v["verdict"], "accept", "{v}");
+    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let id = |key: &str| v["stored"][key].as_str().unwrap().to_string();
+    Accepted { export, inventory: id("inventory_id"), host: id("host_id"), dir }
 }
