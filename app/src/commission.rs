@@ -297,7 +297,7 @@ fn gpu_suite(
                 let config = runs::gpu::CollectivesConfig {
                     collectives: kiln_gpu::collectives::NCCL_COLLECTIVES.to_vec(),
                     min_bytes: 8,
-                    max_bytes: if quick { 256 << 20 } else { 8 << 30 },
+                    max_bytes: if quick { 1 << 30 } else { 8 << 30 },
                     iterations: 20,
                     gpus,
                     timeout_s: 900,

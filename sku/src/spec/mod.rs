@@ -8,6 +8,7 @@
 
 pub mod capture;
 pub mod metrics;
+pub mod references;
 pub mod units;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,10 @@ pub struct SkuSpec {
     pub siblings: Option<SiblingsSpec>,
     #[serde(default, rename = "performance")]
     pub performance: Vec<Spanned<PerfSpec>>,
+    /// Whose published references (`specs/references.toml`) the `of_reference` floors use: a
+    /// built-in spec's name; default this spec's own (a spec captured for a variant of a known
+    /// SKU names the SKU it is a variant of).
+    pub references: Option<String>,
 }
 
 /// Which boxes a spec is for. Every stated key must match.
@@ -285,7 +290,15 @@ pub struct PerfSpec {
     /// The metric's stored name ("membw.all.triad_gbps"); `{n}` stands for a number, making a
     /// group ("membw.node{n}.triad_gbps", "gpu{n}.hbm_gbps").
     pub metric: String,
+    /// Where the threshold comes from; with `of_reference`, the reference's own source stands
+    /// and this may stay empty.
+    #[serde(default)]
     pub source: String,
+    /// At least this fraction of the SKU's published reference figure for the metric
+    /// (`specs/references.toml`): "90 %".
+    pub of_reference: Option<Fraction>,
+    /// Why `of_reference` is that fraction: the noise, conditions or software the band allows for.
+    pub band: Option<String>,
     /// An absolute floor, in a unit of the metric's dimension.
     pub min: Option<Spanned<String>>,
     /// An absolute ceiling.
@@ -321,7 +334,7 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "IOPS"
     } else if ends("_us") {
         "us"
-    } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") {
+    } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") || ends(".busbw_gbs_max") {
         "GB/s"
     } else if ends("tflops") {
         "TFLOP/s"
@@ -400,6 +413,9 @@ mod tests {
             ("disk.randread_4k_qd32.p99_us", "us"),
             ("net.tcp_throughput_gbps", "Gb/s"),
             ("net.tcp_rtt_p50_us", "us"),
+            ("gpus.nccl.all_reduce.busbw_gbs_max", "GB/s"),
+            ("coll.nccl.all_gather.busbw_gbs_max", "GB/s"),
+            ("gpu0.h2d_gbps", "GB/s"),
         ] {
             assert_eq!(super::metric_unit(metric), Some(unit), "{metric}");
             // A spec captured from stored evidence writes the unit back: it must read.
@@ -484,8 +500,46 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
     }
     for perf in &spec.performance {
         validate_perf(perf, src, &mut errors);
+        validate_reference(spec, perf, src, &mut errors);
     }
     errors
+}
+
+/// An `of_reference` floor needs its band's reason and a published figure for its metric.
+fn validate_reference(spec: &SkuSpec, perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Vec<SpecError>) {
+    let p = perf.get_ref();
+    let Some(f) = &p.of_reference else {
+        if p.band.is_some() {
+            errors.push(src.error(perf, format!("metric \"{}\": band without of_reference", p.metric)));
+        }
+        return;
+    };
+    if p.band.as_deref().is_none_or(|b| b.trim().is_empty()) {
+        errors.push(src.error(
+            perf,
+            format!("metric \"{}\": of_reference needs its band: say why the floor is {f} of the reference", p.metric),
+        ));
+    }
+    if !(0.0..=1.5).contains(&f.value()) || f.value() == 0.0 {
+        errors.push(src.error(perf, format!("metric \"{}\": of_reference {f} is not a fraction of a figure", p.metric)));
+    }
+    let sku = spec.reference_sku();
+    if references::find(sku, &p.metric).is_none() {
+        let known: Vec<&str> =
+            references::all().iter().filter(|r| r.sku == sku).map(|r| r.metric.as_str()).collect();
+        errors.push(src.error(
+            perf,
+            format!(
+                "metric \"{}\": specs/references.toml has no figure for it under \"{sku}\"{}",
+                p.metric,
+                if known.is_empty() {
+                    " (no figure at all: set `references` to a SKU it has, or write min instead)".to_string()
+                } else {
+                    format!(" (it has {})", known.join(", "))
+                }
+            ),
+        ));
+    }
 }
 
 /// A partition key without its membership bit ("0xffff" and "0x7fff" are both 0x7fff).
@@ -503,7 +557,7 @@ fn validate_perf(perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Ve
             .push(src.error(perf, format!("metric \"{}\": not a metric kiln stores (see `kiln show run`)", p.metric)));
         return;
     };
-    if p.source.trim().is_empty() {
+    if p.source.trim().is_empty() && p.of_reference.is_none() {
         errors.push(
             src.error(perf, format!("metric \"{}\": source is empty: say where the number comes from", p.metric)),
         );
@@ -527,13 +581,14 @@ fn validate_perf(perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Ve
     }
     let any = p.min.is_some()
         || p.max.is_some()
+        || p.of_reference.is_some()
         || p.fraction.is_some()
         || p.within_best.is_some()
         || p.fleet_p10 == Some(true);
     if !any {
         errors.push(src.error(
             perf,
-            format!("metric \"{}\": no threshold (min, max, fraction, within_best or fleet_p10)", p.metric),
+            format!("metric \"{}\": no threshold (min, max, of_reference, fraction, within_best or fleet_p10)", p.metric),
         ));
     }
 }
@@ -547,6 +602,11 @@ pub fn matches_any(patterns: &[String], value: &str) -> bool {
 }
 
 impl SkuSpec {
+    /// The SKU whose published references this spec's `of_reference` floors use.
+    pub fn reference_sku(&self) -> &str {
+        self.references.as_deref().unwrap_or(&self.name)
+    }
+
     /// Whether this spec is for the box `inv` describes.
     pub fn applies_to(&self, inv: &Inventory) -> bool {
         let m = &self.matches;

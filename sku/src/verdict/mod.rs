@@ -78,6 +78,24 @@ pub struct Check {
     /// (`remedy::remedy_for`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remedy: Option<remedy::Remedy>,
+    /// The published figure the measurement was compared with (`of_reference` floors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Referenced>,
+}
+
+/// A published reference figure as a check used it: the figure, the measurement's ratio to it,
+/// and where it comes from (`spec::references`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Referenced {
+    pub value: f64,
+    pub unit: String,
+    /// measured / reference.
+    pub ratio: f64,
+    /// The floor as a fraction of the reference.
+    pub floor: f64,
+    pub kind: String,
+    pub conditions: String,
+    pub source: String,
 }
 
 impl Check {
@@ -273,6 +291,7 @@ impl Checks {
             reason,
             evidence: evidence.to_string(),
             remedy: None,
+            reference: None,
         });
     }
 }
@@ -372,6 +391,40 @@ fn harness_faults(evidence: &Evidence<'_>, c: &mut Checks) -> Vec<String> {
 }
 
 impl Verdict {
+    /// Measured against the published references: per check, its weakest subject, the ratio,
+    /// and the reference with its source.
+    pub fn render_references(&self) -> String {
+        let mut worst: Vec<(&str, &Check, &Referenced)> = Vec::new();
+        for c in &self.checks {
+            let Some(r) = &c.reference else { continue };
+            match worst.iter_mut().find(|(id, ..)| *id == c.id) {
+                Some(w) if r.ratio < w.2.ratio => *w = (&c.id, c, r),
+                Some(_) => {}
+                None => worst.push((&c.id, c, r)),
+            }
+        }
+        if worst.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from("Against published references (the weakest of each):\n");
+        for (id, c, r) in worst {
+            let _ = writeln!(
+                out,
+                "- {id}: {} {} = {:.2} × {} {} ({}; floor {:.2}; {}) [{}]",
+                c.subject,
+                c.measured.split(" = ").next().unwrap_or(&c.measured),
+                r.ratio,
+                kiln_text::num(r.value),
+                r.unit,
+                r.kind,
+                r.floor,
+                r.conditions,
+                r.source
+            );
+        }
+        out
+    }
+
     /// The human summary: failing (and skipped) checks as a table, then one verdict line.
     pub fn render(&self, verbose: bool) -> String {
         let mut out = String::new();
@@ -395,6 +448,7 @@ impl Verdict {
                 None => remedies.push((&c.id, vec![&c.subject], r)),
             }
         }
+        out.push_str(&self.render_references());
         if !remedies.is_empty() {
             out.push_str("What to do:\n");
             for (id, subjects, r) in remedies {

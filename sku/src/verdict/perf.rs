@@ -73,15 +73,19 @@ pub fn nearest_rank(values: &[f64], q: f64) -> Option<f64> {
 
 pub fn check(spec: &SkuSpec, e: &Evidence<'_>, c: &mut Checks) {
     for p in &spec.performance {
-        one(p.get_ref(), e, c);
+        one(p.get_ref(), spec.reference_sku(), e, c);
     }
 }
 
-fn one(p: &PerfSpec, e: &Evidence<'_>, c: &mut Checks) {
+fn one(p: &PerfSpec, sku: &str, e: &Evidence<'_>, c: &mut Checks) {
     let unit = metric_unit(&p.metric.replace("{n}", "0")).unwrap_or("");
     let found = matching(e.runs, &p.metric);
     let id = format!("perf.{}", p.metric.replace("{n}", "n"));
-    let only_spread = p.min.is_none() && p.max.is_none() && p.fraction.is_none() && p.fleet_p10 != Some(true);
+    let only_spread = p.min.is_none()
+        && p.max.is_none()
+        && p.of_reference.is_none()
+        && p.fraction.is_none()
+        && p.fleet_p10 != Some(true);
     if only_spread && found.len() < 2 {
         // "Every member within X % of the best" holds for one member or none: a one-node box.
         let m = Measured::of(format!("{} member(s): nothing to compare", found.len()), true);
@@ -116,6 +120,9 @@ fn one(p: &PerfSpec, e: &Evidence<'_>, c: &mut Checks) {
                 &format!("{} than the spec's floor ({})", if is_min != lower { "slower" } else { "worse" }, p.source),
                 &ev,
             );
+        }
+        if let Some(f) = &p.of_reference {
+            against_reference(p, f.value(), sku, (name, value, unit), &id, &ev, c);
         }
         if let (Some(other), Some(f)) = (&p.min_fraction_of, &p.fraction) {
             let m = match matching(e.runs, other).first() {
@@ -166,6 +173,53 @@ fn one(p: &PerfSpec, e: &Evidence<'_>, c: &mut Checks) {
     }
 }
 
+/// One measurement against `floor` × the SKU's published reference for the metric: expected,
+/// measured and ratio in words, and the reference with its source on the check.
+fn against_reference(
+    p: &PerfSpec,
+    floor: f64,
+    sku: &str,
+    (name, value, unit): (&str, f64, &str),
+    id: &str,
+    ev: &str,
+    c: &mut Checks,
+) {
+    let figure = crate::spec::references::find(sku, &p.metric).and_then(|r| Some((r, r.in_unit(unit)?)));
+    let Some((r, reference)) = figure.filter(|(_, v)| *v > 0.0) else {
+        // A spec loads only with its reference; one given by a newer table is not judged here.
+        let why = format!("no published reference for {} under {sku}", p.metric);
+        c.add(id, name, Severity::Performance, "≥ a fraction of the reference", Measured::missing(why), "", ev);
+        return;
+    };
+    let ratio = value / reference;
+    let lower = lower_is_better(unit);
+    let ok = if lower { value <= reference / floor } else { value >= floor * reference };
+    c.add(
+        id,
+        name,
+        Severity::Performance,
+        format!("≥ {floor:.2} × {} = {} (reference, {})", fmt_value(reference, unit), fmt_value(floor * reference, unit), r.kind.as_str()),
+        Measured::of(format!("{} = {ratio:.2} × reference", fmt_value(value, unit)), ok),
+        &format!(
+            "{ratio:.2} × the published reference, below the {floor:.2} floor ({}); reference: {}",
+            p.band.as_deref().unwrap_or(""),
+            r.source
+        ),
+        ev,
+    );
+    if let Some(last) = c.list.last_mut() {
+        last.reference = Some(super::Referenced {
+            value: reference,
+            unit: unit.to_string(),
+            ratio,
+            floor,
+            kind: r.kind.as_str().to_string(),
+            conditions: r.conditions.clone(),
+            source: r.source.clone(),
+        });
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn fleet(p: &PerfSpec, name: &str, value: f64, unit: &str, id: &str, ev: &str, e: &Evidence<'_>, c: &mut Checks) {
     let need = p.fleet_min_boxes.unwrap_or(FLEET_MIN_BOXES) as usize;
@@ -208,6 +262,9 @@ fn describe(p: &PerfSpec) -> String {
     }
     if let Some(m) = &p.max {
         parts.push(format!("≤ {}", m.get_ref()));
+    }
+    if let Some(f) = &p.of_reference {
+        parts.push(format!("≥ {f} of the reference"));
     }
     if let (Some(o), Some(f)) = (&p.min_fraction_of, &p.fraction) {
         parts.push(format!("≥ {f} of {o}"));
