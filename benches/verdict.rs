@@ -86,6 +86,7 @@ fn main() {
         runs: &[],
         fleet: &fleet,
         performance_judged: false,
+        baseline: None,
     };
     let checks = kiln_sku::verdict::judge(&loaded, &evidence, false).checks.len();
 

@@ -827,7 +827,131 @@ fn gpu_floors_are_judged_against_published_references() {
     .stdout();
     assert!(text.contains("Against published references (the weakest of each):"), "{text}");
     assert!(
-        text.contains("- perf.gpun.hbm_copy_gbps: gpu5.hbm_copy_gbps 2300.0 GB/s = 0.79 × 2900.0 GB/s (measured; floor 0.85;"),
+        text.contains(
+            "- perf.gpun.hbm_copy_gbps: gpu5.hbm_copy_gbps 2300.0 GB/s = 0.79 × 2900.0 GB/s (measured; floor 0.85;"
+        ),
         "{text}"
     );
+}
+
+/// Drift: a box judged again is compared with its own first acceptance. A GPU replaced since is
+/// named by serial (even with --no-bench); a figure worse beyond the benchmark's noise (the
+/// bootstrap interval of the two runs' repetitions) warns with the ratio, the baseline's date and
+/// what changed, and one that moved within its noise does not.
+#[test]
+fn drift_against_the_first_acceptance_names_a_swapped_gpu_and_a_slowdown_beyond_noise() {
+    let smi = capture("H100SXMx8_smi_q.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kiln.db");
+    let (tree, gpus) = ndv5_tree(&ndv5_xml(), None);
+    finish_root(&tree, CLEAN_DMESG);
+    let root = tree.root().to_str().unwrap();
+    let commission = ["--db", db.to_str().unwrap(), "commission", "--no-bench", "--json", "--root", root];
+    let accepted = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, |_, _| ()), &gpus));
+    let first = accepted.kiln(&commission).json();
+    assert_eq!(first["verdict"], "accept", "{first}");
+    // Since then GPU 3 was replaced (a new serial in its slot).
+    let new_serial = |i: usize, lines: &mut Vec<String>| {
+        for l in lines.iter_mut().filter(|l| i == 3 && l.starts_with("serial ")) {
+            *l = "serial 1654999999999".into();
+        }
+    };
+    let swapped = FakeMachine::new(&on_bus_ids(&fixture(&smi, Wiring::NvSwitch18, new_serial), &gpus));
+    let second = swapped.kiln(&commission).json();
+    assert_eq!(second["verdict"], "accept", "a replaced GPU warns: {second}");
+    // GPU serials are part of the host identity, so the box is a new host; drift finds its first
+    // acceptance by its serials (SMBIOS's where readable, else most of its GPUs').
+    let old_serial = first["inventory"]["gpus"]["devices"][3]["serial"].as_str().unwrap().to_string();
+    let gpu3 = second["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "drift.gpu.serial" && c["status"] == "warn")
+        .unwrap_or_else(|| panic!("{second}"))
+        .clone();
+    assert!(gpu3["subject"].as_str().unwrap().starts_with("GPU 3 "), "{gpu3}");
+    assert!(gpu3["expected"].as_str().unwrap().starts_with(&format!("serial {old_serial} (accepted 20")), "{gpu3}");
+    assert_eq!(gpu3["measured"], "serial 1654999999999");
+    assert!(gpu3["remedy"]["action"].as_str().unwrap().contains("commission the box again"), "{gpu3}");
+    let passes = second["checks"].as_array().unwrap().iter().filter(|c| c["id"] == "drift.gpu.serial").count();
+    assert_eq!(passes, 8, "every GPU's serial is compared");
+
+    // Runs with repetitions for both inventories: GPU 0's copy 10 % slower, well beyond its
+    // noise; GPU 1's within it.
+    let export = kiln(&["--db", db.to_str().unwrap(), "export", "-o", "-"], &[]).success().stdout();
+    let run = |id: &str, of: &Value, at: &str, gpu0: [f64; 5], gpu1: [f64; 5]| {
+        let (host, inventory) = (&of["stored"]["host_id"], &of["stored"]["inventory_id"]);
+        let mut samples = Vec::new();
+        let mut metrics = Vec::new();
+        for (name, values) in [("gpu0.hbm_copy_gbps", gpu0), ("gpu1.hbm_copy_gbps", gpu1)] {
+            for (i, v) in values.iter().enumerate() {
+                samples.push(serde_json::json!([name, i, v]));
+            }
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            metrics.push(serde_json::json!([name, sorted[2], "GB/s", "higher"]));
+        }
+        serde_json::json!({
+            "type": "run", "id": id, "host_id": host, "inventory_id": inventory, "software_id": null,
+            "benchmark": "gpu-memory", "config": "{}", "started_at": at, "finished_at": at, "status": "ok",
+            "metrics": metrics, "samples": samples, "telemetry": [],
+        })
+    };
+    let spring = run(
+        "1d2c3b4a-5e6f-4a7b-8c9d-0e1f2a3b4c5d",
+        &first,
+        "2026-03-02T10:00:00Z",
+        [2900.0, 2903.0, 2898.0, 2901.0, 2899.0],
+        [2890.0, 2910.0, 2880.0, 2905.0, 2895.0],
+    );
+    let now = run(
+        "2e3d4c5b-6f7a-4b8c-9d0e-1f2a3b4c5d6e",
+        &second,
+        "2026-12-03T10:00:00Z",
+        [2610.0, 2612.0, 2608.0, 2611.0, 2609.0],
+        [2885.0, 2900.0, 2878.0, 2902.0, 2893.0],
+    );
+    let inv2 = second["stored"]["inventory_id"].as_str().unwrap();
+    let (v, code) = rejudged_with(dir.path(), &export, inv2, &[&spring, &now], &["--allow-skip"]);
+    assert_eq!((v["verdict"].as_str(), code), (Some("accept"), 0), "drift warns: {v}");
+    let drift: Vec<&Value> = v["checks"].as_array().unwrap().iter().filter(|c| c["id"] == "drift.metric").collect();
+    assert_eq!(drift.len(), 1, "{drift:#?}");
+    let d = drift[0];
+    assert_eq!((d["subject"].as_str(), d["status"].as_str()), (Some("gpu0.hbm_copy_gbps"), Some("warn")));
+    assert!(d["measured"].as_str().unwrap().starts_with("2610.0 GB/s = 0.900 × (95 % interval 0.89"), "{d}");
+    let why = d["reason"].as_str().unwrap();
+    assert!(why.contains("lower than at acceptance on 20"), "{why}");
+    assert!(why.contains(&format!("GPU 3 replaced (serial {old_serial} → 1654999999999)")), "{why}");
+    let summary = check_of(&v, "drift.baseline", "this box");
+    assert_eq!(summary["measured"], "2 metric(s) compared, 1 worse beyond noise");
+}
+
+/// A stack other than the one the applied images pin is a harness fault too: a figure below its
+/// floor measured on it is not held against the hardware (INCONCLUSIVE, not REJECT), and the
+/// verdict says which kind of fault it was.
+#[test]
+fn a_slow_figure_on_a_stack_the_images_do_not_pin_is_inconclusive() {
+    let Accepted { dir, export, inventory, host } = accepted_ndv5();
+    let (inventory, host) = (inventory.as_str(), host.as_str());
+    let why = "image pins: libnccl2 2.26.2-1+cuda12.8 is installed where image nvidia-cuda13.0-debian12 pins 2.27.7-1+cuda13.0";
+    let harness = serde_json::json!({
+        "type": "run", "id": "3a4b5c6d-7e8f-4a9b-8c0d-1e2f3a4b5c6d", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "harness", "config": "{\"component\":\"image pins\"}",
+        "started_at": "2026-12-03T10:00:00Z", "finished_at": "2026-12-03T10:00:00Z", "status": "failed",
+        "status_reason": why, "metrics": [["harness.faults", 1.0, "faults", "lower"]], "samples": [], "telemetry": [],
+    });
+    let collectives = serde_json::json!({
+        "type": "run", "id": "4b5c6d7e-8f9a-4b0c-9d1e-2f3a4b5c6d7e", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "gpu-collectives", "config": "{}", "started_at": "2026-12-03T10:01:00Z",
+        "finished_at": "2026-12-03T10:02:00Z", "status": "ok",
+        "metrics": [["gpus.nccl.all_reduce.busbw_gbs_max", 300.0, "GB/s", "higher"]], "samples": [], "telemetry": [],
+    });
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness, &collectives], &["--allow-skip"]);
+    assert_eq!((v["verdict"].as_str(), code), (Some("inconclusive"), 3), "{v}");
+    assert_eq!(v["harness"], serde_json::json!([why]));
+    let ar = check_of(&v, "perf.gpus.nccl.all_reduce.busbw_gbs_max", "gpus.nccl.all_reduce.busbw_gbs_max");
+    assert_eq!(ar["status"], "fail", "the figure is still shown as below its floor: {ar}");
+    // Without the harness fault the same figure rejects the box.
+    let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&collectives], &["--allow-skip"]);
+    assert_eq!((v["verdict"].as_str(), code), (Some("reject"), 1), "{v}");
 }

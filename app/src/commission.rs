@@ -198,6 +198,13 @@ pub fn run_suite(
         out
     };
     let spent = || started.elapsed() > budget || interrupted.load(Ordering::Relaxed);
+    // The harness first: a stack other than the one the applied images pin (a NCCL upgraded by
+    // hand, a driver installed but not rebooted into) measures kiln's fault, not the hardware's.
+    let pins = kiln_provision::software::pin_faults(&kiln_provision::plan::Target::new(std::path::Path::new("/")));
+    if !pins.is_empty() {
+        eprintln!("kiln: the software stack is not what the applied images pin: {}", pins.join("; "));
+        keep(runs::harness_fault("image pins", &pins.join("; ")))?;
+    }
     if !over("membw") {
         let elements = runs::default_membw_elements(inv);
         let repetitions = if quick { 8 } else { 20 };
@@ -251,11 +258,19 @@ fn gpu_suite(
     match runs::gpu::prepare(inv, interrupted) {
         // NVML sees GPUs that kiln-gpu cannot measure: kiln's own stack is at fault, and the
         // verdict must say so rather than accept the box without its GPU benchmarks.
+        // Interrupted while asking kiln-gpu for its devices: nobody's fault, nothing to store.
+        Err(_) if interrupted.load(Ordering::Relaxed) => {}
         Err(skip) => {
             eprintln!("kiln: the GPU benchmarks cannot run: {skip}");
             keep(runs::harness_fault("kiln-gpu", &skip.to_string()))?;
         }
         Ok(prepared) => {
+            let gpus: Vec<usize> = inv.gpus.devices.iter().map(|d| d.index as usize).collect();
+            if let Err(why) = runs::gpu::known_answers(&prepared, &gpus, interrupted) {
+                eprintln!("kiln: the GPU benchmarks cannot be trusted: {why}");
+                keep(runs::harness_fault("known answers", &why))?;
+                return Ok(());
+            }
             let config = runs::gpu::GemmConfig {
                 dtypes: if quick {
                     vec!["bf16".into()]

@@ -34,12 +34,35 @@ pub fn judge_stored(
     let inventory_id = stored.inventory_id.to_string();
     let host_id = stored.host_id.to_string();
     let config = inv.fingerprints.config.clone();
-    let (runs, fleet, telemetry) = stores.with_store(async |store| {
+    let (runs, fleet, telemetry, first) = stores.with_store(async |store| {
         let runs = store.runs_of_inventory(&inventory_id).await?;
         let fleet = store.accepted_metric_values(&config, &host_id).await?;
         let telemetry = store.verdict_telemetry_of_inventory(&inventory_id).await?;
-        Ok((runs, fleet, telemetry))
+        // The box's own first acceptance (by its serials: a replaced GPU makes a new host identity
+        // but not a new box), with what drift compares: its inventory, runs and the repetitions
+        // of both sides.
+        let candidates = store.accepted_inventories_of_config(&config, &inventory_id).await?;
+        let mine = candidates.into_iter().find(|c| {
+            verdict::drift::same_box(inv, c.product_serial.as_deref(), c.board_serial.as_deref(), &c.gpu_serials)
+        });
+        let first = match mine.map(|c| (c.verdict_id, c.inventory_id, c.judged_at)) {
+            Some((verdict_id, inv_id, judged_at)) => {
+                let document = store.inventory(&inv_id).await?.document;
+                let before_runs = store.runs_of_inventory(&inv_id).await?;
+                let before = store.result_samples_of_inventory(&inv_id).await?;
+                let now = store.result_samples_of_inventory(&inventory_id).await?;
+                Some((verdict_id, inv_id, judged_at, document, before_runs, before, now))
+            }
+            None => None,
+        };
+        Ok((runs, fleet, telemetry, first))
     })?;
+    let baseline = first.and_then(|(verdict_id, inventory_id, judged_at, document, before_runs, before, now)| {
+        // A baseline whose inventory this kiln cannot read judges no drift.
+        let inventory: Inventory = serde_json::from_str(&document).ok()?;
+        let (compared, uncompared) = compare(&before_runs, &before, &runs, &now);
+        Some(verdict::drift::Baseline { verdict_id, judged_at, inventory_id, inventory, compared, uncompared })
+    });
     let runs: Vec<RunEvidence> = runs
         .into_iter()
         .map(|r| {
@@ -68,6 +91,7 @@ pub fn judge_stored(
         // Performance is judged when benchmarks ran with this inventory: an inventory taken with
         // `--no-bench` is judged on hardware and health, now and when re-judged.
         performance_judged: performance && !runs.is_empty(),
+        baseline: baseline.as_ref(),
     };
     let v = verdict::judge(spec, &evidence, allow_skip);
     let id = if save {
@@ -87,4 +111,61 @@ pub fn judge_stored(
         None
     };
     Ok((v, id))
+}
+
+/// The repetitions a metric needs on each side before drift judges it against its noise.
+const DRIFT_MIN_SAMPLES: usize = 3;
+
+/// Per metric both sides' result runs measured (the last run of each name on each side): the
+/// medians of their repetitions and the bootstrap interval (95 %) of now / before; and how many
+/// metrics lacked the repetitions to judge noise by.
+fn compare(
+    before_runs: &[kiln_db::RunRow],
+    before: &[(String, String, f64)],
+    now_runs: &[kiln_db::RunRow],
+    now: &[(String, String, f64)],
+) -> (Vec<verdict::drift::Compared>, usize) {
+    use kiln_db::Direction;
+    // name → (run id, unit, direction) of the last result run measuring it.
+    let last = |runs: &[kiln_db::RunRow]| {
+        let mut by: std::collections::BTreeMap<String, (String, String, Direction)> = Default::default();
+        for r in runs.iter().filter(|r| r.status.is_result()) {
+            for m in &r.metrics {
+                by.insert(m.name.clone(), (r.id.clone(), m.unit.clone(), m.direction));
+            }
+        }
+        by
+    };
+    let samples = |all: &[(String, String, f64)], run: &str, name: &str| -> Vec<f64> {
+        all.iter().filter(|(r, m, _)| r == run && m == name).map(|s| s.2).collect()
+    };
+    let (then_by, now_by) = (last(before_runs), last(now_runs));
+    let (mut compared, mut uncompared) = (Vec::new(), 0);
+    for (name, (run, unit, direction)) in &now_by {
+        let Some((then_run, ..)) = then_by.get(name) else { continue };
+        if *direction == Direction::None {
+            continue;
+        }
+        let (a, b) = (samples(before, then_run, name), samples(now, run, name));
+        if a.len() < DRIFT_MIN_SAMPLES || b.len() < DRIFT_MIN_SAMPLES {
+            uncompared += 1;
+            continue;
+        }
+        let (before_m, now_m) = (kiln_bench::stats::median(&a), kiln_bench::stats::median(&b));
+        if before_m <= 0.0 || !now_m.is_finite() {
+            uncompared += 1;
+            continue;
+        }
+        // A fixed seed: the same evidence gives the same verdict.
+        let ci = kiln_bench::stats::bootstrap_ratio_ci(&a, &b, 2000, 0x6b69_6c6e, 0.95);
+        compared.push(verdict::drift::Compared {
+            name: name.clone(),
+            unit: unit.clone(),
+            lower_is_better: *direction == Direction::Lower,
+            before: before_m,
+            now: now_m,
+            ci,
+        });
+    }
+    (compared, uncompared)
 }

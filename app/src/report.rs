@@ -239,12 +239,16 @@ fn verdict_section(v: &kiln_db::VerdictRow) -> Section {
                 .map(|c| {
                     let mut row = c.row();
                     row.push(c.remedy.as_ref().map_or(String::new(), |r| format!("{} [{}]", r.action, r.source)));
+                    row.push(c.reference.as_ref().map_or(String::new(), |r| {
+                        format!("{:.2} × {} {} ({}) [{}]", r.ratio, kiln_text::num(r.value), r.unit, r.kind, r.source)
+                    }));
                     row
                 })
                 .collect();
             if !rows.is_empty() {
                 let mut head: Vec<String> = kiln_sku::verdict::Check::COLUMNS.iter().map(|h| h.to_string()).collect();
                 head.push("remedy".into());
+                head.push("reference".into());
                 s.table = Some((head, rows));
             }
         }

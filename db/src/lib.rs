@@ -40,7 +40,7 @@ pub use queries::Queries;
 pub use series::{BlobError, HostSeries, RunPoint, Series, SeriesKey};
 pub use status::{ApplyStatus, RunStatus, StepStatus, UnknownName};
 pub use tokens::{Role, TokenRow};
-pub use verdicts::{NewVerdict, VerdictRow};
+pub use verdicts::{AcceptedInventory, NewVerdict, VerdictRow};
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 

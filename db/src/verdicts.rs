@@ -22,6 +22,17 @@ pub struct NewVerdict {
     pub document: String,
 }
 
+/// An accepted inventory and the serials that identify its box (`accepted_inventories_of_config`).
+#[derive(Debug, Clone)]
+pub struct AcceptedInventory {
+    pub verdict_id: String,
+    pub inventory_id: String,
+    pub judged_at: String,
+    pub product_serial: Option<String>,
+    pub board_serial: Option<String>,
+    pub gpu_serials: Vec<String>,
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VerdictRow {
     pub id: String,
@@ -69,6 +80,67 @@ impl Store {
         .await
         .map_err(err)?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect())
+    }
+
+    /// Every inventory of configuration `config` that a verdict accepted, with the first such
+    /// verdict and the serials that say which physical box it was (the system's and board's from
+    /// SMBIOS, each GPU's), oldest acceptance first: the candidates for a box's drift baseline.
+    /// Other than inventory `except`.
+    pub async fn accepted_inventories_of_config(
+        &mut self,
+        config: &str,
+        except: &str,
+    ) -> Result<Vec<AcceptedInventory>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT v.id, v.inventory_id, v.judged_at, \
+                    json_extract(i.document, '$.system.product.serial'), json_extract(i.document, '$.system.board.serial'), \
+                    (SELECT json_group_array(json_extract(d.value, '$.serial')) FROM json_each(i.document, '$.gpus.devices') d) \
+             FROM verdicts v JOIN inventories i ON i.id = v.inventory_id \
+             WHERE v.verdict = 'accept' AND i.config_fingerprint = ? AND v.inventory_id <> ? \
+               AND v.rowid = (SELECT w.rowid FROM verdicts w WHERE w.inventory_id = v.inventory_id AND w.verdict = 'accept' \
+                              ORDER BY w.judged_at, w.rowid LIMIT 1) \
+             ORDER BY v.judged_at, v.rowid",
+        )
+        .bind(config)
+        .bind(except)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let gpus: Option<String> = r.get(5);
+                AcceptedInventory {
+                    verdict_id: r.get(0),
+                    inventory_id: r.get(1),
+                    judged_at: r.get(2),
+                    product_serial: r.get(3),
+                    board_serial: r.get(4),
+                    gpu_serials: gpus
+                        .and_then(|g| serde_json::from_str::<Vec<Option<String>>>(&g).ok())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// The repetitions of every metric of the result runs (`ok`, `unstable`) taken with one
+    /// inventory: (run id, metric, value), runs in time order.
+    pub async fn result_samples_of_inventory(&mut self, inventory_id: &str) -> Result<Vec<(String, String, f64)>> {
+        let err = self.sql_err();
+        let rows = sqlx::query(
+            "SELECT s.run_id, s.metric, s.value FROM samples s JOIN runs r ON r.id = s.run_id \
+             WHERE r.inventory_id = ? AND r.status IN ('ok', 'unstable') ORDER BY r.started_at, s.run_id, s.metric, s.idx",
+        )
+        .bind(inventory_id)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(err)?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
     }
 
     /// Per metric, one value per accepted box of configuration `config` (other than `except_host`):

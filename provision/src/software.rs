@@ -98,6 +98,56 @@ pub fn read(target: &Target) -> Result<Software, dpkg::DpkgError> {
     })
 }
 
+/// Where the stack differs from what the images kiln applied pin — the harness check before a
+/// commission's benchmarks: each package an applied image pins (its apt preferences, written by
+/// `kiln provision apply`) at a version the pin does not allow, or missing; and a loaded NVIDIA
+/// kernel module other than the pinned driver (installed, not yet rebooted into). In words, one
+/// line each.
+pub fn pin_faults(target: &Target) -> Vec<String> {
+    let pkgs = dpkg::installed(&target.root).unwrap_or_default();
+    let loaded = std::fs::read_to_string(target.path("/sys/module/nvidia/version")).ok().map(|s| s.trim().to_string());
+    let mut faults = Vec::new();
+    for image in read_markers(target) {
+        let Ok(text) = std::fs::read_to_string(target.path(&crate::plan::preferences_path(&image.image))) else {
+            continue;
+        };
+        for (package, pin) in pins_of(&text) {
+            match pkgs.get(&package) {
+                None => faults.push(format!("{package} is not installed where image {} pins {pin}", image.image)),
+                Some(p) if !crate::plan::glob_match(&pin, &p.version) => {
+                    faults.push(format!("{package} {} is installed where image {} pins {pin}", p.version, image.image));
+                }
+                Some(_) => {}
+            }
+            let driver = package.starts_with("nvidia-open") || package.starts_with("nvidia-driver");
+            if let (true, Some(loaded)) = (driver, &loaded) {
+                let wanted = crate::lint::upstream(pin.trim_end_matches('*').trim_end_matches('-'));
+                if !loaded.starts_with(wanted) {
+                    faults.push(format!(
+                        "the loaded NVIDIA driver is {loaded} where image {} pins {wanted}: reboot into the installed driver",
+                        image.image
+                    ));
+                }
+            }
+        }
+    }
+    faults
+}
+
+/// (package, version pattern) of each stanza of an apt preferences file.
+fn pins_of(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for stanza in text.split("\n\n") {
+        let field = |key: &str| stanza.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_string());
+        if let (Some(package), Some(pin)) = (field("Package:"), field("Pin:")) {
+            if let Some(version) = pin.strip_prefix("version ") {
+                out.push((package, version.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// `/usr/local/cuda/version.json`: `{"cuda": {"version": "12.8.1"}}`.
 fn cuda_json(path: &Path) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -110,4 +160,53 @@ pub fn read_markers(target: &Target) -> Vec<AppliedImage> {
         .unwrap_or_default();
     out.sort_by(|a, b| a.image.cmp(&b.image));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root where image "gpu" was applied: its marker, its apt pins, dpkg's status and the
+    /// loaded driver module.
+    fn root(nccl: &str, loaded: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |path: &str, text: &str| {
+            let p = dir.path().join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write(
+            &format!("{MARKER_DIR}/gpu.json"),
+            r#"{"image":"gpu","version":"1","hash":"h","applied_at":"2026-12-01T00:00:00Z"}"#,
+        );
+        write(
+            &crate::plan::preferences_path("gpu"),
+            "Package: nvidia-open-580\nPin: version 580.95.05-*\nPin-Priority: 1001\n\nPackage: libnccl2\nPin: version 2.27.7-1+cuda13.0\nPin-Priority: 1001\n\nPackage: cuda-toolkit-13-0\nPin: version 13.0.2-*\nPin-Priority: 1001\n",
+        );
+        let status = |name: &str, version: &str| {
+            format!("Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n")
+        };
+        let mut text = vec![status("nvidia-open-580", "580.95.05-1"), status("libnccl2", nccl)];
+        text.push(status("cuda-toolkit-13-0", "13.0.2-1"));
+        write("/var/lib/dpkg/status", &text.join("\n"));
+        write("/sys/module/nvidia/version", &format!("{loaded}\n"));
+        dir
+    }
+
+    #[test]
+    fn the_stack_the_images_pin_is_a_harness_check() {
+        let ok = root("2.27.7-1+cuda13.0", "580.95.05");
+        assert_eq!(pin_faults(&Target::new(ok.path())), Vec::<String>::new());
+        let wrong = root("2.26.2-1+cuda12.8", "570.86.15");
+        assert_eq!(
+            pin_faults(&Target::new(wrong.path())),
+            [
+                "the loaded NVIDIA driver is 570.86.15 where image gpu pins 580.95.05: reboot into the installed driver",
+                "libnccl2 2.26.2-1+cuda12.8 is installed where image gpu pins 2.27.7-1+cuda13.0",
+            ]
+        );
+        // No image applied: nothing to compare with.
+        let bare = tempfile::tempdir().unwrap();
+        assert!(pin_faults(&Target::new(bare.path())).is_empty());
+    }
 }

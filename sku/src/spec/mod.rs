@@ -334,7 +334,10 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "IOPS"
     } else if ends("_us") {
         "us"
-    } else if m.starts_with("membw.") && ends("_gbps") || m.starts_with("gpu") && ends("_gbps") || ends(".busbw_gbs_max") {
+    } else if m.starts_with("membw.") && ends("_gbps")
+        || m.starts_with("gpu") && ends("_gbps")
+        || ends(".busbw_gbs_max")
+    {
         "GB/s"
     } else if ends("tflops") {
         "TFLOP/s"
@@ -521,12 +524,12 @@ fn validate_reference(spec: &SkuSpec, perf: &Spanned<PerfSpec>, src: &SourceText
         ));
     }
     if !(0.0..=1.5).contains(&f.value()) || f.value() == 0.0 {
-        errors.push(src.error(perf, format!("metric \"{}\": of_reference {f} is not a fraction of a figure", p.metric)));
+        errors
+            .push(src.error(perf, format!("metric \"{}\": of_reference {f} is not a fraction of a figure", p.metric)));
     }
     let sku = spec.reference_sku();
     if references::find(sku, &p.metric).is_none() {
-        let known: Vec<&str> =
-            references::all().iter().filter(|r| r.sku == sku).map(|r| r.metric.as_str()).collect();
+        let known: Vec<&str> = references::all().iter().filter(|r| r.sku == sku).map(|r| r.metric.as_str()).collect();
         errors.push(src.error(
             perf,
             format!(
@@ -588,7 +591,10 @@ fn validate_perf(perf: &Spanned<PerfSpec>, src: &SourceText<'_>, errors: &mut Ve
     if !any {
         errors.push(src.error(
             perf,
-            format!("metric \"{}\": no threshold (min, max, of_reference, fraction, within_best or fleet_p10)", p.metric),
+            format!(
+                "metric \"{}\": no threshold (min, max, of_reference, fraction, within_best or fleet_p10)",
+                p.metric
+            ),
         ));
     }
 }

@@ -84,7 +84,9 @@ pub fn parse(text: &str) -> Result<Vec<Reference>, String> {
     for (i, r) in table.references.iter().enumerate() {
         let at = format!("reference {} ({} {})", i + 1, r.sku, r.metric);
         if r.source.trim().is_empty() || r.conditions.trim().is_empty() {
-            problems.push(format!("{at}: source and conditions must say where the figure comes from and what it holds for"));
+            problems.push(format!(
+                "{at}: source and conditions must say where the figure comes from and what it holds for"
+            ));
         }
         let unit = super::metric_unit(&r.metric.replace("{n}", "0"));
         match unit.filter(|_| super::metrics::spec_metric_is_stored(&r.metric)) {

@@ -7,6 +7,7 @@
 //! against a tightened spec without touching the box (`kiln verdict --inventory ID`).
 
 pub mod counters;
+pub mod drift;
 pub mod hardware;
 pub mod health;
 pub mod heat;
@@ -227,6 +228,8 @@ pub struct Evidence<'a> {
     pub fleet: &'a BTreeMap<String, Vec<f64>>,
     /// False with `--no-bench`: performance checks are out of scope, not missing.
     pub performance_judged: bool,
+    /// The box's own first acceptance, for drift (none for a box never accepted before).
+    pub baseline: Option<&'a drift::Baseline>,
 }
 
 /// Collects checks.
@@ -334,6 +337,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);
     }
+    drift::check(evidence.inventory, evidence.baseline, evidence.performance_judged, &mut checks);
     let mut list = checks.list;
     // A harness fault skips what it could not measure, and says what to do about it too.
     for c in list.iter_mut().filter(|c| matches!(c.status, Status::Fail | Status::Warn) || c.id == "harness") {
@@ -350,9 +354,13 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
             Status::Fail => counts.fail += 1,
         }
     }
-    let verdict = if counts.fail > 0 {
+    // Under a harness fault, a figure below its floor may be the stack's doing: only a failure of
+    // the hardware itself (an error, a missing part, a setting) rejects.
+    let rejects =
+        list.iter().any(|c| c.status == Status::Fail && (harness.is_empty() || c.severity != Severity::Performance));
+    let verdict = if rejects {
         Decision::Reject
-    } else if !harness.is_empty() || counts.skip > 0 && !allow_skip {
+    } else if !harness.is_empty() || counts.fail > 0 || counts.skip > 0 && !allow_skip {
         Decision::Inconclusive
     } else {
         Decision::Accept
@@ -380,7 +388,7 @@ fn harness_faults(evidence: &Evidence<'_>, c: &mut Checks) -> Vec<String> {
             "harness",
             "kiln's own stack",
             Severity::Major,
-            "kiln-gpu and its libraries load and see every GPU",
+            "kiln's stack: the software the images pin, kiln-gpu loading and seeing every GPU, the known answers right",
             Measured::missing(format!("harness: {why}")),
             "",
             &format!("run {}", run.id),
@@ -471,7 +479,10 @@ impl Verdict {
             if self.allow_skip && c.skip > 0 { "; skips allowed" } else { "" },
         );
         for h in &self.harness {
-            let _ = writeln!(out, "harness: {h} — kiln's own stack, not the hardware: the GPUs were not measured.");
+            let _ = writeln!(
+                out,
+                "harness: {h} — kiln's own stack, not the hardware: what it could not measure, or measured on a broken stack, is not held against the box."
+            );
         }
         if self.verdict == Decision::Inconclusive && self.harness.is_empty() {
             out.push_str("Checks the spec requires could not run (see SKIP above); run as root, or pass --allow-skip to accept without them.\n");

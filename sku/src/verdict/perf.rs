@@ -198,7 +198,12 @@ fn against_reference(
         id,
         name,
         Severity::Performance,
-        format!("≥ {floor:.2} × {} = {} (reference, {})", fmt_value(reference, unit), fmt_value(floor * reference, unit), r.kind.as_str()),
+        format!(
+            "≥ {floor:.2} × {} = {} (reference, {})",
+            fmt_value(reference, unit),
+            fmt_value(floor * reference, unit),
+            r.kind.as_str()
+        ),
         Measured::of(format!("{} = {ratio:.2} × reference", fmt_value(value, unit)), ok),
         &format!(
             "{ratio:.2} × the published reference, below the {floor:.2} floor ({}); reference: {}",

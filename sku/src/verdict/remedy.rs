@@ -79,6 +79,8 @@ const CATALOGUE: &[(&str, &str, &str)] = &[
     ("gpu.temperature", "check the chassis fans, airflow and the room's inlet temperature; a GPU hotter than its siblings under the same load needs its heatsink checked", ASHRAE),
     ("board.sensors", "replace the stopped fan, or read the BMC's event log (`ipmitool sel list`) for the sensor in alarm, and fix its cause before the box takes load", KILN),
     ("board.inlet", "the air coming in is too hot: check the rack's blanking panels, hot-aisle containment and the room's cooling", ASHRAE),
+    ("drift.metric", "the box is slower than when it was accepted: read what changed since (driver, kernel, BIOS, a replaced GPU) and re-run on a quiet box; a change of software that explains it is rolled back or accepted anew (`kiln commission`), a drop with nothing changed goes to the vendor with both runs", KILN),
+    ("drift.gpu.serial", "a GPU was replaced since acceptance: record the RMA, then commission the box again so that its new GPU has a baseline of its own", KILN),
     ("harness", "kiln's own stack failed, not the hardware: install the kiln-gpu built with CUDA for this driver (deploy/cuda), run `kiln bench gpu gemm` to see why it cannot measure, then commission again", KILN),
     ("link", "a link changed speed or width under load: reseat the device and its riser or cable, then replace the part that keeps flapping", AER),
 ];

@@ -182,6 +182,58 @@ pub struct Prepared {
 
 /// Finds `kiln-gpu` and asks it for CUDA's devices: skipped (with the reason) where NVML sees no
 /// GPU, the program is missing, or CUDA cannot be used (no driver, a build without CUDA).
+/// The harness's known answers, before any GPU is judged: on every GPU at once, a small f32
+/// product checked against the host's (`kiln-gpu gemm`'s own check) and a 16 MiB copy to, within
+/// and back from the device compared byte for byte (`kiln-gpu bandwidth`). Wrong or failing on
+/// every GPU — one GPU included, with no sibling to tell the stack from the part — is kiln's stack
+/// (cuBLAS, the driver, the libraries), and the reason comes back as an error; wrong on some of
+/// them is those GPUs', left to the benchmarks, which check every product and copy too.
+///
+/// # Errors
+/// In words, what went wrong on each GPU, when it went wrong on all.
+pub fn known_answers(prepared: &Prepared, gpus: &[usize], interrupted: &AtomicBool) -> Result<(), String> {
+    use kiln_gpu::request::{BandwidthArgs, GemmArgs};
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    let timeout = Duration::from_secs(120);
+    let mut args = Vec::new();
+    for &device in gpus {
+        let gemm = GemmArgs { device, dtype: "f32".into(), shape: "256".into(), reps: 1, samples: 16 };
+        args.push(Request::Gemm(gemm).to_args());
+        args.push(Request::Bandwidth(BandwidthArgs { device, mib: 16, reps: 1, cpus: None }).to_args());
+    }
+    let ended = run_all(&prepared.program, &args, timeout, interrupted);
+    if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut wrong = Vec::new();
+    for (&device, pair) in gpus.iter().zip(ended.chunks(2)) {
+        let (gemm, error) = read_document::<kiln_gpu::gemm::Report>(interpret(&pair[0], timeout), "gemm");
+        let gemm = match (gemm, error) {
+            (Some(r), _) if r.check.ok => None,
+            (Some(r), _) => Some(format!("the 256³ f32 product is wrong ({})", wrong_by(&r.check))),
+            (None, e) => Some(format!("the 256³ f32 product failed: {}", e.unwrap_or_default())),
+        };
+        let (copy, error) = read_document::<kiln_gpu::bandwidth::Report>(interpret(&pair[1], timeout), "bandwidth");
+        let copy = match (copy, error) {
+            (Some(r), _) if [&r.device_copy, &r.host_to_device, &r.device_to_host].iter().all(|c| c.intact) => None,
+            (Some(_), _) => Some("a 16 MiB copy came back different".to_string()),
+            (None, e) => Some(format!("the 16 MiB copies failed: {}", e.unwrap_or_default())),
+        };
+        let faults: Vec<String> = gemm.into_iter().chain(copy).collect();
+        if faults.is_empty() {
+            return Ok(());
+        }
+        wrong.push(format!("GPU {device}: {}", faults.join("; ")));
+    }
+    Err(format!(
+        "the known answers are wrong on every GPU, which is kiln's stack rather than {} GPU(s) at once: {}",
+        gpus.len(),
+        wrong.join("; ")
+    ))
+}
+
 pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Skip> {
     let g = &inv.gpus;
     if g.devices.is_empty() {
@@ -202,4 +254,82 @@ pub fn prepare(inv: &Inventory, interrupted: &AtomicBool) -> Result<Prepared, Sk
         return Err(Skip(format!("{}: CUDA sees no device where NVML sees {}", program.display(), g.devices.len())));
     }
     Ok(Prepared { program, devices: devices.devices })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real `kiln-gpu gemm` document of a small bf16 product on the CPU; `wrong` spoils C's check.
+    fn gemm_doc(device: usize, wrong: bool) -> String {
+        let options = kiln_gpu::gemm::Options {
+            device,
+            dtype: kiln_gpu::gemm::Precision::Bf16,
+            shape: kiln_gpu::gemm::Shape::square(32),
+            reps: 1,
+            samples: 4,
+        };
+        let mut r = kiln_gpu::gemm::measure(&candle_core::Device::Cpu, &options, None).unwrap();
+        if wrong {
+            (r.check.ok, r.check.worst_ratio, r.check.worst_at) = (false, 40.0, (1, 2));
+        }
+        let mut v = serde_json::to_value(r).unwrap();
+        v["schema_version"] = 1.into();
+        v.to_string()
+    }
+
+    fn bandwidth_doc(device: usize) -> String {
+        let copies = || kiln_gpu::bandwidth::Copies::new(16.0 * 1048576.0, vec![1e-3], true);
+        let r = kiln_gpu::bandwidth::Report {
+            device,
+            name: None,
+            bytes: 16 << 20,
+            cpus: None,
+            device_copy: copies(),
+            triad: None,
+            triad_error: None,
+            host_to_device: copies(),
+            device_to_host: copies(),
+        };
+        let mut v = serde_json::to_value(r).unwrap();
+        v["schema_version"] = 1.into();
+        v.to_string()
+    }
+
+    /// A stand-in for kiln-gpu that prints `<request>-<device>.json` from its directory.
+    fn stand_in(dir: &std::path::Path) -> Prepared {
+        let script = dir.join("kiln-gpu");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\ndir=$(dirname \"$0\")\ncommand=$1\ndev=0\n\
+             while [ $# -gt 0 ]; do if [ \"$1\" = --device ]; then dev=$2; fi; shift; done\n\
+             cat \"$dir/$command-$dev.json\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Prepared { program: script, devices: Vec::new() }
+    }
+
+    /// Wrong on every GPU is the stack's fault, named GPU by GPU; wrong on one of two is that
+    /// GPU's, for the benchmarks to judge; right everywhere passes.
+    #[test]
+    fn known_answers_wrong_everywhere_are_the_harness() {
+        let dir = tempfile::tempdir().unwrap();
+        let prepared = stand_in(dir.path());
+        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+        let quiet = AtomicBool::new(false);
+        for d in 0..2 {
+            write(&format!("gemm-{d}.json"), gemm_doc(d, false));
+            write(&format!("bandwidth-{d}.json"), bandwidth_doc(d));
+        }
+        assert_eq!(known_answers(&prepared, &[0, 1], &quiet), Ok(()));
+        write("gemm-1.json", gemm_doc(1, true));
+        assert_eq!(known_answers(&prepared, &[0, 1], &quiet), Ok(()), "one wrong GPU is the GPU's");
+        write("gemm-0.json", gemm_doc(0, true));
+        std::fs::remove_file(dir.path().join("bandwidth-1.json")).unwrap();
+        let why = known_answers(&prepared, &[0, 1], &quiet).unwrap_err();
+        assert!(why.starts_with("the known answers are wrong on every GPU, which is kiln's stack rather than 2 GPU(s) at once: GPU 0: the 256³ f32 product is wrong (C[1][2] is off by 4.000e1 times its allowed error); GPU 1: the 256³ f32 product is wrong"), "{why}");
+        assert!(why.contains("GPU 1: the 256³ f32 product is wrong (C[1][2] is off by 4.000e1 times its allowed error); the 16 MiB copies failed"), "{why}");
+    }
 }
