@@ -955,3 +955,22 @@ fn a_slow_figure_on_a_stack_the_images_do_not_pin_is_inconclusive() {
     let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&collectives], &["--allow-skip"]);
     assert_eq!((v["verdict"].as_str(), code), (Some("reject"), 1), "{v}");
 }
+
+/// `kiln spec references`: the table the HGX floors are fractions of, each figure with its
+/// source, for a SKU or all; a SKU it does not know is an error naming those it does.
+#[test]
+fn spec_references_prints_every_figure_with_its_source() {
+    let v = kiln(&["spec", "references", "hgx-h200", "--json"], &[]).success().json();
+    let refs = v["references"].as_array().unwrap();
+    assert!(refs.len() >= 9, "{v}");
+    assert!(refs.iter().all(|r| r["sku"] == "hgx-h200-sxm-141gb-8x" && !r["source"].as_str().unwrap().is_empty()));
+    let ar = refs.iter().find(|r| r["metric"] == "gpus.nccl.all_reduce.busbw_gbs_max").unwrap();
+    assert_eq!((ar["value"].as_str(), ar["kind"].as_str()), (Some("479.98 GB/s"), Some("measured")));
+    let text = kiln(&["spec", "references"], &[]).success().stdout();
+    for sku in ["hgx-h100-sxm5-80gb-8x", "hgx-h200-sxm-141gb-8x", "hgx-a100-sxm4-80gb-8x", "hgx-b200-180gb-8x"] {
+        assert!(text.lines().any(|l| l == sku), "{sku}: {text}");
+    }
+    let none = kiln(&["spec", "references", "gb300"], &[]);
+    assert_ne!(none.code(), Some(0));
+    assert!(none.stderr().contains("the table has hgx-h100-sxm5-80gb-8x"), "{}", none.describe());
+}

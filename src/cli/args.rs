@@ -230,6 +230,12 @@ pub enum SpecCmd {
         /// Spec files [default: the built-in specs]
         files: Vec<PathBuf>,
     },
+    /// The published reference figures the built-in specs' floors are fractions of: each with its
+    /// source, kind and the conditions it holds for (specs/references.toml)
+    References {
+        /// Only this SKU's (a built-in spec's name, or a prefix of it: "hgx-h100")
+        sku: Option<String>,
+    },
     /// Write a spec from this box (or --root), or from the accepted boxes of one configuration in
     /// the database, with performance floors at a fraction of the measured medians
     Capture {

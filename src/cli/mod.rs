@@ -324,6 +324,7 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
             verdict::rejudge(&inventory, no_perf, no_save, verbose, &judge, ctx)
         }
         Command::Spec { what: args::SpecCmd::Lint { files } } => verdict::lint(&files, ctx),
+        Command::Spec { what: args::SpecCmd::References { sku } } => verdict::references(sku.as_deref(), ctx),
         Command::Spec { what: args::SpecCmd::Capture { source, inventory, config, fraction, name, output } } => {
             verdict::capture(&source, inventory.as_deref(), config.as_deref(), fraction, name, output.as_deref(), ctx)
         }

@@ -146,6 +146,50 @@ pub fn lint(files: &[std::path::PathBuf], ctx: &Ctx) -> Result<Output> {
     Ok(ctx.output(&Lint { kind: "spec-lint", files: out })?.with_exit(Exit::check(failed)))
 }
 
+/// `kiln spec references`.
+#[derive(Serialize)]
+pub struct References {
+    pub kind: &'static str,
+    pub references: Vec<&'static spec::references::Reference>,
+}
+
+impl View for References {
+    fn render(&self) -> String {
+        let mut text = String::new();
+        let mut sku = "";
+        for r in &self.references {
+            if r.sku != sku {
+                sku = &r.sku;
+                text.push_str(&format!("{sku}\n"));
+            }
+            text.push_str(&format!(
+                "  {:<42} {:>14}  {:<12} {}\n      source: {}\n",
+                r.metric,
+                r.value,
+                r.kind.as_str(),
+                r.conditions,
+                r.source
+            ));
+        }
+        text
+    }
+}
+
+/// `kiln spec references [SKU]`: the shipped table, or one SKU's part of it.
+///
+/// # Errors
+/// A SKU the table has no figure for.
+pub fn references(sku: Option<&str>, ctx: &Ctx) -> Result<Output> {
+    let all = spec::references::all();
+    let references: Vec<_> = all.iter().filter(|r| sku.is_none_or(|s| r.sku.starts_with(s))).collect();
+    if references.is_empty() {
+        let mut skus: Vec<&str> = all.iter().map(|r| r.sku.as_str()).collect();
+        skus.dedup();
+        anyhow::bail!("no reference figures for \"{}\"; the table has {}", sku.unwrap_or(""), skus.join(", "));
+    }
+    ctx.output(&References { kind: "spec-references", references })
+}
+
 /// `kiln spec capture`.
 pub fn capture(
     source: &Source,

@@ -46,6 +46,17 @@ pub fn lines(v: &Verdict, inv: &Inventory, command_line: &str, now: &str) -> Str
                 message.push_str(&format!(" ({})", c.reason));
             }
             message.push_str(&format!(" [evidence: {}]", c.evidence));
+            if let Some(r) = &c.reference {
+                message.push_str(&format!(
+                    " [reference: {} {} ({}), ratio {:.2}, floor {:.2}; {}]",
+                    kiln_text::num(r.value),
+                    r.unit,
+                    r.kind,
+                    r.ratio,
+                    r.floor,
+                    r.source
+                ));
+            }
             if let Some(r) = &c.remedy {
                 message.push_str(&format!(" Remedy: {} [source: {}]", r.action, r.source));
             }
