@@ -549,3 +549,215 @@ fn sdc_screen_names_a_cpu_that_computes_wrong_and_the_verdict_rejects_it() {
     let text = kiln(&["verdict", "--inventory", &inventory, "--no-save"], &[("KILN_DB", &db)]).stdout();
     assert!(text.contains("What to do:\n- cpu.sdc (CPUs): take the box out of service"), "{text}");
 }
+
+/// A loop device with an ext4 filesystem mounted in a directory of the test's: a drive kiln can be
+/// pointed at. Unmounted and detached however the test ends.
+struct Mounted {
+    dir: std::path::PathBuf,
+    major_minor: String,
+    _dev: Loop,
+}
+
+impl Mounted {
+    fn new(backing: &std::path::Path, mib: u64, dir: std::path::PathBuf) -> Mounted {
+        let f = std::fs::File::create(backing).unwrap();
+        f.set_len(mib << 20).unwrap();
+        let dev = Loop::new(backing);
+        let ok = |c: &mut std::process::Command| assert!(c.status().unwrap().success(), "{c:?}");
+        ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F", &dev.device]));
+        std::fs::create_dir_all(&dir).unwrap();
+        ok(std::process::Command::new("mount").arg(&dev.device).arg(&dir));
+        let name = dev.device.trim_start_matches("/dev/");
+        let major_minor = std::fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap().trim().to_string();
+        Mounted { dir, major_minor, _dev: dev }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// A block-I/O cgroup reading one device at `bytes_per_s` at most: cgroup v2's `io.max` where the
+/// io controller is there, else v1's `blkio.throttle.read_bps_device`. Removed at the end.
+struct Throttle {
+    dir: std::path::PathBuf,
+}
+
+impl Throttle {
+    /// Where this kernel lets a throttle be set, if anywhere.
+    fn available() -> Option<(std::path::PathBuf, bool)> {
+        for v2 in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+            let controllers = std::fs::read_to_string(format!("{v2}/cgroup.controllers")).unwrap_or_default();
+            if controllers.split_whitespace().any(|c| c == "io") {
+                return Some((v2.into(), true));
+            }
+        }
+        let v1 = std::path::Path::new("/sys/fs/cgroup/blkio");
+        v1.join("blkio.throttle.read_bps_device").exists().then(|| (v1.to_path_buf(), false))
+    }
+
+    fn new(major_minor: &str, bytes_per_s: u64) -> Throttle {
+        let (base, v2) = Throttle::available().unwrap();
+        let dir = base.join(format!("kiln-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if v2 {
+            let _ = std::fs::write(base.join("cgroup.subtree_control"), "+io");
+            std::fs::write(dir.join("io.max"), format!("{major_minor} rbps={bytes_per_s}")).unwrap();
+        } else {
+            std::fs::write(dir.join("blkio.throttle.read_bps_device"), format!("{major_minor} {bytes_per_s}")).unwrap();
+        }
+        Throttle { dir }
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `kiln bench data` on two drives, one of them throttled by the kernel (a cgroup's read limit):
+/// the accelerators wait (AU below 90 %) and the throttled directory is named as the bottleneck;
+/// without the throttle the same rate keeps them busy. Nothing is left on either drive. Needs root
+/// (loop devices, mount, cgroups).
+#[test]
+fn data_names_a_throttled_drive_as_the_bottleneck_and_passes_without_it() {
+    let mut missing: Vec<String> = [
+        crate::util::root("loop devices, mount and a block-I/O cgroup"),
+        crate::util::program("losetup", "util-linux"),
+        crate::util::program("mkfs.ext4", "e2fsprogs"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() && Throttle::available().is_none() {
+        missing.push("a cgroup v2 io controller or the v1 blkio controller".into());
+    }
+    if !crate::util::needs("data_names_a_throttled_drive_as_the_bottleneck_and_passes_without_it", &missing) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let slow = Mounted::new(&dir.path().join("slow.img"), 400, dir.path().join("slow"));
+    let fast = Mounted::new(&dir.path().join("fast.img"), 400, dir.path().join("fast"));
+    let (slow_dir, fast_dir) = (slow.dir.to_str().unwrap(), fast.dir.to_str().unwrap());
+    let run = |throttle: Option<&Throttle>| {
+        let args = [
+            "bench",
+            "data",
+            slow_dir,
+            fast_dir,
+            "--size-mib",
+            "256",
+            "--shard-mib",
+            "16",
+            "--seconds",
+            "3",
+            "--rate",
+            "0.08",
+            "--accelerators",
+            "2",
+            "--readers",
+            "8",
+            "--no-save",
+            "--json",
+        ];
+        let mut cmd = std::process::Command::new("sh");
+        let script = match throttle {
+            Some(t) => format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", t.dir.display()),
+            None => "exec \"$0\" \"$@\"".into(),
+        };
+        cmd.arg("-c").arg(script).arg(env!("CARGO_BIN_EXE_kiln")).args(args);
+        let run = crate::util::Run { cmdline: format!("{cmd:?}"), output: cmd.output().unwrap() };
+        assert_eq!(run.code(), Some(0), "{}", run.describe());
+        run.report::<kiln_bench::data::Report>()
+    };
+    let _machine = crate::util::machine_to_itself();
+    let unthrottled = run(None);
+    let at = unthrottled.at_rate.as_ref().unwrap();
+    assert!(at.au >= 0.9 && unthrottled.bottleneck.is_none(), "{unthrottled:#?}");
+    // 10 MB/s from the slow drive, where 80 MB/s are needed over both.
+    let throttle = Throttle::new(&slow.major_minor, 10 << 20);
+    let throttled = run(Some(&throttle));
+    let at = throttled.at_rate.as_ref().unwrap();
+    assert!(at.au < 0.9, "{throttled:#?}");
+    let why = throttled.bottleneck.clone().unwrap_or_default();
+    assert!(why.starts_with(&format!("the drive under {slow_dir}:")), "{why}\n{throttled:#?}");
+    for d in [&slow.dir, &fast.dir] {
+        let left: Vec<_> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.iter().all(|n| n == "lost+found"), "{}: {left:?}", d.display());
+    }
+}
+
+/// `kiln bench data` stores a `data` run (every metric one a spec can name) and leaves nothing in
+/// its directories; Ctrl-C while the dataset is written removes it too; a file is refused.
+#[test]
+fn data_run_is_stored_and_leaves_nothing_behind_even_when_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    let db = dir.path().join("kiln.db");
+    let args = [
+        "bench",
+        "data",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--layout",
+        "samples",
+        "--size-mib",
+        "32",
+        "--shard-mib",
+        "8",
+        "--seconds",
+        "0.5",
+        "--rate",
+        "0.01",
+        "--accelerators",
+        "2",
+        "--json",
+    ];
+    let out = kiln(&args, &[("KILN_DB", &db)]).success().json();
+    let report: kiln_bench::data::Report = serde_json::from_value(out["report"].clone()).unwrap();
+    assert_eq!((report.shards, report.flat_out.dirs.len()), (4, 2), "{report:?}");
+    assert!(report.at_rate.as_ref().unwrap().au > 0.0, "{report:?}");
+    for d in [&a, &b] {
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "{} is left as it was", d.display());
+    }
+    let shown = kiln(&["show", "run", out["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    let names: Vec<&str> = shown["metrics"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    for want in ["data.max_gbps", "data.au", "data.needed_gbps", "data.dir1.max_gbps", "data.read_p99_us"] {
+        assert!(names.contains(&want), "{want}: {names:?}");
+    }
+
+    // Interrupted while the dataset is being written: nothing stays.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["bench", "data", a.to_str().unwrap(), "--size-mib", "2048", "--shard-mib", "64", "--no-save"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let has_shard = || {
+        std::fs::read_dir(&a)
+            .unwrap()
+            .flatten()
+            .any(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()))
+    };
+    while !has_shard() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&a).unwrap().count(), 0, "nothing left behind");
+
+    let file = dir.path().join("kiln.db");
+    let refused = kiln(&["bench", "data", file.to_str().unwrap(), "--no-save"], &[]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    assert!(refused.stderr().contains("not a directory"), "{}", refused.describe());
+}

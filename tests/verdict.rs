@@ -974,3 +974,77 @@ fn spec_references_prints_every_figure_with_its_source() {
     assert_ne!(none.code(), Some(0));
     assert!(none.stderr().contains("the table has hgx-h100-sxm5-80gb-8x"), "{}", none.describe());
 }
+
+/// `[storage]`: the data loader's flat-out delivery and the accelerators' utilisation at their
+/// rate, from a `kiln bench data` run taken with the inventory; without one the checks skip,
+/// saying what to run.
+#[test]
+fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
+    let Accepted { dir, export, inventory, host } = accepted_ndv5();
+    let (inventory, host) = (inventory.as_str(), host.as_str());
+    let spec = dir.path().join("with-storage.toml");
+    let text = std::fs::read_to_string(spec_path(H100_SPEC)).unwrap();
+    let storage = "\n[storage]\nsource = \"MLPerf Storage (DLIO): a system passes at >= 90 % accelerator utilisation; the site's dataset needs 2 GB/s\"\nmin_throughput = \"2 GB/s\"\nmin_au = \"90 %\"\n";
+    std::fs::write(&spec, text + storage).unwrap();
+    let data = |id: &str, au: f64, max: f64| {
+        let metric = |name: &str, v: f64, unit: &str| serde_json::json!([name, v, unit, "higher"]);
+        serde_json::json!({
+            "type": "run", "id": id, "host_id": host, "inventory_id": inventory, "software_id": null,
+            "benchmark": "data", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+            "finished_at": "2026-12-03T10:01:00Z", "status": "ok", "samples": [], "telemetry": [],
+            "metrics": [metric("data.max_gbps", max, "GB/s"), metric("data.au", au, "ratio"),
+                        ["data.needed_gbps", 1.5, "GB/s", "none"]],
+        })
+    };
+    let judge = |runs: &[&Value], name: &str| {
+        let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
+        let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        lines.pop();
+        lines.extend(runs.iter().map(|r| r.to_string()));
+        lines.push(
+            serde_json::json!({"type": "end", "records": end["records"].as_u64().unwrap() + runs.len() as u64})
+                .to_string(),
+        );
+        let file = dir.path().join(format!("{name}.jsonl"));
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let db = dir.path().join(format!("{name}.db"));
+        kiln(&["--db", db.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
+        let args = [
+            "--db",
+            db.to_str().unwrap(),
+            "verdict",
+            "--inventory",
+            inventory,
+            "--spec",
+            spec.to_str().unwrap(),
+            "--json",
+        ];
+        kiln(&args, &[]).json()
+    };
+    let slow = data("5d6e7f8a-9b0c-4d1e-8f2a-3b4c5d6e7f8a", 0.62, 1.2);
+    let v = judge(&[&slow], "slow");
+    assert_eq!(v["verdict"], "reject", "{v}");
+    let au = check_of(&v, "storage.au", "the emulated accelerators");
+    assert_eq!((au["status"].as_str(), au["measured"].as_str()), (Some("fail"), Some("62.0 % at 1.50 GB/s needed")));
+    assert!(au["remedy"]["source"].as_str().unwrap().contains("DLIO"), "{au}");
+    let tp = check_of(&v, "storage.throughput", "the data loader, every data directory");
+    assert_eq!((tp["status"].as_str(), tp["expected"].as_str()), (Some("fail"), Some("≥ 2 GB/s flat out")));
+    let fast = data("6e7f8a9b-0c1d-4e2f-9a3b-4c5d6e7f8a9b", 0.97, 3.1);
+    let v = judge(&[&fast], "fast");
+    for (id, subject) in
+        [("storage.au", "the emulated accelerators"), ("storage.throughput", "the data loader, every data directory")]
+    {
+        assert_eq!(check_of(&v, id, subject)["status"], "pass", "{v}");
+    }
+    // A GPU-only run: performance is judged, the storage checks skip and say what to run.
+    let busbw = serde_json::json!({
+        "type": "run", "id": "7f8a9b0c-1d2e-4f3a-8b4c-5d6e7f8a9b0c", "host_id": host, "inventory_id": inventory,
+        "software_id": null, "benchmark": "gpu-collectives", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:01:00Z", "status": "ok", "samples": [], "telemetry": [],
+        "metrics": [["gpus.nccl.all_reduce.busbw_gbs_max", 470.0, "GB/s", "higher"]],
+    });
+    let v = judge(&[&busbw], "none");
+    let au = check_of(&v, "storage.au", "the emulated accelerators");
+    assert_eq!(au["status"], "skip");
+    assert!(au["reason"].as_str().unwrap().contains("kiln bench data DIR"), "{au}");
+}

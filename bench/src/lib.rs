@@ -7,6 +7,7 @@ pub mod bf16;
 pub mod blas;
 pub mod ceilings;
 pub mod cluster;
+pub mod data;
 pub mod disk;
 pub mod fused;
 pub mod gemm;

@@ -808,6 +808,48 @@ pub enum Bench {
         #[command(flatten)]
         store: Store,
     },
+    /// Storage that feeds training: a dataset on DIRs read by a loader like training's into
+    /// emulated accelerators; their utilisation (AU), delivered vs needed, the bottleneck
+    Data {
+        /// Directories to hold the dataset (one per drive, or a striped volume); a scratch
+        /// directory in each, removed afterwards
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// tokens (large shards read sequentially, shards shuffled) or samples (100 KB-1 MB
+        /// records in shuffled order)
+        #[arg(long, default_value = "tokens")]
+        layout: String,
+        /// The dataset's size over all DIRs
+        #[arg(long, default_value_t = 4096, value_name = "MIB")]
+        size_mib: u64,
+        /// Bytes per shard file
+        #[arg(long, default_value_t = 64, value_name = "MIB")]
+        shard_mib: u64,
+        /// Reader threads [default: 4 per directory]
+        #[arg(long)]
+        readers: Option<usize>,
+        /// Samples read ahead of the accelerators
+        #[arg(long, default_value_t = 64)]
+        prefetch: usize,
+        /// Samples per batch
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        /// Emulated accelerators [default: this box's GPUs, else 1]
+        #[arg(long)]
+        accelerators: Option<usize>,
+        /// What all accelerators together consume, in GB/s [default: what this box's latest
+        /// stored training run implies: its tokens/s × --bytes-per-token]
+        #[arg(long, value_name = "GB/S")]
+        rate: Option<f64>,
+        /// Bytes of one token in the shards (uint16 token ids: 2)
+        #[arg(long, default_value_t = 2)]
+        bytes_per_token: u32,
+        /// Seconds per pass
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[command(flatten)]
+        store: Store,
+    },
     /// Storage: sequential and 4 KiB random read/write, O_DIRECT, at several queue depths
     Disk {
         /// A directory (a temporary file in it, removed afterwards) or a block device

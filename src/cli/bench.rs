@@ -31,6 +31,51 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let outcome = runs::membw(&inv, kiln_bench::membw::Config { elements, warmup, repetitions });
             finish(ctx, &inv, outcome, store)
         }
+        Bench::Data {
+            dirs,
+            layout,
+            size_mib,
+            shard_mib,
+            readers,
+            prefetch,
+            batch,
+            accelerators,
+            rate,
+            bytes_per_token,
+            seconds,
+            store,
+        } => {
+            preflight(ctx, store)?;
+            let layout = kiln_bench::data::Layout::parse(&layout)
+                .ok_or_else(|| anyhow::anyhow!("--layout {layout:?}: tokens or samples"))?;
+            anyhow::ensure!(
+                shard_mib >= 1 && size_mib >= shard_mib,
+                "--size-mib must hold at least one --shard-mib shard"
+            );
+            anyhow::ensure!(seconds > 0.0 && seconds.is_finite(), "--seconds must be positive");
+            anyhow::ensure!(prefetch >= 1 && batch >= 1, "--prefetch and --batch must be at least 1");
+            anyhow::ensure!(rate.is_none_or(|r| r > 0.0 && r.is_finite()), "--rate is in GB/s and must be positive");
+            catch_interrupts();
+            let inv = live_inventory()?;
+            let rate = match rate {
+                Some(r) => Some(r * 1e9),
+                None => implied_rate(ctx, &inv, bytes_per_token),
+            };
+            let config = kiln_bench::data::Config {
+                readers: readers.unwrap_or(4 * dirs.len()).max(1),
+                dirs,
+                layout,
+                dataset_bytes: size_mib << 20,
+                shard_bytes: shard_mib << 20,
+                prefetch,
+                batch,
+                accelerators: accelerators.unwrap_or(inv.gpus.devices.len()).max(1),
+                rate,
+                seconds,
+            };
+            let outcome = runs::data(config, &INTERRUPTED)?;
+            finish(ctx, &inv, outcome, store)
+        }
         Bench::Disk { path, size_mib, seconds, qd, destructive, store } => {
             preflight(ctx, store)?;
             anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
@@ -331,6 +376,27 @@ fn serve_net(addr: &str, idle: u64) -> Result<Output> {
 }
 
 /// Stores the run unless told not to, and prints it; a failed check exits 1.
+/// Bytes per second this box's latest stored training run implies: its largest tokens/s (all GPUs
+/// together where it has that figure) × `bytes_per_token`. `None` without a database or a run.
+fn implied_rate(ctx: &Ctx, inv: &Inventory, bytes_per_token: u32) -> Option<f64> {
+    let host = inv.os.hostname.clone()?;
+    let runs = ctx.with_store(async |store| kiln_db::Queries::runs(store, 2000).await).ok()?;
+    let run = runs
+        .iter()
+        .filter(|r| r.hostname.as_deref() == Some(host.as_str()) && r.status.is_result())
+        .filter(|r| matches!(r.benchmark.as_str(), "gpu-train" | "train"))
+        .max_by(|a, b| a.started_at.cmp(&b.started_at))?;
+    let tokens = run.metrics.iter().filter(|m| m.name.ends_with("tokens_per_s")).map(|m| m.value).fold(0.0, f64::max);
+    (tokens > 0.0).then(|| {
+        eprintln!(
+            "kiln: the accelerators' rate from run {} ({}): {tokens:.0} tokens/s × {bytes_per_token} bytes",
+            kiln_text::short(&run.id),
+            run.benchmark
+        );
+        tokens * f64::from(bytes_per_token)
+    })
+}
+
 fn finish(ctx: &Ctx, inv: &Inventory, outcome: Outcome, store: args::Store) -> Result<Output> {
     let run_id = if store.no_save {
         None

@@ -4,6 +4,7 @@
 //! line serialises at the edge and the store keeps.
 
 mod counters;
+mod data;
 mod disk;
 mod gemm;
 pub mod gpu;
@@ -20,6 +21,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use counters::{counters_after, CountersReport};
+pub use data::data;
 pub use disk::disk;
 pub use gemm::{gemm, GemmReport, Libraries, TheoreticalPeak};
 pub use harness::{harness_fault, HarnessReport};
@@ -114,6 +116,7 @@ pub enum Report {
     Gemm(GemmReport),
     Train(TrainReport),
     Disk(kiln_bench::disk::Report),
+    Data(kiln_bench::data::Report),
     Net(kiln_bench::net::Report),
     Sdc(kiln_bench::sdc::Report),
     Counters(CountersReport),
@@ -156,6 +159,7 @@ impl Report {
             Report::Gemm(_) => "gemm",
             Report::Train(_) => "train",
             Report::Disk(_) => "disk",
+            Report::Data(_) => "data",
             Report::Net(_) => "net",
             Report::Sdc(_) => "sdc",
             Report::Counters(_) => "counters",

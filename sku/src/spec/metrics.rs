@@ -29,6 +29,14 @@ pub const STORED: &[&str] = &[
     "disk.{w}_{n}k_qd{n}.mb_per_s",
     "disk.{w}_{n}k_qd{n}.iops",
     "disk.{w}_{n}k_qd{n}.p99_us",
+    // kiln bench data.
+    "data.{w}_gbps",
+    "data.dir{n}.{w}_gbps",
+    "data.{w}_us",
+    "data.dir{n}.{w}_us",
+    "data.au",
+    "data.max_samples_per_s",
+    "data.reader_cpu_cores",
     // kiln bench net.
     "net.tcp_throughput_gbps",
     "net.tcp_rtt_p50_us",

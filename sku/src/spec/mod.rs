@@ -57,6 +57,8 @@ pub struct SkuSpec {
     pub heat: Option<HeatSpec>,
     /// What identical devices must agree on (every attribute when the section is absent).
     pub siblings: Option<SiblingsSpec>,
+    /// Storage that feeds training (`kiln bench data`).
+    pub storage: Option<StorageSpec>,
     #[serde(default, rename = "performance")]
     pub performance: Vec<Spanned<PerfSpec>>,
     /// Whose published references (`specs/references.toml`) the `of_reference` floors use: a
@@ -283,6 +285,17 @@ pub struct HeatSpec {
     pub board_sensors: Option<bool>,
 }
 
+/// Storage that feeds training: what `kiln bench data` measures on the box's data directories.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    pub source: String,
+    /// The data loader's flat-out delivery over every data directory: "5 GB/s".
+    pub min_throughput: Option<DataRate>,
+    /// The accelerators' utilisation at the rate the run was given (DLIO's pass mark: "90 %").
+    pub min_au: Option<Fraction>,
+}
+
 /// A performance threshold on a stored metric.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -351,7 +364,7 @@ pub fn metric_unit(metric: &str) -> Option<&'static str> {
         "tokens/s"
     } else if ends("_s") {
         "s"
-    } else if ends(".mfu") {
+    } else if ends(".mfu") || m == "data.au" {
         "ratio"
     } else if m == "net.tcp_throughput_gbps" || m.starts_with("nccl.") || m.starts_with("ib.") {
         "Gb/s"
@@ -450,6 +463,7 @@ fn validate(spec: &SkuSpec, src: &SourceText<'_>) -> Vec<SpecError> {
         ("[fabric]", spec.fabric.as_ref().map(|s| &s.source)),
         ("[heat]", spec.heat.as_ref().map(|s| &s.source)),
         ("[siblings]", spec.siblings.as_ref().map(|s| &s.source)),
+        ("[storage]", spec.storage.as_ref().map(|s| &s.source)),
     ];
     for (section, source) in sources {
         if source.is_some_and(|s| s.trim().is_empty()) {

@@ -15,6 +15,7 @@ pub mod ocp;
 pub mod perf;
 pub mod remedy;
 pub mod siblings;
+pub mod storage;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -336,6 +337,7 @@ pub fn judge(spec: &LoadedSpec, evidence: &Evidence<'_>, allow_skip: bool) -> Ve
     heat::check(&spec.spec, evidence, &mut checks);
     if evidence.performance_judged {
         perf::check(&spec.spec, evidence, &mut checks);
+        storage::check(&spec.spec, evidence, &mut checks);
     }
     drift::check(evidence.inventory, evidence.baseline, evidence.performance_judged, &mut checks);
     let mut list = checks.list;

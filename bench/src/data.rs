@@ -1,0 +1,597 @@
+//! Storage that feeds training (`kiln bench data`): does this box's storage keep its accelerators
+//! busy? DLIO (MLPerf Storage) is the anchor: a dataset laid out as training reads it, a data
+//! loader like training's (reader threads, a prefetch queue, shuffled order), and emulated
+//! accelerators that take a batch, then "compute" for the time the real ones would; the answer is
+//! the accelerator utilisation (AU: the share of time they computed rather than waited on data),
+//! delivered against needed throughput, per directory and in all, read latency, the readers' CPU,
+//! the bottleneck named, and the largest consumption rate the storage sustains at AU ≥ 90 %.
+//!
+//! Two layouts: `tokens` (LLM pre-training: large shards, each read sequentially in 1 MiB reads,
+//! shards in shuffled order, many readers) and `samples` (image-style: records of 100 KB–1 MB
+//! packed in shards, read one by one in shuffled order). Reads are O_DIRECT where the filesystem
+//! takes it, so the page cache is not what is measured; where it refuses (tmpfs), the report says
+//! the reads were buffered.
+//!
+//! Safety: only inside the directories given (never a block device), in a scratch directory of an
+//! unpredictable name created `mkdir 0700` under each, removed with everything in it however the
+//! run ends (an error, a panic, Ctrl-C through `stop`); one a killed kiln left is removed by the
+//! next run.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{percentile_sorted, splitmix64};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}", path = .0.display(), source = .1)]
+    Io(PathBuf, std::io::Error),
+    #[error("{path}: not a directory (kiln bench data writes its dataset only inside directories, never on a device)", path = .0.display())]
+    NotADirectory(PathBuf),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// How the dataset is laid out and read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Large token shards, each read sequentially, shards in random order.
+    Tokens,
+    /// Records of 100 KB–1 MB packed in shards, read in random order.
+    Samples,
+}
+
+impl Layout {
+    pub fn parse(s: &str) -> Option<Layout> {
+        match s {
+            "tokens" => Some(Layout::Tokens),
+            "samples" => Some(Layout::Samples),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Config {
+    pub dirs: Vec<PathBuf>,
+    pub layout: Layout,
+    /// Bytes of the whole dataset, spread over `dirs`.
+    pub dataset_bytes: u64,
+    /// Bytes per shard file.
+    pub shard_bytes: u64,
+    /// Reader threads.
+    pub readers: usize,
+    /// Samples read ahead of the accelerators (the loader's queue).
+    pub prefetch: usize,
+    /// Samples per batch.
+    pub batch: usize,
+    /// Emulated accelerators, each consuming its share of `rate`.
+    pub accelerators: usize,
+    /// Bytes per second all accelerators together need; `None`: only the flat-out pass.
+    pub rate: Option<f64>,
+    /// Seconds per pass.
+    pub seconds: f64,
+}
+
+/// One directory's part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirResult {
+    pub dir: String,
+    /// Whether reads bypassed the page cache.
+    pub direct: bool,
+    pub bytes: u64,
+    pub reads: u64,
+    pub gbps: f64,
+    pub read_p50_us: f64,
+    pub read_p99_us: f64,
+}
+
+/// One pass: the loader feeding the accelerators for `seconds`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pass {
+    /// Bytes per second the accelerators asked for (0: as fast as it comes).
+    pub needed_gbps: f64,
+    pub delivered_gbps: f64,
+    pub samples_per_s: f64,
+    /// Accelerator utilisation, 0–1: computing / (computing + waiting on data).
+    pub au: f64,
+    pub seconds: f64,
+    pub read_p50_us: f64,
+    pub read_p99_us: f64,
+    /// CPU time of the reader threads per second of the pass: cores busy reading.
+    pub reader_cpu_cores: f64,
+    pub dirs: Vec<DirResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub layout: Layout,
+    pub dataset_bytes: u64,
+    pub shards: usize,
+    /// Every read bypassed the page cache (O_DIRECT).
+    pub direct: bool,
+    /// As fast as the loader delivers, no compute.
+    pub flat_out: Pass,
+    /// At the accelerators' rate, when one was given.
+    pub at_rate: Option<Pass>,
+    /// The largest rate at which the accelerators would still compute ≥ 90 % of the time: the
+    /// flat-out delivery / 0.9 (with a full prefetch queue, AU = delivered / needed).
+    pub max_rate_au90_gbps: f64,
+    /// What holds the accelerators back, when they wait (AU < 90 % at the rate); `None` otherwise.
+    pub bottleneck: Option<String>,
+}
+
+/// The prefix of scratch directories: `.kiln-data-<pid>-<random>`.
+const SCRATCH_PREFIX: &str = ".kiln-data-";
+
+/// Removes the scratch directories with everything in them however the run ends.
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for d in self.0.drain(..) {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Removes the scratch directories of kilns that no longer run; returns how many.
+pub fn remove_stale_scratch(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else { continue };
+        let Some(pid) = rest.split_once('-').and_then(|(p, _)| p.parse::<i32>().ok()) else { continue };
+        let gone =
+            pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
+        // Only a real directory (never a link someone planted in its place).
+        let real = e.file_type().is_ok_and(|t| t.is_dir());
+        if gone && real && std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// A buffer aligned for O_DIRECT.
+struct Aligned(Vec<u8>, usize);
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let buf = vec![0u8; len + 4096];
+        let off = buf.as_ptr().align_offset(4096);
+        Aligned(buf, off)
+    }
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        &mut self.0[self.1..self.1 + len]
+    }
+}
+
+/// One read a reader makes: which shard, where, how long.
+#[derive(Clone, Copy)]
+struct Read {
+    shard: usize,
+    offset: u64,
+    len: usize,
+}
+
+/// A shard on disk.
+struct Shard {
+    dir: usize,
+    file: File,
+    direct: bool,
+}
+
+fn open_shard(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
+    for direct in [true, false] {
+        let mut o = OpenOptions::new();
+        o.read(true);
+        if create {
+            o.write(true).create_new(true).mode(0o600);
+        }
+        o.custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 });
+        match o.open(path) {
+            Ok(f) => return Ok((f, direct)),
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the buffered open returns")
+}
+
+/// Writes the dataset: `shards` files round-robin over the scratch directories, pseudo-random
+/// bytes (nothing a drive could compress or deduplicate), 1 MiB writes.
+fn write_dataset(
+    scratch: &[PathBuf],
+    config: &Config,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Shard>, DataError> {
+    let shards = (config.dataset_bytes / config.shard_bytes).max(scratch.len() as u64) as usize;
+    let mut out = Vec::with_capacity(shards);
+    let mut buf = Aligned::new(1 << 20);
+    let mut seed = 0x6461_7461_u64;
+    for i in 0..shards {
+        if stop.load(Ordering::Relaxed) {
+            return Err(DataError::Interrupted);
+        }
+        let dir = i % scratch.len();
+        let path = scratch[dir].join(format!("shard-{i:05}.bin"));
+        progress(&format!("writing the dataset: shard {}/{shards}", i + 1));
+        let io = |e| DataError::Io(path.clone(), e);
+        // Written through O_DIRECT (nothing left in the page cache), then reopened for reading.
+        let (file, _) = open_shard(&path, true).map_err(io)?;
+        let mut at = 0;
+        while at < config.shard_bytes {
+            for chunk in buf.get(1 << 20).chunks_exact_mut(8) {
+                chunk.copy_from_slice(&splitmix64(&mut seed).to_le_bytes());
+            }
+            file.write_all_at(buf.get(1 << 20), at).map_err(io)?;
+            at += 1 << 20;
+        }
+        file.sync_all().map_err(io)?;
+        drop(file);
+        let (file, direct) = open_shard(&path, false).map_err(io)?;
+        out.push(Shard { dir, file, direct });
+    }
+    Ok(out)
+}
+
+/// The reads of one epoch, in the order the loader hands them out: token shards in shuffled order,
+/// each read sequentially in 1 MiB reads; or records of 100 KB–1 MB (4 KiB-aligned for O_DIRECT)
+/// packed in the shards, every record in shuffled order.
+fn plan(layout: Layout, shards: usize, shard_bytes: u64, seed: u64) -> Vec<Read> {
+    let mut rng = seed;
+    let mut shuffle = |v: &mut Vec<Read>| {
+        for i in (1..v.len()).rev() {
+            let j = (splitmix64(&mut rng) % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    };
+    match layout {
+        Layout::Tokens => {
+            let mut order: Vec<Read> = (0..shards).map(|s| Read { shard: s, offset: 0, len: 0 }).collect();
+            shuffle(&mut order);
+            order
+                .into_iter()
+                .flat_map(|s| {
+                    (0..shard_bytes >> 20).map(move |i| Read { shard: s.shard, offset: i << 20, len: 1 << 20 })
+                })
+                .collect()
+        }
+        Layout::Samples => {
+            let mut sizes = 0x7361_6d70_u64;
+            let mut reads = Vec::new();
+            for shard in 0..shards {
+                let mut at = 0;
+                loop {
+                    let len = (100_000 + splitmix64(&mut sizes) % 900_001).div_ceil(4096) * 4096;
+                    if at + len > shard_bytes {
+                        break;
+                    }
+                    reads.push(Read { shard, offset: at, len: len as usize });
+                    at += len;
+                }
+            }
+            shuffle(&mut reads);
+            reads
+        }
+    }
+}
+
+/// What the readers saw.
+#[derive(Default)]
+struct Seen {
+    /// Per directory: bytes, and each read's microseconds.
+    bytes: Vec<u64>,
+    latency: Vec<Vec<f64>>,
+    cpu_seconds: f64,
+}
+
+/// One pass: `readers` threads read in `order`'s order into the queue; `accelerators` threads take
+/// `batch` samples, then compute for the time their share of `rate` allows.
+fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Option<f64>, stop: &AtomicBool) -> Pass {
+    let next = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let active = AtomicUsize::new(config.readers.max(1));
+    let (tx, rx) = mpsc::sync_channel::<usize>(config.prefetch.max(1));
+    let rx = Mutex::new(rx);
+    let seen = Mutex::new(Seen { bytes: vec![0; dirs], latency: vec![Vec::new(); dirs], cpu_seconds: 0.0 });
+    let per_acc = rate.map(|r| r / config.accelerators.max(1) as f64);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(config.seconds);
+    let (computing, waiting, delivered) = std::thread::scope(|s| {
+        for _ in 0..config.readers.max(1) {
+            let tx = tx.clone();
+            let (next, done, seen, active) = (&next, &done, &seen, &active);
+            s.spawn(move || {
+                let mut buf = Aligned::new(1 << 20);
+                let mut mine = Seen { bytes: vec![0; dirs], latency: vec![Vec::new(); dirs], cpu_seconds: 0.0 };
+                while !done.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+                    // Epoch after epoch, in the same shuffled order.
+                    let r = order[next.fetch_add(1, Ordering::Relaxed) % order.len()];
+                    let shard = &shards[r.shard];
+                    let t0 = Instant::now();
+                    if shard.file.read_exact_at(buf.get(r.len), r.offset).is_err() {
+                        break;
+                    }
+                    mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
+                    mine.bytes[shard.dir] += r.len as u64;
+                    if tx.send(r.len).is_err() {
+                        break;
+                    }
+                }
+                mine.cpu_seconds = thread_cpu_seconds();
+                let mut all = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                for d in 0..dirs {
+                    all.bytes[d] += mine.bytes[d];
+                    all.latency[d].append(&mut mine.latency[d]);
+                }
+                all.cpu_seconds += mine.cpu_seconds;
+                active.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        drop(tx);
+        let consumers: Vec<_> = (0..config.accelerators.max(1))
+            .map(|_| {
+                let rx = &rx;
+                s.spawn(move || {
+                    let (mut computing, mut waiting, mut bytes) = (0.0f64, 0.0f64, 0u64);
+                    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                        let t0 = Instant::now();
+                        let mut batch = 0u64;
+                        for _ in 0..config.batch.max(1) {
+                            let got = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+                            match got {
+                                Ok(len) => batch += len as u64,
+                                Err(_) => return (computing, waiting, bytes),
+                            }
+                        }
+                        waiting += t0.elapsed().as_secs_f64();
+                        bytes += batch;
+                        if let Some(r) = per_acc {
+                            let compute = batch as f64 / r;
+                            std::thread::sleep(Duration::from_secs_f64(compute));
+                            computing += compute;
+                        }
+                    }
+                    (computing, waiting, bytes)
+                })
+            })
+            .collect();
+        let results: Vec<(f64, f64, u64)> = consumers.into_iter().map(|h| h.join().unwrap_or((0.0, 0.0, 0))).collect();
+        done.store(true, Ordering::Relaxed);
+        // Readers blocked on a full queue go on once it drains: drain it until every one has seen
+        // `done` and left.
+        let rx = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while active.load(Ordering::Relaxed) > 0 {
+            let _ = rx.recv_timeout(Duration::from_millis(5));
+        }
+        results.iter().fold((0.0, 0.0, 0u64), |a, r| (a.0 + r.0, a.1 + r.1, a.2 + r.2))
+    });
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let seen = seen.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut all_lat: Vec<f64> = seen.latency.iter().flatten().copied().collect();
+    all_lat.sort_by(f64::total_cmp);
+    let dir_results = (0..dirs)
+        .map(|d| {
+            let mut lat = seen.latency[d].clone();
+            lat.sort_by(f64::total_cmp);
+            DirResult {
+                dir: String::new(),
+                direct: shards.iter().filter(|s| s.dir == d).all(|s| s.direct),
+                bytes: seen.bytes[d],
+                reads: lat.len() as u64,
+                gbps: seen.bytes[d] as f64 / elapsed / 1e9,
+                read_p50_us: percentile_sorted(&lat, 0.5),
+                read_p99_us: percentile_sorted(&lat, 0.99),
+            }
+        })
+        .collect();
+    let samples = all_lat.len() as f64;
+    Pass {
+        needed_gbps: rate.unwrap_or(0.0) / 1e9,
+        delivered_gbps: delivered as f64 / elapsed / 1e9,
+        samples_per_s: samples / elapsed,
+        au: if rate.is_some() && computing + waiting > 0.0 { computing / (computing + waiting) } else { 0.0 },
+        seconds: elapsed,
+        read_p50_us: percentile_sorted(&all_lat, 0.5),
+        read_p99_us: percentile_sorted(&all_lat, 0.99),
+        reader_cpu_cores: seen.cpu_seconds / elapsed,
+        dirs: dir_results,
+    }
+}
+
+/// CPU seconds this thread has used.
+fn thread_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// What holds the accelerators back at `p` (AU below 90 %): one directory far slower than the
+/// others, the readers' CPU, or the storage as a whole.
+fn bottleneck(p: &Pass, readers: usize, direct: bool) -> Option<String> {
+    if p.au >= 0.9 {
+        return None;
+    }
+    if p.dirs.len() > 1 {
+        let mut p50: Vec<f64> = p.dirs.iter().map(|d| d.read_p50_us).collect();
+        p50.sort_by(f64::total_cmp);
+        let median = p50[p50.len() / 2].max(1e-9);
+        let (worst, d) = p.dirs.iter().enumerate().max_by(|a, b| a.1.read_p50_us.total_cmp(&b.1.read_p50_us))?;
+        let others: Vec<f64> =
+            p.dirs.iter().enumerate().filter(|(i, _)| *i != worst).map(|(_, d)| d.read_p50_us).collect();
+        let others_median = others.iter().copied().fold(f64::INFINITY, f64::min).max(1e-9);
+        if d.read_p50_us > 3.0 * others_median && d.read_p50_us >= median {
+            return Some(format!(
+                "the drive under {}: its reads take {:.0} µs (p50) where the others' take {:.0} µs, and every reader that reaches its shards waits",
+                d.dir, d.read_p50_us, others_median
+            ));
+        }
+    }
+    if p.reader_cpu_cores > 0.85 * readers as f64 {
+        return Some(format!(
+            "the readers' CPU: {} reader thread(s) busy {:.2} cores; add readers (--readers)",
+            readers, p.reader_cpu_cores
+        ));
+    }
+    if !direct {
+        return Some("the storage, read through the page cache (the filesystem refused O_DIRECT)".into());
+    }
+    Some(format!(
+        "the storage as a whole: every directory alike delivers {:.3} GB/s where {:.3} are needed",
+        p.delivered_gbps, p.needed_gbps
+    ))
+}
+
+/// Writes the dataset, runs the flat-out pass and the pass at `config.rate`, removes the dataset.
+///
+/// # Errors
+/// A path that is not a directory, an I/O error (with the path), or `stop` set.
+pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str)) -> Result<Report, DataError> {
+    for d in &config.dirs {
+        let meta = std::fs::symlink_metadata(d).map_err(|e| DataError::Io(d.clone(), e))?;
+        if !meta.is_dir() {
+            return Err(DataError::NotADirectory(d.clone()));
+        }
+        let stale = remove_stale_scratch(d);
+        if stale > 0 {
+            progress(&format!("removed {stale} dataset(s) a killed kiln left in {}", d.display()));
+        }
+    }
+    let mut seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+    let mut scratch = Scratch(Vec::new());
+    for d in &config.dirs {
+        let path = d.join(format!("{SCRATCH_PREFIX}{}-{:016x}", std::process::id(), splitmix64(&mut seed)));
+        std::fs::DirBuilder::new().mode(0o700).create(&path).map_err(|e| DataError::Io(path.clone(), e))?;
+        scratch.0.push(path);
+    }
+    let shard_bytes = config.shard_bytes.max(1 << 20) >> 20 << 20;
+    let config = Config { shard_bytes, ..config.clone() };
+    let shards = write_dataset(&scratch.0, &config, stop, &mut progress)?;
+    let order = plan(config.layout, shards.len(), shard_bytes, seed);
+    let name = |mut p: Pass| {
+        for (i, d) in p.dirs.iter_mut().enumerate() {
+            d.dir = config.dirs[i].display().to_string();
+        }
+        p
+    };
+    progress("reading as fast as the loader delivers");
+    let flat_out = name(pass(&shards, config.dirs.len(), &order, &config, None, stop));
+    if stop.load(Ordering::Relaxed) {
+        return Err(DataError::Interrupted);
+    }
+    let at_rate = match config.rate {
+        Some(r) => {
+            progress(&format!("feeding {} accelerator(s) at {:.3} GB/s", config.accelerators, r / 1e9));
+            let p = name(pass(&shards, config.dirs.len(), &order, &config, Some(r), stop));
+            if stop.load(Ordering::Relaxed) {
+                return Err(DataError::Interrupted);
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let direct = shards.iter().all(|s| s.direct);
+    let bottleneck = at_rate.as_ref().and_then(|p| bottleneck(p, config.readers, direct));
+    drop(shards);
+    drop(scratch);
+    Ok(Report {
+        layout: config.layout,
+        dataset_bytes: (config.dataset_bytes / shard_bytes).max(config.dirs.len() as u64) * shard_bytes,
+        shards: order.iter().map(|r| r.shard).max().map_or(0, |m| m + 1),
+        direct,
+        max_rate_au90_gbps: flat_out.delivered_gbps / 0.9,
+        flat_out,
+        at_rate,
+        bottleneck,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dirs: Vec<PathBuf>, rate: Option<f64>) -> Config {
+        Config {
+            dirs,
+            layout: Layout::Samples,
+            dataset_bytes: 16 << 20,
+            shard_bytes: 4 << 20,
+            readers: 2,
+            prefetch: 8,
+            batch: 2,
+            accelerators: 2,
+            rate,
+            seconds: 0.5,
+        }
+    }
+
+    #[test]
+    fn plans_cover_every_byte_once_in_shuffled_order() {
+        let tokens = plan(Layout::Tokens, 3, 4 << 20, 1);
+        assert_eq!(tokens.len(), 12);
+        // Each shard is read front to back, shards in some order.
+        for w in tokens.chunks(4) {
+            assert!(w.iter().all(|r| r.shard == w[0].shard));
+            assert_eq!(w.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 1 << 20, 2 << 20, 3 << 20]);
+        }
+        let samples = plan(Layout::Samples, 2, 8 << 20, 1);
+        assert!(samples.iter().all(|r| (100_000..=1_003_520).contains(&r.len) && r.len % 4096 == 0));
+        assert!(samples.iter().all(|r| r.offset + r.len as u64 <= 8 << 20));
+        let sorted = samples.windows(2).all(|w| (w[0].shard, w[0].offset) < (w[1].shard, w[1].offset));
+        assert!(!sorted, "shuffled");
+    }
+
+    #[test]
+    fn a_pass_reports_au_and_removes_its_dataset_even_when_interrupted() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let never = AtomicBool::new(false);
+        // A rate far below what a temporary directory delivers: the accelerators never wait long.
+        let r = measure(&config(vec![a.path().into(), b.path().into()], Some(20e6)), &never, |_| {}).unwrap();
+        let at = r.at_rate.as_ref().unwrap();
+        assert!(at.au > 0.5, "{at:?}");
+        assert!(r.flat_out.delivered_gbps > 0.0 && r.flat_out.dirs.iter().all(|d| d.reads > 0), "{r:?}");
+        assert!((r.max_rate_au90_gbps - r.flat_out.delivered_gbps / 0.9).abs() < 1e-12);
+        for d in [a.path(), b.path()] {
+            assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "the dataset is gone from {}", d.display());
+        }
+        let stopped = AtomicBool::new(true);
+        assert!(matches!(measure(&config(vec![a.path().into()], None), &stopped, |_| {}), Err(DataError::Interrupted)));
+        assert_eq!(std::fs::read_dir(a.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_device_or_a_file_is_refused() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let e = measure(&config(vec![f.path().into()], None), &AtomicBool::new(false), |_| {}).unwrap_err();
+        assert!(matches!(e, DataError::NotADirectory(_)), "{e}");
+    }
+
+    #[test]
+    fn stale_datasets_of_dead_kilns_go_and_live_ones_stay() {
+        let d = tempfile::tempdir().unwrap();
+        let dead = d.path().join(format!("{SCRATCH_PREFIX}999999999-0123456789abcdef"));
+        let live = d.path().join(format!("{SCRATCH_PREFIX}{}-0123456789abcdef", std::process::id()));
+        for p in [&dead, &live] {
+            std::fs::create_dir(p).unwrap();
+            std::fs::write(p.join("shard-00000.bin"), b"x").unwrap();
+        }
+        assert_eq!(remove_stale_scratch(d.path()), 1);
+        assert!(!dead.exists() && live.exists());
+    }
+}
