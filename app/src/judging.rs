@@ -40,18 +40,33 @@ pub fn judge_stored(
         let telemetry = store.verdict_telemetry_of_inventory(&inventory_id).await?;
         // The box's own first acceptance (by its serials: a replaced GPU makes a new host identity
         // but not a new box), with what drift compares: its inventory, runs and the repetitions
-        // of both sides.
+        // of both sides. Found among the accepted inventories of this configuration.
         let candidates = store.accepted_inventories_of_config(&config, &inventory_id).await?;
-        let mine = candidates.into_iter().find(|c| {
-            verdict::drift::same_box(inv, c.product_serial.as_deref(), c.board_serial.as_deref(), &c.gpu_serials)
-        });
-        let first = match mine.map(|c| (c.verdict_id, c.inventory_id, c.judged_at)) {
-            Some((verdict_id, inv_id, judged_at)) => {
-                let document = store.inventory(&inv_id).await?.document;
-                let before_runs = store.runs_of_inventory(&inv_id).await?;
-                let before = store.result_samples_of_inventory(&inv_id).await?;
+        let mine: Vec<_> = candidates
+            .into_iter()
+            .filter(|c| {
+                verdict::drift::same_box(inv, c.product_serial.as_deref(), c.board_serial.as_deref(), &c.gpu_serials)
+            })
+            .collect();
+        // The first acceptance with benchmark results (one taken with --no-bench compares no
+        // figure), else the first acceptance.
+        let mut first = None;
+        for c in &mine {
+            let before_runs = store.runs_of_inventory(&c.inventory_id).await?;
+            let measured = before_runs.iter().any(|r| r.status.is_result());
+            if measured || first.is_none() {
+                first = Some((c.clone(), before_runs));
+            }
+            if measured {
+                break;
+            }
+        }
+        let first = match first {
+            Some((c, before_runs)) => {
+                let document = store.inventory(&c.inventory_id).await?.document;
+                let before = store.result_samples_of_inventory(&c.inventory_id).await?;
                 let now = store.result_samples_of_inventory(&inventory_id).await?;
-                Some((verdict_id, inv_id, judged_at, document, before_runs, before, now))
+                Some((c.verdict_id, c.inventory_id, c.judged_at, document, before_runs, before, now))
             }
             None => None,
         };

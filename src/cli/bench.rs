@@ -31,51 +31,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let outcome = runs::membw(&inv, kiln_bench::membw::Config { elements, warmup, repetitions });
             finish(ctx, &inv, outcome, store)
         }
-        Bench::Data {
-            dirs,
-            layout,
-            size_mib,
-            shard_mib,
-            readers,
-            prefetch,
-            batch,
-            accelerators,
-            rate,
-            bytes_per_token,
-            seconds,
-            store,
-        } => {
-            preflight(ctx, store)?;
-            let layout = kiln_bench::data::Layout::parse(&layout)
-                .ok_or_else(|| anyhow::anyhow!("--layout {layout:?}: tokens or samples"))?;
-            anyhow::ensure!(
-                shard_mib >= 1 && size_mib >= shard_mib,
-                "--size-mib must hold at least one --shard-mib shard"
-            );
-            anyhow::ensure!(seconds > 0.0 && seconds.is_finite(), "--seconds must be positive");
-            anyhow::ensure!(prefetch >= 1 && batch >= 1, "--prefetch and --batch must be at least 1");
-            anyhow::ensure!(rate.is_none_or(|r| r > 0.0 && r.is_finite()), "--rate is in GB/s and must be positive");
-            catch_interrupts();
-            let inv = live_inventory()?;
-            let rate = match rate {
-                Some(r) => Some(r * 1e9),
-                None => implied_rate(ctx, &inv, bytes_per_token),
-            };
-            let config = kiln_bench::data::Config {
-                readers: readers.unwrap_or(4 * dirs.len()).max(1),
-                dirs,
-                layout,
-                dataset_bytes: size_mib << 20,
-                shard_bytes: shard_mib << 20,
-                prefetch,
-                batch,
-                accelerators: accelerators.unwrap_or(inv.gpus.devices.len()).max(1),
-                rate,
-                seconds,
-            };
-            let outcome = runs::data(config, &INTERRUPTED)?;
-            finish(ctx, &inv, outcome, store)
-        }
+        data @ Bench::Data { .. } => data_bench(ctx, data),
         Bench::Disk { path, size_mib, seconds, qd, destructive, store } => {
             preflight(ctx, store)?;
             anyhow::ensure!(size_mib >= 1, "--size-mib must be at least 1");
@@ -376,6 +332,54 @@ fn serve_net(addr: &str, idle: u64) -> Result<Output> {
 }
 
 /// Stores the run unless told not to, and prints it; a failed check exits 1.
+/// `kiln bench data`.
+fn data_bench(ctx: &Ctx, bench: Bench) -> Result<Output> {
+    let Bench::Data {
+        dirs,
+        layout,
+        size_mib,
+        shard_mib,
+        readers,
+        prefetch,
+        batch,
+        accelerators,
+        rate,
+        bytes_per_token,
+        seconds,
+        store,
+    } = bench
+    else {
+        unreachable!("called with Bench::Data")
+    };
+    preflight(ctx, store)?;
+    let layout = kiln_bench::data::Layout::parse(&layout)
+        .ok_or_else(|| anyhow::anyhow!("--layout {layout:?}: tokens or samples"))?;
+    anyhow::ensure!(shard_mib >= 1 && size_mib >= shard_mib, "--size-mib must hold at least one --shard-mib shard");
+    anyhow::ensure!(seconds > 0.0 && seconds.is_finite(), "--seconds must be positive");
+    anyhow::ensure!(prefetch >= 1 && batch >= 1, "--prefetch and --batch must be at least 1");
+    anyhow::ensure!(rate.is_none_or(|r| r > 0.0 && r.is_finite()), "--rate is in GB/s and must be positive");
+    catch_interrupts();
+    let inv = live_inventory()?;
+    let rate = match rate {
+        Some(r) => Some(r * 1e9),
+        None => implied_rate(ctx, &inv, bytes_per_token),
+    };
+    let config = kiln_bench::data::Config {
+        readers: readers.unwrap_or(4 * dirs.len()).max(1),
+        dirs,
+        layout,
+        dataset_bytes: size_mib << 20,
+        shard_bytes: shard_mib << 20,
+        prefetch,
+        batch,
+        accelerators: accelerators.unwrap_or(inv.gpus.devices.len()).max(1),
+        rate,
+        seconds,
+    };
+    let outcome = runs::data(config, &INTERRUPTED)?;
+    finish(ctx, &inv, outcome, store)
+}
+
 /// Bytes per second this box's latest stored training run implies: its largest tokens/s (all GPUs
 /// together where it has that figure) × `bytes_per_token`. `None` without a database or a run.
 fn implied_rate(ctx: &Ctx, inv: &Inventory, bytes_per_token: u32) -> Option<f64> {

@@ -1,6 +1,7 @@
-//! Drift: this box against its own first acceptance. Every later verdict compares the figures of
-//! its runs with those of the runs the box was first accepted with (the same physical box: the
-//! host identity, which rests on the system serial where the firmware has one), and warns of a
+//! Drift: this box against its own first acceptance (the first with benchmark results, else the
+//! first). The same physical box is found by its serials (`same_box`: SMBIOS's system or board
+//! serial, else most of its GPUs'), not its host identity, which a replaced GPU changes. Every
+//! later verdict compares the figures of its runs with those of the baseline's runs and warns of a
 //! drop beyond the benchmark's own noise — the bootstrap interval of the ratio of the two runs'
 //! medians, not a fixed percentage — naming the ratio, the baseline's date and what changed since
 //! (driver, CUDA, kernel, BIOS, VBIOS, a GPU replaced, by serial). A GPU swapped since acceptance
