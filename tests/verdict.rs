@@ -696,12 +696,7 @@ fn a_broken_harness_is_inconclusive_and_never_blamed_on_the_hardware() {
     let Accepted { dir, export, inventory, host } = accepted_ndv5();
     let (inventory, host) = (inventory.as_str(), host.as_str());
     let why = "kiln-gpu: /usr/lib/kiln/kiln-gpu: error while loading shared libraries: libcublasLt.so.13: cannot open shared object file";
-    let harness = serde_json::json!({
-        "type": "run", "id": "5c3b2a19-8e7d-4f6a-9b0c-1d2e3f4a5b6c", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "harness", "config": "{\"component\":\"kiln-gpu\"}",
-        "started_at": "2026-12-03T10:00:00Z", "finished_at": "2026-12-03T10:00:00Z", "status": "failed",
-        "status_reason": why, "metrics": [["harness.faults", 1.0, "faults", "lower"]], "samples": [], "telemetry": [],
-    });
+    let harness = harness_run("5c3b2a19-8e7d-4f6a-9b0c-1d2e3f4a5b6c", host, inventory, "kiln-gpu", why);
     let ocp = dir.path().join("harness.jsonl");
     for extra in [vec!["--ocp", ocp.to_str().unwrap()], vec!["--allow-skip"]] {
         let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness], &extra);
@@ -781,19 +776,11 @@ fn gpu_floors_are_judged_against_published_references() {
         metrics.push(metric(format!("gpu{gpu}.h2d_gbps"), 50.0));
         metrics.push(metric(format!("gpu{gpu}.d2h_gbps"), 51.5));
     }
-    let memory = serde_json::json!({
-        "type": "run", "id": "7a0e5c1d-2b3f-4a6e-8d9c-0b1a2f3e4d5c", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "gpu-memory", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
-        "finished_at": "2026-12-03T10:02:00Z", "status": "ok", "metrics": metrics, "samples": [], "telemetry": [],
-    });
+    let memory = stored_run("7a0e5c1d-2b3f-4a6e-8d9c-0b1a2f3e4d5c", host, inventory, "gpu-memory", metrics.into());
     let busbw = |op: &str, v: f64| metric(format!("gpus.nccl.{op}.busbw_gbs_max"), v);
-    let collectives = serde_json::json!({
-        "type": "run", "id": "8b1f6d2e-3c4a-4b7f-9e0d-1c2b3a4f5e6d", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "gpu-collectives", "config": "{}", "started_at": "2026-12-03T10:03:00Z",
-        "finished_at": "2026-12-03T10:05:00Z", "status": "ok",
-        "metrics": [busbw("all_reduce", 470.0), busbw("all_gather", 360.0), busbw("reduce_scatter", 355.0)],
-        "samples": [], "telemetry": [],
-    });
+    let busbw =
+        serde_json::json!([busbw("all_reduce", 470.0), busbw("all_gather", 360.0), busbw("reduce_scatter", 355.0)]);
+    let collectives = stored_run("8b1f6d2e-3c4a-4b7f-9e0d-1c2b3a4f5e6d", host, inventory, "gpu-collectives", busbw);
     let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&memory, &collectives], &["--allow-skip"]);
     assert_eq!(code, 1, "{v}");
     assert_eq!(
@@ -934,18 +921,9 @@ fn a_slow_figure_on_a_stack_the_images_do_not_pin_is_inconclusive() {
     let Accepted { dir, export, inventory, host } = accepted_ndv5();
     let (inventory, host) = (inventory.as_str(), host.as_str());
     let why = "image pins: libnccl2 2.26.2-1+cuda12.8 is installed where image nvidia-cuda13.0-debian12 pins 2.27.7-1+cuda13.0";
-    let harness = serde_json::json!({
-        "type": "run", "id": "3a4b5c6d-7e8f-4a9b-8c0d-1e2f3a4b5c6d", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "harness", "config": "{\"component\":\"image pins\"}",
-        "started_at": "2026-12-03T10:00:00Z", "finished_at": "2026-12-03T10:00:00Z", "status": "failed",
-        "status_reason": why, "metrics": [["harness.faults", 1.0, "faults", "lower"]], "samples": [], "telemetry": [],
-    });
-    let collectives = serde_json::json!({
-        "type": "run", "id": "4b5c6d7e-8f9a-4b0c-9d1e-2f3a4b5c6d7e", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "gpu-collectives", "config": "{}", "started_at": "2026-12-03T10:01:00Z",
-        "finished_at": "2026-12-03T10:02:00Z", "status": "ok",
-        "metrics": [["gpus.nccl.all_reduce.busbw_gbs_max", 300.0, "GB/s", "higher"]], "samples": [], "telemetry": [],
-    });
+    let harness = harness_run("3a4b5c6d-7e8f-4a9b-8c0d-1e2f3a4b5c6d", host, inventory, "image pins", why);
+    let busbw = serde_json::json!([["gpus.nccl.all_reduce.busbw_gbs_max", 300.0, "GB/s", "higher"]]);
+    let collectives = stored_run("4b5c6d7e-8f9a-4b0c-9d1e-2f3a4b5c6d7e", host, inventory, "gpu-collectives", busbw);
     let (v, code) = rejudged_with(dir.path(), &export, inventory, &[&harness, &collectives], &["--allow-skip"]);
     assert_eq!((v["verdict"].as_str(), code), (Some("inconclusive"), 3), "{v}");
     assert_eq!(v["harness"], serde_json::json!([why]));
@@ -988,13 +966,12 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
     std::fs::write(&spec, text + storage).unwrap();
     let data = |id: &str, au: f64, max: f64| {
         let metric = |name: &str, v: f64, unit: &str| serde_json::json!([name, v, unit, "higher"]);
-        serde_json::json!({
-            "type": "run", "id": id, "host_id": host, "inventory_id": inventory, "software_id": null,
-            "benchmark": "data", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
-            "finished_at": "2026-12-03T10:01:00Z", "status": "ok", "samples": [], "telemetry": [],
-            "metrics": [metric("data.max_gbps", max, "GB/s"), metric("data.au", au, "ratio"),
-                        ["data.needed_gbps", 1.5, "GB/s", "none"]],
-        })
+        let metrics = serde_json::json!([
+            metric("data.max_gbps", max, "GB/s"),
+            metric("data.au", au, "ratio"),
+            ["data.needed_gbps", 1.5, "GB/s", "none"]
+        ]);
+        stored_run(id, host, inventory, "data", metrics)
     };
     let judge = |runs: &[&Value], name: &str| {
         let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
@@ -1037,14 +1014,30 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
         assert_eq!(check_of(&v, id, subject)["status"], "pass", "{v}");
     }
     // A GPU-only run: performance is judged, the storage checks skip and say what to run.
-    let busbw = serde_json::json!({
-        "type": "run", "id": "7f8a9b0c-1d2e-4f3a-8b4c-5d6e7f8a9b0c", "host_id": host, "inventory_id": inventory,
-        "software_id": null, "benchmark": "gpu-collectives", "config": "{}", "started_at": "2026-12-03T10:00:00Z",
-        "finished_at": "2026-12-03T10:01:00Z", "status": "ok", "samples": [], "telemetry": [],
-        "metrics": [["gpus.nccl.all_reduce.busbw_gbs_max", 470.0, "GB/s", "higher"]],
-    });
+    let metrics = serde_json::json!([["gpus.nccl.all_reduce.busbw_gbs_max", 470.0, "GB/s", "higher"]]);
+    let busbw = stored_run("7f8a9b0c-1d2e-4f3a-8b4c-5d6e7f8a9b0c", host, inventory, "gpu-collectives", metrics);
     let v = judge(&[&busbw], "none");
     let au = check_of(&v, "storage.au", "the emulated accelerators");
     assert_eq!(au["status"], "skip");
     assert!(au["reason"].as_str().unwrap().contains("kiln bench data DIR"), "{au}");
+}
+
+/// A stored `ok` run of `benchmark` with `metrics` (`[[name, value, unit, direction], …]`), as
+/// `kiln export` writes it, for the tests that judge stored evidence.
+fn stored_run(id: &str, host: &str, inventory: &str, benchmark: &str, metrics: Value) -> Value {
+    serde_json::json!({
+        "type": "run", "id": id, "host_id": host, "inventory_id": inventory, "software_id": null,
+        "benchmark": benchmark, "config": "{}", "started_at": "2026-12-03T10:00:00Z",
+        "finished_at": "2026-12-03T10:01:00Z", "status": "ok", "metrics": metrics, "samples": [], "telemetry": [],
+    })
+}
+
+/// A failed `harness` run of `component` with its reason.
+fn harness_run(id: &str, host: &str, inventory: &str, component: &str, why: &str) -> Value {
+    let mut run =
+        stored_run(id, host, inventory, "harness", serde_json::json!([["harness.faults", 1.0, "faults", "lower"]]));
+    run["config"] = serde_json::json!({ "component": component }).to_string().into();
+    run["status"] = "failed".into();
+    run["status_reason"] = why.into();
+    run
 }

@@ -142,23 +142,13 @@ impl Drop for Scratch {
     }
 }
 
-/// Removes the scratch directories of kilns that no longer run; returns how many.
+/// Removes the scratch directories of kilns that no longer run; returns how many. Only real
+/// directories (never a link someone planted in one's place).
 pub fn remove_stale_scratch(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut removed = 0;
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else { continue };
-        let Some(pid) = rest.split_once('-').and_then(|(p, _)| p.parse::<i32>().ok()) else { continue };
-        let gone =
-            pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
-        // Only a real directory (never a link someone planted in its place).
-        let real = e.file_type().is_ok_and(|t| t.is_dir());
-        if gone && real && std::fs::remove_dir_all(e.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
+    crate::disk::orphans(dir, SCRATCH_PREFIX)
+        .into_iter()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && std::fs::remove_dir_all(e.path()).is_ok())
+        .count()
 }
 
 /// A buffer aligned for O_DIRECT.
@@ -191,20 +181,12 @@ struct Shard {
 }
 
 fn open_shard(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
-    for direct in [true, false] {
-        let mut o = OpenOptions::new();
-        o.read(true);
-        if create {
-            o.write(true).create_new(true).mode(0o600);
-        }
-        o.custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 });
-        match o.open(path) {
-            Ok(f) => return Ok((f, direct)),
-            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
-            Err(e) => return Err(e),
-        }
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if create {
+        o.write(true).create_new(true).mode(0o600);
     }
-    unreachable!("the buffered open returns")
+    crate::disk::open_direct(path, &o, libc::O_NOFOLLOW)
 }
 
 /// Writes the dataset: `shards` files round-robin over the scratch directories, pseudo-random

@@ -222,16 +222,12 @@ fn scratch(dir: &Path) -> std::io::Result<(File, TempFile, bool)> {
     for _ in 0..16 {
         let name = format!("{SCRATCH_PREFIX}{}-{:016x}.tmp", std::process::id(), splitmix64(&mut seed));
         let path = dir.join(name);
-        for direct in [true, false] {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true).create_new(true).mode(0o600);
-            o.custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 });
-            match o.open(&path) {
-                Ok(f) => return Ok((f, TempFile(Some(path)), direct)),
-                Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => break,
-                Err(e) => return Err(e),
-            }
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create_new(true).mode(0o600);
+        match open_direct(&path, &o, libc::O_NOFOLLOW) {
+            Ok((f, direct)) => return Ok((f, TempFile(Some(path)), direct)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
         }
     }
     Err(std::io::Error::other("could not create a scratch file under a fresh name"))
@@ -240,32 +236,40 @@ fn scratch(dir: &Path) -> std::io::Result<(File, TempFile, bool)> {
 /// Removes the scratch files of kilns that no longer run (killed before they could clean up);
 /// returns how many. Files of a live process, and anything not named like a scratch file, stay.
 pub fn remove_stale_scratch(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut removed = 0;
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else { continue };
-        let Some((pid, _)) = rest.split_once('-') else { continue };
-        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
-        // SAFETY: signal 0 only asks whether the process exists.
-        let gone = pid > 0
-            && unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        let regular = e.file_type().is_ok_and(|t| t.is_file());
-        if gone && regular && std::fs::remove_file(e.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
+    orphans(dir, SCRATCH_PREFIX)
+        .into_iter()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()) && std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
+/// The entries of `dir` named `<prefix><pid>-…` whose process is gone: what a killed kiln left.
+pub(crate) fn orphans(dir: &Path, prefix: &str) -> Vec<std::fs::DirEntry> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let pid = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split_once('-'));
+            let Some(pid) = pid.and_then(|(p, _)| p.parse::<i32>().ok()) else { return false };
+            pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
+        })
+        .collect()
 }
 
 /// Opens a block device: read-only, or for writing with `O_EXCL` (refused while the kernel has it
 /// in use); O_DIRECT where it is taken. Returns the file and whether O_DIRECT is on.
 fn open_device(path: &Path, write: bool) -> std::io::Result<(File, bool)> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(write);
+    open_direct(path, &o, if write { libc::O_EXCL } else { 0 })
+}
+
+/// Opens `path` as `options` and `flags` say, with O_DIRECT where the filesystem takes it and
+/// buffered where it refuses (EINVAL: tmpfs, some overlays). The file and whether O_DIRECT is on.
+pub(crate) fn open_direct(path: &Path, options: &OpenOptions, flags: i32) -> std::io::Result<(File, bool)> {
     for direct in [true, false] {
-        let mut o = OpenOptions::new();
-        o.read(true).write(write);
-        o.custom_flags(if write { libc::O_EXCL } else { 0 } | if direct { libc::O_DIRECT } else { 0 });
+        let mut o = options.clone();
+        o.custom_flags(flags | if direct { libc::O_DIRECT } else { 0 });
         match o.open(path) {
             Ok(f) => return Ok((f, direct)),
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
