@@ -761,3 +761,33 @@ fn data_run_is_stored_and_leaves_nothing_behind_even_when_interrupted() {
     assert_eq!(refused.code(), Some(2), "{}", refused.describe());
     assert!(refused.stderr().contains("not a directory"), "{}", refused.describe());
 }
+
+/// `kiln bench train --data DIR`: the batches come from shards under DIR through the input
+/// pipeline, the run learns as it does from memory (the same tokens), says how long its steps
+/// waited on storage (stored as `train.tiny.input_wait_share`), and leaves DIR as it was.
+#[test]
+fn train_from_disk_reads_the_same_corpus_and_reports_its_input_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let db = dir.path().join("kiln.db");
+    let base = ["bench", "train", "--size", "tiny", "--steps", "12", "--gemm", "candle", "--json"];
+    let from_disk: Vec<&str> = base.iter().copied().chain(["--data", data.to_str().unwrap()]).collect();
+    let disk = kiln(&from_disk, &[("KILN_DB", &db)]);
+    assert!(matches!(disk.code(), Some(0 | 1)), "{}", disk.describe());
+    let disk = disk.json();
+    let memory = kiln(&base.iter().copied().chain(["--no-save"]).collect::<Vec<_>>(), &[]).json();
+    let input = &disk["report"]["train"]["input"];
+    assert!(
+        input["wait_share"].as_f64().unwrap() >= 0.0 && input["bytes_per_step"].as_u64().unwrap() >= 4096,
+        "{input}"
+    );
+    assert!(memory["report"]["train"].get("input").is_none(), "{memory}");
+    // The first step's loss is computed from the same tokens before any update.
+    let first = |v: &serde_json::Value| v["report"]["train"]["loss_curve"][0].as_f64().unwrap();
+    assert!((first(&disk) - first(&memory)).abs() < 1e-4, "{} vs {}", first(&disk), first(&memory));
+    assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0, "the shards are gone");
+    let shown =
+        kiln(&["show", "run", disk["run_id"].as_str().unwrap(), "--json"], &[("KILN_DB", &db)]).success().json();
+    assert!(shown["metrics"].as_array().unwrap().iter().any(|m| m["name"] == "train.tiny.input_wait_share"), "{shown}");
+}

@@ -503,6 +503,122 @@ pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str
     })
 }
 
+/// The training benchmark's input read from disk (`kiln bench train --data DIR`): the run's own
+/// corpus written once as shards of token records (u16, one record per step: every sequence's
+/// `seq + 1` tokens), in a scratch directory of a fresh name under `dir`, read back O_DIRECT by a
+/// reader thread into a queue a few steps deep. The trainer takes each step's batch from it and the
+/// time it waited counts in the step: the training benchmark then includes its input pipeline.
+/// The same tokens as the in-memory corpus, so the run learns exactly as it would without a disk.
+pub struct TrainInput {
+    rx: Option<mpsc::Receiver<std::io::Result<(Vec<u32>, Vec<u32>)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// Every read bypassed the page cache.
+    pub direct: bool,
+    /// Bytes of one step's record on disk.
+    pub record_bytes: usize,
+    _scratch: Scratch,
+}
+
+impl TrainInput {
+    /// Steps of input read ahead of the trainer.
+    pub const PREFETCH: usize = 4;
+
+    /// Writes `batches` (each step's (inputs, targets), `sequences × seq` tokens) under `dir` and
+    /// starts reading them back.
+    ///
+    /// # Errors
+    /// Not a directory, a token id that does not fit 16 bits, or an I/O error (with the path).
+    pub fn start(
+        dir: &Path,
+        seq: usize,
+        batches: impl Iterator<Item = (Vec<u32>, Vec<u32>)>,
+    ) -> Result<TrainInput, DataError> {
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| DataError::Io(dir.to_path_buf(), e))?;
+        if !meta.is_dir() {
+            return Err(DataError::NotADirectory(dir.to_path_buf()));
+        }
+        remove_stale_scratch(dir);
+        let mut seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let path = dir.join(format!("{SCRATCH_PREFIX}{}-{:016x}", std::process::id(), splitmix64(&mut seed)));
+        std::fs::DirBuilder::new().mode(0o700).create(&path).map_err(|e| DataError::Io(path.clone(), e))?;
+        let scratch = Scratch(vec![path.clone()]);
+        let file_path = path.join("tokens-00000.bin");
+        let io = |e| DataError::Io(file_path.clone(), e);
+        let (file, _) = open_shard(&file_path, true).map_err(io)?;
+        let (mut steps, mut record_bytes, mut sequences) = (0u64, 0usize, 0usize);
+        for (inputs, targets) in batches {
+            sequences = inputs.len() / seq.max(1);
+            let mut bytes = Vec::with_capacity(2 * (inputs.len() + inputs.len() / seq.max(1)));
+            for (i, t) in inputs.chunks(seq).zip(targets.chunks(seq)) {
+                // A sequence's seq + 1 tokens: its inputs and the last target.
+                for &tok in i.iter().chain(t.last()) {
+                    let tok = u16::try_from(tok).map_err(|_| {
+                        DataError::Io(
+                            file_path.clone(),
+                            std::io::Error::other("a token id above 65535: --data needs a vocabulary of 16 bits"),
+                        )
+                    })?;
+                    bytes.extend_from_slice(&tok.to_le_bytes());
+                }
+            }
+            record_bytes = bytes.len().div_ceil(4096) * 4096;
+            let mut buf = Aligned::new(record_bytes);
+            buf.get(bytes.len()).copy_from_slice(&bytes);
+            file.write_all_at(buf.get(record_bytes), steps * record_bytes as u64).map_err(io)?;
+            steps += 1;
+        }
+        file.sync_all().map_err(io)?;
+        drop(file);
+        let (file, direct) = open_shard(&file_path, false).map_err(io)?;
+        let (tx, rx) = mpsc::sync_channel(Self::PREFETCH);
+        let reader = std::thread::spawn(move || {
+            let mut buf = Aligned::new(record_bytes);
+            for step in 0..steps {
+                let read = file.read_exact_at(buf.get(record_bytes), step * record_bytes as u64).map(|()| {
+                    let raw = buf.get(record_bytes);
+                    let tokens: Vec<u32> =
+                        raw.chunks_exact(2).map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))).collect();
+                    let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+                    for sq in tokens.chunks_exact(seq + 1).take(sequences) {
+                        inputs.extend_from_slice(&sq[..seq]);
+                        targets.extend_from_slice(&sq[1..]);
+                    }
+                    (inputs, targets)
+                });
+                if tx.send(read).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(TrainInput { rx: Some(rx), reader: Some(reader), direct, record_bytes, _scratch: scratch })
+    }
+
+    /// The next step's (inputs, targets) and the seconds the trainer waited for it.
+    ///
+    /// # Errors
+    /// The read failed, or the records ran out.
+    pub fn next_batch(&mut self) -> std::io::Result<(Vec<u32>, Vec<u32>, f64)> {
+        let t0 = Instant::now();
+        let got = self.rx.as_ref().map(mpsc::Receiver::recv);
+        let (inputs, targets) = match got {
+            Some(Ok(read)) => read?,
+            _ => return Err(std::io::Error::other("the training input ran out of records")),
+        };
+        Ok((inputs, targets, t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl Drop for TrainInput {
+    fn drop(&mut self) {
+        // The reader stops at its next send once the queue is gone; then the scratch goes.
+        drop(self.rx.take());
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -562,6 +678,26 @@ mod tests {
         let f = tempfile::NamedTempFile::new().unwrap();
         let e = measure(&config(vec![f.path().into()], None), &AtomicBool::new(false), |_| {}).unwrap_err();
         assert!(matches!(e, DataError::NotADirectory(_)), "{e}");
+    }
+
+    #[test]
+    fn training_input_reads_back_the_corpus_it_was_given_and_removes_it() {
+        let d = tempfile::tempdir().unwrap();
+        let batches: Vec<(Vec<u32>, Vec<u32>)> =
+            (0..3).map(|s| crate::train::Corpus::new(256, s).batch(4, 16)).collect();
+        let mut input = TrainInput::start(d.path(), 16, batches.clone().into_iter()).unwrap();
+        assert_eq!(input.record_bytes, 4096, "4 × 17 tokens × 2 bytes, a 4 KiB block");
+        for (inputs, targets) in &batches {
+            let (i, t, waited) = input.next_batch().unwrap();
+            assert_eq!((&i, &t), (inputs, targets));
+            assert!(waited >= 0.0);
+        }
+        assert!(input.next_batch().is_err(), "three steps were written");
+        drop(input);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        let big = vec![(vec![70_000u32; 16], vec![1u32; 16])];
+        assert!(TrainInput::start(d.path(), 16, big.into_iter()).is_err(), "a token above 16 bits");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 
     #[test]

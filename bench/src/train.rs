@@ -50,6 +50,10 @@ pub struct Config {
     /// operands are rounded to bf16 and its result widened back). bf16 runs composed kernels.
     #[serde(default)]
     pub products: Products,
+    /// Read each step's batch from shards written under this directory, through the input
+    /// pipeline (`kiln bench train --data DIR`), instead of generating it in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<std::path::PathBuf>,
 }
 
 /// The number format of the model's products.
@@ -259,6 +263,7 @@ impl Config {
             kernels: Kernels::Fused,
             gemm: Gemm::Candle,
             products: Products::F32,
+            data: None,
         })
     }
 
@@ -621,6 +626,9 @@ pub struct Report {
     /// are this rank's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<ParallelStats>,
+    /// The input pipeline, when the batches were read from disk (`Config::data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputStats>,
 }
 
 fn peak_rss_bytes() -> Option<u64> {
@@ -826,6 +834,21 @@ pub struct ParallelStats {
     pub comm_share: f64,
 }
 
+/// How the training run's input pipeline kept up: each step waited on its batch from disk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InputStats {
+    pub dir: String,
+    /// The reads bypassed the page cache.
+    pub direct: bool,
+    /// Bytes of one step's batch on disk.
+    pub bytes_per_step: usize,
+    /// Median seconds a timed step waited for its batch.
+    pub wait_s: f64,
+    /// The share of the timed steps' time spent waiting on input: 1 − the accelerator's
+    /// utilisation as DLIO counts it.
+    pub wait_share: f64,
+}
+
 /// Trains for `config.steps` steps and reports. `peak_flops` is the device's peak (FLOP/s).
 ///
 /// # Errors
@@ -938,11 +961,31 @@ pub fn run_on(
     let flops_per_token = 6.0 * n as f64 + 12.0 * (config.layers * config.seq * config.d_model) as f64;
     let mut opt = Optim::new(config, model.kernels, vars)?;
     let mut corpus = Corpus::new(config.vocab, config.seed);
+    // From disk: the same corpus, written once as shards and read back step by step.
+    let mut input = match &config.data {
+        Some(dir) => {
+            let mut written = Corpus::new(config.vocab, config.seed);
+            let sequences = config.batch * ranks;
+            let batches = (0..config.steps).map(|_| written.batch(sequences, config.seq));
+            let started = crate::data::TrainInput::start(dir, config.seq, batches);
+            Some(started.map_err(|e| candle_core::Error::Msg(format!("--data {}: {e}", dir.display())))?)
+        }
+        None => None,
+    };
+    let mut waits = Vec::new();
     let mut losses = Vec::new();
     let mut steps = Vec::new();
     reuse_freed_memory();
     for step in 0..config.steps {
-        let (inputs, targets) = corpus.batch(config.batch * ranks, config.seq);
+        let (inputs, targets) = match input.as_mut() {
+            Some(i) => {
+                let (inputs, targets, waited) =
+                    i.next_batch().map_err(|e| candle_core::Error::Msg(format!("--data: {e}")))?;
+                waits.push(waited);
+                (inputs, targets)
+            }
+            None => corpus.batch(config.batch * ranks, config.seq),
+        };
         let mine = rank * config.batch * config.seq..(rank + 1) * config.batch * config.seq;
         let (inputs, targets) = (inputs[mine.clone()].to_vec(), targets[mine].to_vec());
         let t0 = Instant::now();
@@ -974,7 +1017,8 @@ pub fn run_on(
                 mean
             }
         };
-        steps.push(t0.elapsed().as_secs_f64());
+        // A step read from disk includes its wait for the batch.
+        steps.push(t0.elapsed().as_secs_f64() + waits.last().copied().filter(|_| input.is_some()).unwrap_or(0.0));
         losses.push(value);
         progress(step + 1, config.steps, value);
         if !value.is_finite() {
@@ -997,6 +1041,20 @@ pub fn run_on(
         let comm_s = summarize(&comm[excluded.min(comm.len() - 1)..]).expect("timed steps");
         ParallelStats { rank, ranks, gradient_values: parameters, comm_share: comm_s.median / step_s.median, comm_s }
     });
+    let input = match (&config.data, &input) {
+        (Some(dir), Some(i)) => {
+            let timed_waits = &waits[excluded.min(waits.len().saturating_sub(1))..];
+            let total: f64 = timed.iter().sum();
+            Some(InputStats {
+                dir: dir.display().to_string(),
+                direct: i.direct,
+                bytes_per_step: i.record_bytes,
+                wait_s: crate::stats::median(timed_waits),
+                wait_share: if total > 0.0 { timed_waits.iter().sum::<f64>() / total } else { 0.0 },
+            })
+        }
+        _ => None,
+    };
     Ok(Report {
         config: config.clone(),
         device: device_label(&device),
@@ -1023,6 +1081,7 @@ pub fn run_on(
         warmup_steps_excluded: excluded,
         gemm_trials,
         parallel,
+        input,
     })
 }
 

@@ -742,6 +742,10 @@ pub enum Bench {
         /// installed; else candle), candle, openblas or onednn; the choice is stored with the run
         #[arg(long, default_value = "auto")]
         gemm: kiln_bench::train::Gemm,
+        /// Read each step's batch from shards written under DIR (a scratch directory, removed
+        /// afterwards), through the input pipeline: the step times then include waiting on storage
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
         #[command(flatten)]
         store: Store,
     },

@@ -76,7 +76,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let inv = live_inventory()?;
             finish(ctx, &inv, outcome, store)
         }
-        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, gemm, store } => {
+        Bench::Train { size, layers, d_model, heads, seq, batch, steps, seed, dtype, kernels, gemm, data, store } => {
             preflight(ctx, store)?;
             anyhow::ensure!(
                 dtype == Dtype::F32,
@@ -97,6 +97,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             config.gemm =
                 if kernels == kiln_bench::train::Kernels::Fused { gemm } else { kiln_bench::train::Gemm::Candle };
             config.gemm.library()?;
+            config.data = data;
             config.validate()?;
             anyhow::ensure!(
                 config.steps >= kiln_bench::train::MIN_STEPS_FOR_VERDICT,

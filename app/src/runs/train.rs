@@ -35,6 +35,9 @@ pub fn train_metrics(r: &kiln_bench::train::Report) -> (Vec<Metric>, Vec<(String
         m("loss_start", r.loss_start, "nats", Direction::None),
         m("loss_end", r.loss_end, "nats", Direction::Lower),
     ];
+    if let Some(input) = &r.input {
+        metrics.push(m("input_wait_share", input.wait_share, "ratio", Direction::Lower));
+    }
     if let Some(mfu) = r.mfu {
         metrics.push(m("mfu", mfu, "ratio", Direction::Higher));
     }
@@ -57,7 +60,21 @@ pub fn render_train(r: &kiln_bench::train::Report, peak: &kiln_bench::ceilings::
         r.loss_start, r.loss_end, r.loss_chance, r.loss_floor, if r.learned { "" } else { "  DID NOT LEARN" },
         r.peak_rss_bytes.map_or("unknown".to_string(), kiln_inventory::fingerprint::human_bytes),
         gemm_trial(r),
-    )
+    ) + &input_line(r)
+}
+
+/// Where the batches came from, when from disk (`--data`), and how long the steps waited on them.
+fn input_line(r: &kiln_bench::train::Report) -> String {
+    r.input.as_ref().map_or(String::new(), |i| {
+        format!(
+            "input from {} ({}, {} bytes a step): waited {:.2} ms a step (median), {:.1} % of the steps' time\n",
+            i.dir,
+            if i.direct { "O_DIRECT" } else { "buffered: the page cache may serve it" },
+            i.bytes_per_step,
+            i.wait_s * 1e3,
+            100.0 * i.wait_share
+        )
+    })
 }
 
 /// `--gemm auto`'s trial, when there was one: what each candidate took, and the choice.

@@ -25,6 +25,7 @@ pub const STORED: &[&str] = &[
     "train.{w}.loss_start",
     "train.{w}.loss_end",
     "train.{w}.mfu",
+    "train.{w}.input_wait_share",
     // kiln bench disk.
     "disk.{w}_{n}k_qd{n}.mb_per_s",
     "disk.{w}_{n}k_qd{n}.iops",
