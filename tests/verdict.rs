@@ -588,19 +588,34 @@ fn failing(v: &Value) -> Vec<(String, String, String)> {
 /// the H100 spec (`kiln verdict --inventory`, with `extra`), as a site re-judging its fleet would:
 /// the verdict JSON and the exit code.
 fn rejudged_with(dir: &Path, export: &str, inventory: &str, runs: &[&Value], extra: &[&str]) -> (Value, i32) {
+    rejudged_against(dir, export, inventory, runs, &spec_path(H100_SPEC), extra)
+}
+
+/// The database [`rejudged_against`] imports `runs` into: one per set of runs.
+fn rejudged_db(dir: &Path, runs: &[&Value]) -> std::path::PathBuf {
+    let ids: Vec<&str> = runs.iter().map(|r| &r["id"].as_str().unwrap()[..8]).collect();
+    dir.join(format!("with-{}.db", ids.join("-")))
+}
+
+/// [`rejudged_with`] against `spec`.
+fn rejudged_against(
+    dir: &Path,
+    export: &str,
+    inventory: &str,
+    runs: &[&Value],
+    spec: &Path,
+    extra: &[&str],
+) -> (Value, i32) {
     let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
     let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
     let records = end["records"].as_u64().unwrap() + runs.len() as u64;
     lines.pop();
     lines.extend(runs.iter().map(|r| r.to_string()));
     lines.push(serde_json::json!({"type": "end", "records": records}).to_string());
-    let name: Vec<&str> = runs.iter().map(|r| r["benchmark"].as_str().unwrap()).collect();
-    let name = name.join("-");
-    let file = dir.join(format!("with-{name}.jsonl"));
+    let other = rejudged_db(dir, runs);
+    let file = other.with_extension("jsonl");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let other = dir.join(format!("other-{name}.db"));
     kiln(&["--db", other.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
-    let spec = spec_path(H100_SPEC);
     let mut args = vec![
         "--db",
         other.to_str().unwrap(),
@@ -806,7 +821,7 @@ fn gpu_floors_are_judged_against_published_references() {
 
     // In words: the weakest of each metric beside its reference and source.
     let spec = spec_path(H100_SPEC);
-    let other = dir.path().join("other-gpu-memory-gpu-collectives.db");
+    let other = rejudged_db(dir.path(), &[&memory, &collectives]);
     let text = kiln(
         &["--db", other.to_str().unwrap(), "verdict", "--inventory", inventory, "--spec", spec.to_str().unwrap()],
         &[],
@@ -973,33 +988,9 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
         ]);
         stored_run(id, host, inventory, "data", metrics)
     };
-    let judge = |runs: &[&Value], name: &str| {
-        let mut lines: Vec<String> = export.lines().map(str::to_string).collect();
-        let end: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
-        lines.pop();
-        lines.extend(runs.iter().map(|r| r.to_string()));
-        lines.push(
-            serde_json::json!({"type": "end", "records": end["records"].as_u64().unwrap() + runs.len() as u64})
-                .to_string(),
-        );
-        let file = dir.path().join(format!("{name}.jsonl"));
-        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-        let db = dir.path().join(format!("{name}.db"));
-        kiln(&["--db", db.to_str().unwrap(), "import", file.to_str().unwrap()], &[]).success();
-        let args = [
-            "--db",
-            db.to_str().unwrap(),
-            "verdict",
-            "--inventory",
-            inventory,
-            "--spec",
-            spec.to_str().unwrap(),
-            "--json",
-        ];
-        kiln(&args, &[]).json()
-    };
+    let judge = |runs: &[&Value]| rejudged_against(dir.path(), &export, inventory, runs, &spec, &[]).0;
     let slow = data("5d6e7f8a-9b0c-4d1e-8f2a-3b4c5d6e7f8a", 0.62, 1.2);
-    let v = judge(&[&slow], "slow");
+    let v = judge(&[&slow]);
     assert_eq!(v["verdict"], "reject", "{v}");
     let au = check_of(&v, "storage.au", "the emulated accelerators");
     assert_eq!((au["status"].as_str(), au["measured"].as_str()), (Some("fail"), Some("62.0 % at 1.50 GB/s needed")));
@@ -1007,7 +998,7 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
     let tp = check_of(&v, "storage.throughput", "the data loader, every data directory");
     assert_eq!((tp["status"].as_str(), tp["expected"].as_str()), (Some("fail"), Some("≥ 2 GB/s flat out")));
     let fast = data("6e7f8a9b-0c1d-4e2f-9a3b-4c5d6e7f8a9b", 0.97, 3.1);
-    let v = judge(&[&fast], "fast");
+    let v = judge(&[&fast]);
     for (id, subject) in
         [("storage.au", "the emulated accelerators"), ("storage.throughput", "the data loader, every data directory")]
     {
@@ -1016,7 +1007,7 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
     // A GPU-only run: performance is judged, the storage checks skip and say what to run.
     let metrics = serde_json::json!([["gpus.nccl.all_reduce.busbw_gbs_max", 470.0, "GB/s", "higher"]]);
     let busbw = stored_run("7f8a9b0c-1d2e-4f3a-8b4c-5d6e7f8a9b0c", host, inventory, "gpu-collectives", metrics);
-    let v = judge(&[&busbw], "none");
+    let v = judge(&[&busbw]);
     let au = check_of(&v, "storage.au", "the emulated accelerators");
     assert_eq!(au["status"], "skip");
     assert!(au["reason"].as_str().unwrap().contains("kiln bench data DIR"), "{au}");

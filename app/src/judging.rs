@@ -151,9 +151,17 @@ fn compare(
         }
         by
     };
-    let samples = |all: &[(String, String, f64)], run: &str, name: &str| -> Vec<f64> {
-        all.iter().filter(|(r, m, _)| r == run && m == name).map(|s| s.2).collect()
-    };
+    // (run, metric) → its repetitions, grouped once per side.
+    type Grouped<'a> = std::collections::BTreeMap<(&'a str, &'a str), Vec<f64>>;
+    fn grouped(all: &[(String, String, f64)]) -> Grouped<'_> {
+        let mut by = Grouped::new();
+        for (r, m, v) in all {
+            by.entry((r.as_str(), m.as_str())).or_default().push(*v);
+        }
+        by
+    }
+    let (before, now) = (grouped(before), grouped(now));
+    let samples = |by: &Grouped<'_>, run: &str, name: &str| by.get(&(run, name)).cloned().unwrap_or_default();
     let (then_by, now_by) = (last(before_runs), last(now_runs));
     let (mut compared, mut uncompared) = (Vec::new(), 0);
     for (name, (run, unit, direction)) in &now_by {
@@ -161,7 +169,7 @@ fn compare(
         if *direction == Direction::None {
             continue;
         }
-        let (a, b) = (samples(before, then_run, name), samples(now, run, name));
+        let (a, b) = (samples(&before, then_run, name), samples(&now, run, name));
         if a.len() < DRIFT_MIN_SAMPLES || b.len() < DRIFT_MIN_SAMPLES {
             uncompared += 1;
             continue;
