@@ -979,15 +979,17 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
     let text = std::fs::read_to_string(spec_path(H100_SPEC)).unwrap();
     let storage = "\n[storage]\nsource = \"MLPerf Storage (DLIO): a system passes at >= 90 % accelerator utilisation; the site's dataset needs 2 GB/s\"\nmin_throughput = \"2 GB/s\"\nmin_au = \"90 %\"\n";
     std::fs::write(&spec, text + storage).unwrap();
-    let data = |id: &str, au: f64, max: f64| {
+    let data_from = |id: &str, au: f64, max: f64, from_storage: f64| {
         let metric = |name: &str, v: f64, unit: &str| serde_json::json!([name, v, unit, "higher"]);
         let metrics = serde_json::json!([
             metric("data.max_gbps", max, "GB/s"),
             metric("data.au", au, "ratio"),
-            ["data.needed_gbps", 1.5, "GB/s", "none"]
+            ["data.needed_gbps", 1.5, "GB/s", "none"],
+            ["data.from_storage", from_storage, "ratio", "none"]
         ]);
         stored_run(id, host, inventory, "data", metrics)
     };
+    let data = |id: &str, au: f64, max: f64| data_from(id, au, max, 1.0);
     let judge = |runs: &[&Value]| rejudged_against(dir.path(), &export, inventory, runs, &spec, &[]).0;
     let slow = data("5d6e7f8a-9b0c-4d1e-8f2a-3b4c5d6e7f8a", 0.62, 1.2);
     let v = judge(&[&slow]);
@@ -1004,6 +1006,13 @@ fn storage_that_does_not_feed_the_accelerators_fails_the_spec() {
     {
         assert_eq!(check_of(&v, id, subject)["status"], "pass", "{v}");
     }
+    // Fast because memory served the reads (a tmpfs, the page cache): not the drives' figure.
+    let memory = data_from("8a9b0c1d-2e3f-4a4b-9c5d-6e7f8a9b0c1d", 0.99, 10.4, 0.0);
+    let v = judge(&[&memory]);
+    let tp = check_of(&v, "storage.throughput", "the data loader, every data directory");
+    assert_eq!(tp["status"], "fail", "{v}");
+    assert!(tp["measured"].as_str().unwrap().contains("only 0 % of it came from a drive"), "{tp}");
+    assert_eq!(check_of(&v, "storage.au", "the emulated accelerators")["status"], "fail", "{v}");
     // A GPU-only run: performance is judged, the storage checks skip and say what to run.
     let metrics = serde_json::json!([["gpus.nccl.all_reduce.busbw_gbs_max", 470.0, "GB/s", "higher"]]);
     let busbw = stored_run("7f8a9b0c-1d2e-4f3a-8b4c-5d6e7f8a9b0c", host, inventory, "gpu-collectives", metrics);

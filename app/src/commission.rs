@@ -96,11 +96,11 @@ pub fn stored_suite(
     saved: Option<&SavedInventory>,
     quick: bool,
     budget: Option<u64>,
-    disk_path: Option<PathBuf>,
+    dirs: SuiteDirs,
     interrupted: &AtomicBool,
 ) -> Result<Vec<(Outcome, Option<String>)>> {
     let mut done = Vec::new();
-    run_suite(inv, quick, budget, disk_path, interrupted, &mut |outcome| {
+    run_suite(inv, quick, budget, dirs, interrupted, &mut |outcome| {
         let id = saved.map(|s| store_outcome(stores, inv, s, &outcome)).transpose()?;
         done.push((outcome, id));
         Ok(())
@@ -116,6 +116,8 @@ pub struct Plan {
     pub live: bool,
     /// The quick suite's time budget, in seconds.
     pub budget: Option<u64>,
+    /// The data drives' directories, for `kiln bench data` in the suite.
+    pub data_dirs: Vec<PathBuf>,
     /// A check of the spec may be skipped (`--allow-skip`).
     pub allow_skip: bool,
     /// Where the store is, as the view names it.
@@ -138,7 +140,10 @@ pub fn commission(
     let done = if plan.no_bench || !plan.live {
         Vec::new()
     } else {
-        stored_suite(stores, &inv, Some(&saved), true, plan.budget, None, interrupted)?
+        {
+            let dirs = SuiteDirs { disk: None, data: plan.data_dirs.clone() };
+            stored_suite(stores, &inv, Some(&saved), true, plan.budget, dirs, interrupted)?
+        }
     };
     let failed_check = done.iter().any(|(o, _)| o.failed_check());
     let benchmarks = done
@@ -178,15 +183,34 @@ pub fn commission(
     })
 }
 
+/// Where the suite's storage benchmarks write.
+#[derive(Debug, Clone, Default)]
+pub struct SuiteDirs {
+    /// The disk benchmark's scratch file's directory (default: the temporary directory).
+    pub disk: Option<PathBuf>,
+    /// The data drives' directories: `kiln bench data` runs there when any is given.
+    pub data: Vec<PathBuf>,
+}
+
 /// The suite's benchmarks, each stored (through `keep`) the moment it finishes.
 pub fn run_suite(
     inv: &Inventory,
     quick: bool,
     budget: Option<u64>,
-    disk_path: Option<PathBuf>,
+    dirs: SuiteDirs,
     interrupted: &AtomicBool,
     keep: &mut dyn FnMut(Outcome) -> Result<()>,
 ) -> Result<()> {
+    // The largest training throughput the suite measured (tokens/s): the rate its data must flow.
+    let tokens_per_s = std::cell::Cell::new(0.0f64);
+    let keep = &mut |outcome: Outcome| {
+        if matches!(outcome.benchmark(), "train" | "gpu-train") && outcome.status.is_result() {
+            for m in outcome.metrics.iter().filter(|m| m.name.ends_with("tokens_per_s")) {
+                tokens_per_s.set(tokens_per_s.get().max(m.value));
+            }
+        }
+        keep(outcome)
+    };
     let started = Instant::now();
     let started_at = kiln_text::timefmt::now_rfc3339();
     let budget = Duration::from_secs(budget.unwrap_or(if quick { 110 } else { 1800 }));
@@ -230,13 +254,32 @@ pub fn run_suite(
         gpu_suite(inv, quick, &over, &spent, interrupted, keep)?;
     }
     if !over("disk") && !interrupted.load(Ordering::Relaxed) {
-        let dir = disk_path.unwrap_or_else(std::env::temp_dir);
+        let dir = dirs.disk.unwrap_or_else(std::env::temp_dir);
         let config = kiln_bench::disk::Config {
             size_bytes: if quick { 256 << 20 } else { 4 << 30 },
             seconds: if quick { 1.0 } else { 10.0 },
             queue_depths: vec![1, 32],
         };
         keep(runs::disk(&dir, config, false, interrupted)?)?;
+    }
+    if !dirs.data.is_empty() && !over("data") && !interrupted.load(Ordering::Relaxed) {
+        // uint16 token ids: two bytes a token, at what the suite's own training consumed.
+        let rate = Some(tokens_per_s.get() * 2.0).filter(|r| *r > 0.0);
+        let config = kiln_bench::data::Config {
+            readers: 4 * dirs.data.len(),
+            dirs: dirs.data,
+            layout: kiln_bench::data::Layout::Tokens,
+            dataset_bytes: if quick { 512 << 20 } else { 8 << 30 },
+            shard_bytes: 64 << 20,
+            engine: kiln_bench::data::Engine::Threads,
+            buffered: false,
+            prefetch: 64,
+            batch: 8,
+            accelerators: inv.gpus.devices.len().max(1),
+            rate,
+            seconds: if quick { 2.0 } else { 10.0 },
+        };
+        keep(runs::data(config, interrupted)?)?;
     }
     // The error counters again, so that the verdict judges what the suite's load caused.
     if let Some(outcome) = runs::counters_after(inv, started_at, started.elapsed().as_secs_f64()) {

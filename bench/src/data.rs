@@ -34,6 +34,8 @@ pub enum DataError {
     Io(PathBuf, std::io::Error),
     #[error("{path}: not a directory (kiln bench data writes its dataset only inside directories, never on a device)", path = .0.display())]
     NotADirectory(PathBuf),
+    #[error("io_uring is not available here ({0}; a kernel before 5.1, io_uring_disabled, or a container's seccomp policy): use --engine threads")]
+    Uring(std::io::Error),
     #[error("interrupted")]
     Interrupted,
 }
@@ -46,6 +48,27 @@ pub enum Layout {
     Tokens,
     /// Records of 100 KB–1 MB packed in shards, read in random order.
     Samples,
+}
+
+/// How the loader's readers read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// `readers` threads, each one blocking read at a time (as PyTorch's DataLoader workers).
+    #[default]
+    Threads,
+    /// One thread keeping `readers` reads in flight through io_uring.
+    Uring,
+}
+
+impl Engine {
+    pub fn parse(s: &str) -> Option<Engine> {
+        match s {
+            "threads" => Some(Engine::Threads),
+            "uring" | "io_uring" => Some(Engine::Uring),
+            _ => None,
+        }
+    }
 }
 
 impl Layout {
@@ -66,8 +89,16 @@ pub struct Config {
     pub dataset_bytes: u64,
     /// Bytes per shard file.
     pub shard_bytes: u64,
-    /// Reader threads.
+    /// Reader threads (`Engine::Threads`), or reads in flight (`Engine::Uring`).
     pub readers: usize,
+    /// How the readers read.
+    #[serde(default)]
+    pub engine: Engine,
+    /// Read through the page cache as a training framework's loader does, each read's pages
+    /// evicted after it (`posix_fadvise(DONTNEED)`, as if the dataset were far larger than memory),
+    /// rather than O_DIRECT.
+    #[serde(default)]
+    pub buffered: bool,
     /// Samples read ahead of the accelerators (the loader's queue).
     pub prefetch: usize,
     /// Samples per batch.
@@ -105,8 +136,14 @@ pub struct Pass {
     pub seconds: f64,
     pub read_p50_us: f64,
     pub read_p99_us: f64,
-    /// CPU time of the reader threads per second of the pass: cores busy reading.
+    /// CPU time of the reader threads per second of the pass: cores busy reading (io_uring: the
+    /// whole process's, io_uring's kernel workers included, less the emulated accelerators').
     pub reader_cpu_cores: f64,
+    /// The share of the bytes read that the storage layer fetched during the pass (the process's
+    /// `read_bytes` in `/proc/self/io`): about 1 when every read reached a drive, about 0 when
+    /// memory served them (a tmpfs, or the page cache); `None` where the kernel does not count.
+    #[serde(default)]
+    pub from_storage: Option<f64>,
     pub dirs: Vec<DirResult>,
 }
 
@@ -117,6 +154,9 @@ pub struct Report {
     pub shards: usize,
     /// Every read bypassed the page cache (O_DIRECT).
     pub direct: bool,
+    /// How the readers read.
+    #[serde(default)]
+    pub engine: Engine,
     /// As fast as the loader delivers, no compute.
     pub flat_out: Pass,
     /// At the accelerators' rate, when one was given.
@@ -220,8 +260,16 @@ fn write_dataset(
             at += 1 << 20;
         }
         file.sync_all().map_err(io)?;
+        // Where O_DIRECT was refused the written pages sit in the page cache: evicted (clean now).
+        evict(&file, 0, 0);
         drop(file);
-        let (file, direct) = open_shard(&path, false).map_err(io)?;
+        let (file, direct) = if config.buffered {
+            let mut o = OpenOptions::new();
+            o.read(true).custom_flags(libc::O_NOFOLLOW);
+            (o.open(&path).map_err(io)?, false)
+        } else {
+            open_shard(&path, false).map_err(io)?
+        };
         out.push(Shard { dir, file, direct });
     }
     Ok(out)
@@ -276,48 +324,240 @@ struct Seen {
     bytes: Vec<u64>,
     latency: Vec<Vec<f64>>,
     cpu_seconds: f64,
+    /// Bytes the storage layer fetched for these reads (`None`: not counted here).
+    storage_bytes: Option<u64>,
 }
 
-/// One pass: `readers` threads read in `order`'s order into the queue; `accelerators` threads take
+impl Seen {
+    fn new(dirs: usize) -> Seen {
+        Seen { bytes: vec![0; dirs], latency: vec![Vec::new(); dirs], cpu_seconds: 0.0, storage_bytes: Some(0) }
+    }
+
+    fn add(&mut self, mine: &mut Seen) {
+        for (d, bytes) in mine.bytes.iter().enumerate() {
+            self.bytes[d] += bytes;
+            self.latency[d].append(&mut mine.latency[d]);
+        }
+        self.cpu_seconds += mine.cpu_seconds;
+        self.storage_bytes = self.storage_bytes.zip(mine.storage_bytes).map(|(a, b)| a + b);
+    }
+}
+
+/// Reads `r` into `buf`; a buffered shard's pages are evicted once read, so that the next epoch
+/// reads the storage again, as from a dataset far larger than memory.
+fn read_one(shard: &Shard, buf: &mut [u8], r: Read) -> std::io::Result<()> {
+    shard.file.read_exact_at(buf, r.offset)?;
+    if !shard.direct {
+        evict(&shard.file, r.offset, r.len as u64);
+    }
+    Ok(())
+}
+
+/// Drops a file range from the page cache (clean pages only; a hint the kernel may ignore).
+fn evict(file: &File, offset: u64, len: u64) {
+    let _ = nix::fcntl::posix_fadvise(
+        file,
+        offset as libc::off_t,
+        len as libc::off_t,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    );
+}
+
+/// Bytes this thread (`/proc/thread-self/io`) or the whole process (`/proc/self/io`) has had the
+/// storage layer fetch (`read_bytes`): reads that a drive served, not the page cache or a tmpfs.
+fn storage_read_bytes(of: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(of).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// CPU seconds the whole process has used.
+fn process_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// What the readers share: the reads in order, the next one's index, and when to stop.
+struct Feed<'a> {
+    shards: &'a [Shard],
+    order: &'a [Read],
+    next: &'a AtomicUsize,
+    done: &'a AtomicBool,
+    stop: &'a AtomicBool,
+    /// The first read that failed: its directory's index and the error.
+    failed: Mutex<Option<(usize, std::io::Error)>>,
+}
+
+impl Feed<'_> {
+    fn fail(&self, dir: usize, e: std::io::Error) {
+        self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert((dir, e));
+    }
+
+    fn running(&self) -> bool {
+        !self.done.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed)
+    }
+
+    /// The next read, epoch after epoch in the same shuffled order.
+    fn take(&self) -> Read {
+        self.order[self.next.fetch_add(1, Ordering::Relaxed) % self.order.len()]
+    }
+}
+
+/// A reader thread: one blocking read at a time, each handed to the queue.
+fn thread_reader(feed: &Feed<'_>, tx: &mpsc::SyncSender<usize>, mine: &mut Seen) {
+    let mut buf = Aligned::new(1 << 20);
+    let storage_before = storage_read_bytes("/proc/thread-self/io");
+    while feed.running() {
+        let r = feed.take();
+        let shard = &feed.shards[r.shard];
+        let t0 = Instant::now();
+        if let Err(e) = read_one(shard, buf.get(r.len), r) {
+            feed.fail(shard.dir, e);
+            break;
+        }
+        mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
+        mine.bytes[shard.dir] += r.len as u64;
+        if tx.send(r.len).is_err() {
+            break;
+        }
+    }
+    mine.cpu_seconds = thread_cpu_seconds();
+    mine.storage_bytes = storage_before.zip(storage_read_bytes("/proc/thread-self/io")).map(|(a, b)| b - a);
+}
+
+/// One thread keeping `depth` reads in flight through io_uring, each handed to the queue as it
+/// completes; a failed read is recorded in `feed`, the ring's own failure returned. Every buffer outlives its read: the loop ends only when nothing is in flight, and a
+/// ring that fails mid-way leaks the buffers rather than free memory the kernel may still write.
+fn uring_reader(feed: &Feed<'_>, depth: usize, tx: &mpsc::SyncSender<usize>, mine: &mut Seen) -> std::io::Result<()> {
+    use io_uring::{opcode, types, IoUring};
+    use std::os::fd::AsRawFd;
+    let depth = depth.clamp(1, 1024);
+    let mut ring = IoUring::new(depth.next_power_of_two() as u32)?;
+    let mut bufs: Vec<Aligned> = (0..depth).map(|_| Aligned::new(1 << 20)).collect();
+    // Per slot: the read, the bytes it has so far, when it was first submitted.
+    let mut slots: Vec<Option<(Read, usize, Instant)>> = vec![None; depth];
+    // Slots whose read goes in next round: fresh ones, and short reads' remainders.
+    let mut queued: Vec<usize> = Vec::new();
+    let (mut in_flight, mut refill) = (0usize, true);
+    loop {
+        if refill && feed.running() {
+            for (slot, state) in slots.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
+                *state = Some((feed.take(), 0, Instant::now()));
+                queued.push(slot);
+            }
+        }
+        for slot in queued.drain(..) {
+            let Some((r, got, _)) = slots[slot] else { continue };
+            let fd = types::Fd(feed.shards[r.shard].file.as_raw_fd());
+            let buf = &mut bufs[slot].get(r.len)[got..];
+            let entry = opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
+                .offset(r.offset + got as u64)
+                .build()
+                .user_data(slot as u64);
+            // SAFETY: the buffer (a slot of `bufs`, never reallocated) and the file (in `shards`,
+            // borrowed for this function's whole run) outlive the read: the loop waits for every
+            // read in flight before returning, and leaks `bufs` where it cannot. The ring has room
+            // for every slot, and the queue is submitted empty each round, so the push succeeds.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                in_flight += 1;
+            } else {
+                slots[slot] = None;
+            }
+        }
+        if in_flight == 0 {
+            break;
+        }
+        if let Err(e) = ring.submit_and_wait(1) {
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            std::mem::forget(bufs);
+            return Err(e);
+        }
+        let finished: Vec<(usize, i32)> = ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
+        for (slot, result) in finished {
+            in_flight -= 1;
+            let Some((r, got, t0)) = slots[slot].take() else { continue };
+            if result <= 0 {
+                refill = false;
+                feed.fail(
+                    feed.shards[r.shard].dir,
+                    if result == 0 {
+                        std::io::Error::from(std::io::ErrorKind::UnexpectedEof)
+                    } else {
+                        std::io::Error::from_raw_os_error(-result)
+                    },
+                );
+                continue;
+            }
+            let got = got + result as usize;
+            if got < r.len {
+                if feed.running() {
+                    slots[slot] = Some((r, got, t0));
+                    queued.push(slot);
+                }
+                continue;
+            }
+            let shard = &feed.shards[r.shard];
+            if !shard.direct {
+                evict(&shard.file, r.offset, r.len as u64);
+            }
+            mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
+            mine.bytes[shard.dir] += r.len as u64;
+            if tx.send(r.len).is_err() {
+                refill = false;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One pass: the readers read in `order`'s order into the queue; `accelerators` threads take
 /// `batch` samples, then compute for the time their share of `rate` allows.
-fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Option<f64>, stop: &AtomicBool) -> Pass {
+///
+/// # Errors
+/// The first read that failed, with its directory's index.
+fn pass(
+    shards: &[Shard],
+    dirs: usize,
+    order: &[Read],
+    config: &Config,
+    rate: Option<f64>,
+    stop: &AtomicBool,
+) -> Result<Pass, (usize, std::io::Error)> {
     let next = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
-    let active = AtomicUsize::new(config.readers.max(1));
+    let feed = Feed { shards, order, next: &next, done: &done, stop, failed: Mutex::new(None) };
+    let threads = match config.engine {
+        Engine::Threads => config.readers.max(1),
+        Engine::Uring => 1,
+    };
+    let active = AtomicUsize::new(threads);
     let (tx, rx) = mpsc::sync_channel::<usize>(config.prefetch.max(1));
     let rx = Mutex::new(rx);
-    let seen = Mutex::new(Seen { bytes: vec![0; dirs], latency: vec![Vec::new(); dirs], cpu_seconds: 0.0 });
+    let seen = Mutex::new(Seen::new(dirs));
     let per_acc = rate.map(|r| r / config.accelerators.max(1) as f64);
+    let storage_before = storage_read_bytes("/proc/self/io");
+    let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(config.seconds);
-    let (computing, waiting, delivered) = std::thread::scope(|s| {
-        for _ in 0..config.readers.max(1) {
+    let (computing, waiting, delivered, consumers_cpu) = std::thread::scope(|s| {
+        for _ in 0..threads {
             let tx = tx.clone();
-            let (next, done, seen, active) = (&next, &done, &seen, &active);
+            let (feed, seen, active) = (&feed, &seen, &active);
             s.spawn(move || {
-                let mut buf = Aligned::new(1 << 20);
-                let mut mine = Seen { bytes: vec![0; dirs], latency: vec![Vec::new(); dirs], cpu_seconds: 0.0 };
-                while !done.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
-                    // Epoch after epoch, in the same shuffled order.
-                    let r = order[next.fetch_add(1, Ordering::Relaxed) % order.len()];
-                    let shard = &shards[r.shard];
-                    let t0 = Instant::now();
-                    if shard.file.read_exact_at(buf.get(r.len), r.offset).is_err() {
-                        break;
-                    }
-                    mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
-                    mine.bytes[shard.dir] += r.len as u64;
-                    if tx.send(r.len).is_err() {
-                        break;
+                let mut mine = Seen::new(dirs);
+                match config.engine {
+                    Engine::Threads => thread_reader(feed, &tx, &mut mine),
+                    Engine::Uring => {
+                        if let Err(e) = uring_reader(feed, config.readers, &tx, &mut mine) {
+                            feed.fail(0, std::io::Error::new(e.kind(), format!("io_uring: {e}")));
+                        }
                     }
                 }
-                mine.cpu_seconds = thread_cpu_seconds();
-                let mut all = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                for d in 0..dirs {
-                    all.bytes[d] += mine.bytes[d];
-                    all.latency[d].append(&mut mine.latency[d]);
-                }
-                all.cpu_seconds += mine.cpu_seconds;
+                seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(&mut mine);
                 active.fetch_sub(1, Ordering::Relaxed);
             });
         }
@@ -334,7 +574,7 @@ fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Op
                             let got = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
                             match got {
                                 Ok(len) => batch += len as u64,
-                                Err(_) => return (computing, waiting, bytes),
+                                Err(_) => return (computing, waiting, bytes, thread_cpu_seconds()),
                             }
                         }
                         waiting += t0.elapsed().as_secs_f64();
@@ -345,11 +585,12 @@ fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Op
                             computing += compute;
                         }
                     }
-                    (computing, waiting, bytes)
+                    (computing, waiting, bytes, thread_cpu_seconds())
                 })
             })
             .collect();
-        let results: Vec<(f64, f64, u64)> = consumers.into_iter().map(|h| h.join().unwrap_or((0.0, 0.0, 0))).collect();
+        let results: Vec<(f64, f64, u64, f64)> =
+            consumers.into_iter().map(|h| h.join().unwrap_or((0.0, 0.0, 0, 0.0))).collect();
         done.store(true, Ordering::Relaxed);
         // Readers blocked on a full queue go on once it drains: drain it until every one has seen
         // `done` and left.
@@ -357,10 +598,21 @@ fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Op
         while active.load(Ordering::Relaxed) > 0 {
             let _ = rx.recv_timeout(Duration::from_millis(5));
         }
-        results.iter().fold((0.0, 0.0, 0u64), |a, r| (a.0 + r.0, a.1 + r.1, a.2 + r.2))
+        results.iter().fold((0.0, 0.0, 0u64, 0.0), |a, r| (a.0 + r.0, a.1 + r.1, a.2 + r.2, a.3 + r.3))
     });
     let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-    let seen = seen.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(failed) = feed.failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        return Err(failed);
+    }
+    let mut seen = seen.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // io_uring's reads may be issued by its kernel workers, threads of this process: counted
+    // process-wide (whatever else the process did meanwhile included).
+    if config.engine == Engine::Uring {
+        seen.cpu_seconds = (process_cpu_seconds() - cpu_before - consumers_cpu).max(0.0);
+        seen.storage_bytes = storage_before.zip(storage_read_bytes("/proc/self/io")).map(|(a, b)| b.saturating_sub(a));
+    }
+    let read_bytes: u64 = seen.bytes.iter().sum();
+    let from_storage = seen.storage_bytes.filter(|_| read_bytes > 0).map(|s| s as f64 / read_bytes as f64);
     let mut all_lat: Vec<f64> = seen.latency.iter().flatten().copied().collect();
     all_lat.sort_by(f64::total_cmp);
     let dir_results = (0..dirs)
@@ -379,7 +631,7 @@ fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Op
         })
         .collect();
     let samples = all_lat.len() as f64;
-    Pass {
+    Ok(Pass {
         needed_gbps: rate.unwrap_or(0.0) / 1e9,
         delivered_gbps: delivered as f64 / elapsed / 1e9,
         samples_per_s: samples / elapsed,
@@ -388,8 +640,9 @@ fn pass(shards: &[Shard], dirs: usize, order: &[Read], config: &Config, rate: Op
         read_p50_us: percentile_sorted(&all_lat, 0.5),
         read_p99_us: percentile_sorted(&all_lat, 0.99),
         reader_cpu_cores: seen.cpu_seconds / elapsed,
+        from_storage,
         dirs: dir_results,
-    }
+    })
 }
 
 /// CPU seconds this thread has used.
@@ -428,8 +681,14 @@ fn bottleneck(p: &Pass, readers: usize, direct: bool) -> Option<String> {
             readers, p.reader_cpu_cores
         ));
     }
+    if p.from_storage.is_some_and(|f| f < 0.5) {
+        return Some(format!(
+            "memory, not a drive: only {:.0} % of the bytes read came from the storage (a tmpfs, or the page cache)",
+            100.0 * p.from_storage.unwrap_or(0.0)
+        ));
+    }
     if !direct {
-        return Some("the storage, read through the page cache (the filesystem refused O_DIRECT)".into());
+        return Some("the storage, read through the page cache (each read's pages evicted after it)".into());
     }
     Some(format!(
         "the storage as a whole: every directory alike delivers {:.3} GB/s where {:.3} are needed",
@@ -455,6 +714,9 @@ pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str
     let mut seed =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
+    if config.engine == Engine::Uring {
+        io_uring::IoUring::new(2).map_err(DataError::Uring)?;
+    }
     let mut scratch = Scratch(Vec::new());
     for d in &config.dirs {
         let path = d.join(format!("{SCRATCH_PREFIX}{}-{:016x}", std::process::id(), splitmix64(&mut seed)));
@@ -471,19 +733,20 @@ pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str
         }
         p
     };
+    let run = |rate: Option<f64>| -> Result<Pass, DataError> {
+        let p = pass(&shards, config.dirs.len(), &order, &config, rate, stop)
+            .map_err(|(dir, e)| DataError::Io(config.dirs[dir].clone(), e))?;
+        if stop.load(Ordering::Relaxed) {
+            return Err(DataError::Interrupted);
+        }
+        Ok(name(p))
+    };
     progress("reading as fast as the loader delivers");
-    let flat_out = name(pass(&shards, config.dirs.len(), &order, &config, None, stop));
-    if stop.load(Ordering::Relaxed) {
-        return Err(DataError::Interrupted);
-    }
+    let flat_out = run(None)?;
     let at_rate = match config.rate {
         Some(r) => {
             progress(&format!("feeding {} accelerator(s) at {:.3} GB/s", config.accelerators, r / 1e9));
-            let p = name(pass(&shards, config.dirs.len(), &order, &config, Some(r), stop));
-            if stop.load(Ordering::Relaxed) {
-                return Err(DataError::Interrupted);
-            }
-            Some(p)
+            Some(run(Some(r))?)
         }
         None => None,
     };
@@ -496,6 +759,7 @@ pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str
         dataset_bytes: (config.dataset_bytes / shard_bytes).max(config.dirs.len() as u64) * shard_bytes,
         shards: order.iter().map(|r| r.shard).max().map_or(0, |m| m + 1),
         direct,
+        engine: config.engine,
         max_rate_au90_gbps: flat_out.delivered_gbps / 0.9,
         flat_out,
         at_rate,
@@ -630,6 +894,8 @@ mod tests {
             dataset_bytes: 16 << 20,
             shard_bytes: 4 << 20,
             readers: 2,
+            engine: Engine::Threads,
+            buffered: false,
             prefetch: 8,
             batch: 2,
             accelerators: 2,
@@ -671,6 +937,63 @@ mod tests {
         let stopped = AtomicBool::new(true);
         assert!(matches!(measure(&config(vec![a.path().into()], None), &stopped, |_| {}), Err(DataError::Interrupted)));
         assert_eq!(std::fs::read_dir(a.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn io_uring_keeps_reads_in_flight_and_delivers_like_threads() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = config(vec![d.path().into()], Some(20e6));
+        c.engine = Engine::Uring;
+        c.readers = 4;
+        let r = match measure(&c, &AtomicBool::new(false), |_| {}) {
+            Err(DataError::Uring(e)) => {
+                println!("SKIPPED — needs io_uring ({e})");
+                return;
+            }
+            other => other.unwrap(),
+        };
+        assert_eq!(r.engine, Engine::Uring);
+        let flat = &r.flat_out;
+        assert!(flat.delivered_gbps > 0.0 && flat.samples_per_s > 0.0 && flat.read_p50_us > 0.0, "{flat:?}");
+        assert!(r.at_rate.as_ref().unwrap().au > 0.5, "{r:?}");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "the dataset is gone");
+    }
+
+    /// Whether `dir` is memory (a tmpfs).
+    fn in_memory(dir: &Path) -> bool {
+        use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+        statfs(dir).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
+    }
+
+    #[test]
+    fn reads_say_whether_a_drive_served_them_buffered_reads_included() {
+        // A directory on a drive (the build's, beside this crate), read buffered: each read's pages
+        // are evicted after it, so epoch after epoch the storage serves them again.
+        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+        std::fs::create_dir_all(&target).unwrap();
+        let disk = tempfile::tempdir_in(&target).unwrap();
+        if storage_read_bytes("/proc/thread-self/io").is_none() || in_memory(disk.path()) {
+            println!("SKIPPED — needs a drive-backed target/ and per-thread I/O accounting");
+            return;
+        }
+        for buffered in [false, true] {
+            let mut c = config(vec![disk.path().into()], None);
+            c.buffered = buffered;
+            let r = measure(&c, &AtomicBool::new(false), |_| {}).unwrap();
+            let from = r.flat_out.from_storage.unwrap();
+            assert!(from > 0.8, "buffered {buffered}: {from} of the bytes came from the drive ({r:?})");
+            assert_eq!(r.direct, !buffered);
+        }
+        // Memory: the bytes come from no drive, and a starved pass says so.
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() || !in_memory(shm) {
+            println!("SKIPPED — needs a tmpfs at /dev/shm");
+            return;
+        }
+        let mem = tempfile::tempdir_in(shm).unwrap();
+        let r = measure(&config(vec![mem.path().into()], Some(1e15)), &AtomicBool::new(false), |_| {}).unwrap();
+        assert!(r.flat_out.from_storage.unwrap() < 0.1, "{r:?}");
+        assert!(r.bottleneck.as_deref().unwrap().starts_with("memory, not a drive"), "{r:?}");
     }
 
     #[test]

@@ -283,6 +283,10 @@ pub enum Command {
         /// Time budget of the benchmark suite, in seconds
         #[arg(long, value_name = "SECONDS")]
         budget: Option<u64>,
+        /// A directory on a data drive (repeat for each): the suite then asks whether the drives
+        /// keep the accelerators busy (`kiln bench data`, at the rate of the suite's training run)
+        #[arg(long = "data-dir", value_name = "DIR")]
+        data_dirs: Vec<PathBuf>,
         #[command(flatten)]
         judge: Judge,
         /// Do not judge (inventory and benchmarks only; the exit code is the benchmarks')
@@ -703,6 +707,10 @@ pub enum Bench {
         /// Where the disk benchmark writes its temporary file [default: the temporary directory]
         #[arg(long, value_name = "DIR")]
         disk_path: Option<PathBuf>,
+        /// A directory on a data drive (repeat for each): `kiln bench data` there, at the rate of
+        /// the suite's training run
+        #[arg(long = "data-dir", value_name = "DIR")]
+        data_dirs: Vec<PathBuf>,
         #[command(flatten)]
         store: Store,
     },
@@ -829,9 +837,17 @@ pub enum Bench {
         /// Bytes per shard file
         #[arg(long, default_value_t = 64, value_name = "MIB")]
         shard_mib: u64,
-        /// Reader threads [default: 4 per directory]
+        /// Reader threads, or reads in flight with --engine uring [default: 4 per directory]
         #[arg(long)]
         readers: Option<usize>,
+        /// threads (blocking reads, as PyTorch's DataLoader workers) or uring (one thread keeping
+        /// --readers reads in flight through io_uring)
+        #[arg(long, default_value = "threads")]
+        engine: String,
+        /// Read through the page cache, as a framework's loader does, each read's pages evicted
+        /// after it (as from a dataset far larger than memory), instead of O_DIRECT
+        #[arg(long)]
+        buffered: bool,
         /// Samples read ahead of the accelerators
         #[arg(long, default_value_t = 64)]
         prefetch: usize,

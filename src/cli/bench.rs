@@ -131,7 +131,10 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             let outcome = runs::gemm(&inv, &sizes, &dtypes, repetitions, &libraries);
             finish(ctx, &inv, outcome, store)
         }
-        Bench::Suite { quick, budget, disk_path, store } => suite(ctx, quick, budget, disk_path, store),
+        Bench::Suite { quick, budget, disk_path, data_dirs, store } => {
+            let dirs = kiln_app::commission::SuiteDirs { disk: disk_path, data: data_dirs };
+            suite(ctx, quick, budget, dirs, store)
+        }
         Bench::Gpu { what } => gpu(what, ctx),
     }
 }
@@ -341,6 +344,8 @@ fn data_bench(ctx: &Ctx, bench: Bench) -> Result<Output> {
         size_mib,
         shard_mib,
         readers,
+        engine,
+        buffered,
         prefetch,
         batch,
         accelerators,
@@ -355,6 +360,8 @@ fn data_bench(ctx: &Ctx, bench: Bench) -> Result<Output> {
     preflight(ctx, store)?;
     let layout = kiln_bench::data::Layout::parse(&layout)
         .ok_or_else(|| anyhow::anyhow!("--layout {layout:?}: tokens or samples"))?;
+    let engine = kiln_bench::data::Engine::parse(&engine)
+        .ok_or_else(|| anyhow::anyhow!("--engine {engine:?}: threads or uring"))?;
     anyhow::ensure!(shard_mib >= 1 && size_mib >= shard_mib, "--size-mib must hold at least one --shard-mib shard");
     anyhow::ensure!(seconds > 0.0 && seconds.is_finite(), "--seconds must be positive");
     anyhow::ensure!(prefetch >= 1 && batch >= 1, "--prefetch and --batch must be at least 1");
@@ -367,6 +374,8 @@ fn data_bench(ctx: &Ctx, bench: Bench) -> Result<Output> {
     };
     let config = kiln_bench::data::Config {
         readers: readers.unwrap_or(4 * dirs.len()).max(1),
+        engine,
+        buffered,
         dirs,
         layout,
         dataset_bytes: size_mib << 20,
@@ -417,14 +426,14 @@ fn suite(
     ctx: &Ctx,
     quick: bool,
     budget: Option<u64>,
-    disk_path: Option<PathBuf>,
+    dirs: kiln_app::commission::SuiteDirs,
     store: args::Store,
 ) -> Result<Output> {
     preflight(ctx, store)?;
     catch_interrupts();
     let inv = live_inventory()?;
     let saved = if store.no_save { None } else { Some(store_inventory(ctx, &inv)?) };
-    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, disk_path, &INTERRUPTED)?;
+    let done = stored_suite(ctx, &inv, saved.as_ref(), quick, budget, dirs, &INTERRUPTED)?;
     let failed = done.iter().any(|(o, _)| o.failed_check());
     let runs = done
         .iter()
@@ -469,6 +478,8 @@ pub fn actions(act: args::Act) -> Result<kiln_app::act::Actions> {
 pub struct Suite {
     pub no_bench: bool,
     pub budget: Option<u64>,
+    /// The data drives' directories (`--data-dir`).
+    pub data_dirs: Vec<PathBuf>,
 }
 
 /// `kiln commission`: the inventory (stored before any benchmark starts), the quick suite (each
@@ -490,6 +501,7 @@ pub fn commission(
         no_bench: suite.no_bench,
         live: is_live(source),
         budget: suite.budget,
+        data_dirs: suite.data_dirs,
         allow_skip: judge.allow_skip,
         database: ctx.db_path()?,
     };

@@ -316,9 +316,9 @@ pub fn run(command: Command, ctx: &Ctx) -> Result<Output> {
         Command::Inventory { source, save } => inventory::inventory(&source, save, ctx),
         Command::Topo { source } => inventory::topo(&source, ctx),
         Command::Snapshot { output } => inventory::snapshot(&output, ctx),
-        Command::Commission { source, no_bench, budget, judge, no_verdict, act } => {
+        Command::Commission { source, no_bench, budget, data_dirs, judge, no_verdict, act } => {
             let acts = bench::actions(act)?;
-            bench::commission(&source, bench::Suite { no_bench, budget }, &judge, no_verdict, acts, ctx)
+            bench::commission(&source, bench::Suite { no_bench, budget, data_dirs }, &judge, no_verdict, acts, ctx)
         }
         Command::Verdict { inventory, no_perf, no_save, verbose, judge } => {
             verdict::rejudge(&inventory, no_perf, no_save, verbose, &judge, ctx)

@@ -38,6 +38,9 @@ pub fn data(config: kiln_bench::data::Config, stop: &std::sync::atomic::AtomicBo
         metric("data.read_p99_us".into(), flat.read_p99_us, "us", Direction::Lower),
         metric("data.reader_cpu_cores".into(), flat.reader_cpu_cores, "cores", Direction::Lower),
     ];
+    if let Some(f) = flat.from_storage {
+        metrics.push(metric("data.from_storage".into(), f, "ratio", Direction::None));
+    }
     for (i, d) in flat.dirs.iter().enumerate() {
         metrics.push(metric(format!("data.dir{i}.max_gbps"), d.gbps, "GB/s", Direction::Higher));
         metrics.push(metric(format!("data.dir{i}.read_p99_us"), d.read_p99_us, "us", Direction::Lower));
@@ -80,18 +83,25 @@ pub fn data(config: kiln_bench::data::Config, stop: &std::sync::atomic::AtomicBo
 }
 
 fn render(r: &kiln_bench::data::Report, config: &kiln_bench::data::Config) -> String {
+    let readers = match r.engine {
+        kiln_bench::data::Engine::Threads => format!("{} reader thread(s)", config.readers),
+        kiln_bench::data::Engine::Uring => format!("io_uring, {} reads in flight", config.readers),
+    };
+    let reads = match (r.direct, config.buffered) {
+        (true, _) => "O_DIRECT: the page cache is not measured",
+        (false, true) => "buffered, each read's pages evicted after it",
+        (false, false) => "buffered (a filesystem refused O_DIRECT), each read's pages evicted after it",
+    };
     let mut text = format!(
-        "data: {:?} layout, {} MiB in {} shard(s) over {} director{}, {} reader(s), prefetch {}, batch {}, {} accelerator(s); {}\n",
+        "data: {:?} layout, {} MiB in {} shard(s) over {} director{}, {readers}, prefetch {}, batch {}, {} accelerator(s); {reads}\n",
         r.layout,
         r.dataset_bytes >> 20,
         r.shards,
         config.dirs.len(),
         if config.dirs.len() == 1 { "y" } else { "ies" },
-        config.readers,
         config.prefetch,
         config.batch,
         config.accelerators,
-        if r.direct { "O_DIRECT: the page cache is not measured" } else { "buffered: a filesystem refused O_DIRECT, so the page cache may serve reads" }
     );
     let mut pass = |name: &str, p: &kiln_bench::data::Pass| {
         text.push_str(&format!(
@@ -107,6 +117,11 @@ fn render(r: &kiln_bench::data::Report, config: &kiln_bench::data::Config) -> St
             p.read_p99_us,
             p.reader_cpu_cores
         ));
+        if let Some(f) = p.from_storage {
+            let whence =
+                if f < 0.5 { ": memory served the rest (a tmpfs, or the page cache), not a drive" } else { "" };
+            text.push_str(&format!("  from the storage: {:.0} % of the bytes read{whence}\n", 100.0 * f));
+        }
         for d in &p.dirs {
             text.push_str(&format!(
                 "  {}: {:.3} GB/s, {} reads, p50 {:.0} µs, p99 {:.0} µs{}\n",

@@ -38,6 +38,7 @@ pub const STORED: &[&str] = &[
     "data.au",
     "data.max_samples_per_s",
     "data.reader_cpu_cores",
+    "data.from_storage",
     // kiln bench net.
     "net.tcp_throughput_gbps",
     "net.tcp_rtt_p50_us",

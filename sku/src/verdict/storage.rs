@@ -13,12 +13,28 @@ pub fn check(spec: &SkuSpec, e: &Evidence<'_>, c: &mut Checks) {
             "no `kiln bench data` run with this inventory: run `kiln bench data DIR… --rate GB/s` on the data drives, then judge again",
         )
     };
+    // A run whose reads memory served (a tmpfs, the page cache) measured memory, not the drives:
+    // it passes nothing.
+    let memory = |metrics: &[(String, f64, String)]| {
+        metrics.iter().find(|m| m.0 == "data.from_storage").map(|m| m.1).filter(|f| *f < 0.5).map(|f| {
+            format!(
+                ", but only {:.0} % of it came from a drive (memory served the rest: not the storage's figure)",
+                100.0 * f
+            )
+        })
+    };
     if let Some(min) = &s.min_throughput {
         let m = match matching(e.runs, "data.max_gbps").last() {
-            Some(&(_, gbps, run)) => (
-                Measured::of(format!("{} GB/s", kiln_text::num(gbps)), gbps * 1e9 >= min.value()),
-                format!("run {} (data)", kiln_text::short(&run.id)),
-            ),
+            Some(&(_, gbps, run)) => {
+                let memory = memory(&run.metrics);
+                (
+                    Measured::of(
+                        format!("{} GB/s{}", kiln_text::num(gbps), memory.as_deref().unwrap_or("")),
+                        gbps * 1e9 >= min.value() && memory.is_none(),
+                    ),
+                    format!("run {} (data)", kiln_text::short(&run.id)),
+                )
+            }
             None => (missing(), "runs of this inventory".to_string()),
         };
         c.add(
@@ -35,10 +51,16 @@ pub fn check(spec: &SkuSpec, e: &Evidence<'_>, c: &mut Checks) {
         let m = match matching(e.runs, "data.au").last() {
             Some(&(_, au, run)) => {
                 let needed = run.metrics.iter().find(|m| m.0 == "data.needed_gbps").map_or(0.0, |m| m.1);
+                let memory = memory(&run.metrics);
                 (
                     Measured::of(
-                        format!("{:.1} % at {} GB/s needed", 100.0 * au, kiln_text::num(needed)),
-                        au >= min.value(),
+                        format!(
+                            "{:.1} % at {} GB/s needed{}",
+                            100.0 * au,
+                            kiln_text::num(needed),
+                            memory.as_deref().unwrap_or("")
+                        ),
+                        au >= min.value() && memory.is_none(),
                     ),
                     format!("run {} (data)", kiln_text::short(&run.id)),
                 )
