@@ -555,7 +555,7 @@ fn sdc_screen_names_a_cpu_that_computes_wrong_and_the_verdict_rejects_it() {
 struct Mounted {
     dir: std::path::PathBuf,
     major_minor: String,
-    _dev: Loop,
+    dev: Loop,
 }
 
 impl Mounted {
@@ -569,7 +569,7 @@ impl Mounted {
         ok(std::process::Command::new("mount").arg(&dev.device).arg(&dir));
         let name = dev.device.trim_start_matches("/dev/");
         let major_minor = std::fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap().trim().to_string();
-        Mounted { dir, major_minor, _dev: dev }
+        Mounted { dir, major_minor, dev }
     }
 }
 
@@ -683,7 +683,9 @@ fn data_names_a_throttled_drive_as_the_bottleneck_and_passes_without_it() {
     let at = throttled.at_rate.as_ref().unwrap();
     assert!(at.au < 0.9, "{throttled:#?}");
     let why = throttled.bottleneck.clone().unwrap_or_default();
-    assert!(why.starts_with(&format!("the drive under {slow_dir}:")), "{why}\n{throttled:#?}");
+    // Named by its directory and the block device under it.
+    let device = slow.dev.device.trim_start_matches("/dev/");
+    assert!(why.starts_with(&format!("the drive under {slow_dir} ({device}):")), "{why}\n{throttled:#?}");
     for d in [&slow.dir, &fast.dir] {
         let left: Vec<_> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name()).collect();
         assert!(left.iter().all(|n| n == "lost+found"), "{}: {left:?}", d.display());

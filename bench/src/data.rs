@@ -115,6 +115,10 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirResult {
     pub dir: String,
+    /// The block device that holds the directory (`nvme0n1`, or `md0 (nvme0n1, nvme1n1)` for a
+    /// volume over several), from the directory's device number and `/sys/dev/block`.
+    #[serde(default)]
+    pub device: Option<String>,
     /// Whether reads bypassed the page cache.
     pub direct: bool,
     pub bytes: u64,
@@ -621,6 +625,7 @@ fn pass(
             lat.sort_by(f64::total_cmp);
             DirResult {
                 dir: String::new(),
+                device: None,
                 direct: shards.iter().filter(|s| s.dir == d).all(|s| s.direct),
                 bytes: seen.bytes[d],
                 reads: lat.len() as u64,
@@ -643,6 +648,25 @@ fn pass(
         from_storage,
         dirs: dir_results,
     })
+}
+
+/// The block device holding `dir`: its partition's disk (`nvme0n1p2` → `nvme0n1`), and for a
+/// device-mapper or RAID volume the disks under it. `None` for a filesystem without one (tmpfs,
+/// overlay, NFS).
+pub fn device_of(dir: &Path) -> Option<String> {
+    let st = nix::sys::stat::stat(dir).ok()?;
+    #[allow(clippy::unnecessary_cast)] // dev_t is not u64 everywhere
+    let dev = st.st_dev as u64;
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let sys = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    // A partition's directory sits inside its disk's.
+    let disk = if sys.join("partition").exists() { sys.parent()?.to_path_buf() } else { sys };
+    let name = disk.file_name()?.to_string_lossy().into_owned();
+    let mut under: Vec<String> = std::fs::read_dir(disk.join("slaves"))
+        .map(|e| e.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    under.sort();
+    Some(if under.is_empty() { name } else { format!("{name} ({})", under.join(", ")) })
 }
 
 /// CPU seconds this thread has used.
@@ -669,8 +693,9 @@ fn bottleneck(p: &Pass, readers: usize, direct: bool) -> Option<String> {
             p.dirs.iter().enumerate().filter(|(i, _)| *i != worst).map(|(_, d)| d.read_p50_us).collect();
         let others_median = others.iter().copied().fold(f64::INFINITY, f64::min).max(1e-9);
         if d.read_p50_us > 3.0 * others_median && d.read_p50_us >= median {
+            let device = d.device.as_ref().map_or(String::new(), |dev| format!(" ({dev})"));
             return Some(format!(
-                "the drive under {}: its reads take {:.0} µs (p50) where the others' take {:.0} µs, and every reader that reaches its shards waits",
+                "the drive under {}{device}: its reads take {:.0} µs (p50) where the others' take {:.0} µs, and every reader that reaches its shards waits",
                 d.dir, d.read_p50_us, others_median
             ));
         }
@@ -730,6 +755,7 @@ pub fn measure(config: &Config, stop: &AtomicBool, mut progress: impl FnMut(&str
     let name = |mut p: Pass| {
         for (i, d) in p.dirs.iter_mut().enumerate() {
             d.dir = config.dirs[i].display().to_string();
+            d.device = device_of(&config.dirs[i]);
         }
         p
     };
@@ -994,6 +1020,22 @@ mod tests {
         let r = measure(&config(vec![mem.path().into()], Some(1e15)), &AtomicBool::new(false), |_| {}).unwrap();
         assert!(r.flat_out.from_storage.unwrap() < 0.1, "{r:?}");
         assert!(r.bottleneck.as_deref().unwrap().starts_with("memory, not a drive"), "{r:?}");
+    }
+
+    #[test]
+    fn a_directory_is_mapped_to_its_block_device() {
+        let target = Path::new(env!("CARGO_MANIFEST_DIR"));
+        match device_of(target) {
+            // Whatever the disk, it is one /sys/block knows.
+            Some(dev) => {
+                let disk = dev.split(' ').next().unwrap();
+                assert!(Path::new("/sys/block").join(disk).exists(), "{dev}");
+            }
+            None => println!("SKIPPED — needs the build directory on a block device"),
+        }
+        if Path::new("/dev/shm").is_dir() && in_memory(Path::new("/dev/shm")) {
+            assert_eq!(device_of(Path::new("/dev/shm")), None, "a tmpfs has no block device");
+        }
     }
 
     #[test]

@@ -124,8 +124,9 @@ fn render(r: &kiln_bench::data::Report, config: &kiln_bench::data::Config) -> St
         }
         for d in &p.dirs {
             text.push_str(&format!(
-                "  {}: {:.3} GB/s, {} reads, p50 {:.0} µs, p99 {:.0} µs{}\n",
+                "  {}{}: {:.3} GB/s, {} reads, p50 {:.0} µs, p99 {:.0} µs{}\n",
                 d.dir,
+                d.device.as_ref().map_or(String::new(), |dev| format!(" ({dev})")),
                 d.gbps,
                 d.reads,
                 d.read_p50_us,
