@@ -928,6 +928,88 @@ mod tests {
         });
     }
 
+    /// A batch of agents' uploads goes in as one import, and each upload still gets its own counts,
+    /// its own binding and its own record; one agent's refused upload in the batch (another host's
+    /// records) is refused alone, and the others are stored.
+    #[test]
+    fn a_batch_of_agents_is_stored_as_one_import_each_with_its_own_counts() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
+            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
+            let file = |lines: &[&str]| {
+                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
+                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
+            };
+            // Agent k's box: its own identity and record ids, the same software stack as the others.
+            let of = |k: usize, s: &str| {
+                s.replace(r#""id":"h1""#, &format!(r#""id":"h{k}x""#))
+                    .replace(r#""host_id":"h1""#, &format!(r#""host_id":"h{k}x""#))
+                    .replace("serial-1", &format!("serial-{k}x"))
+                    .replace(r#""id":"i1""#, &format!(r#""id":"i{k}x""#))
+                    .replace(r#""inventory_id":"i1""#, &format!(r#""inventory_id":"i{k}x""#))
+                    .replace("000000000001", &format!("{k:012}"))
+            };
+            let agent = |k: usize, text: String| Upload {
+                label: format!("agent {k}"),
+                text,
+                sender: Sender { token_id: format!("t{k}"), client: Some(format!("10.0.0.{k}")), one_host: true },
+            };
+            let mut uploads = Vec::new();
+            for k in 1..=6 {
+                store
+                    .create_token(
+                        &format!("t{k}"),
+                        &format!("node-{k}"),
+                        crate::Role::Agent,
+                        b"h",
+                        "2026-11-03T00:00:00Z",
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                uploads.push(agent(k, file(&[&of(k, HOST), &of(k, INVENTORY), SOFTWARE, &of(k, RUN)])));
+            }
+            // Agent 6 sends agent 5's host with records of its own: refused, alone.
+            uploads[5] = agent(6, file(&[&of(5, HOST).replace(r#""id":"h5x""#, r#""id":"h6y""#), SOFTWARE]));
+            let results = store.import_many(&uploads).await;
+            for (k, r) in results.iter().enumerate().take(5) {
+                let stats = r.as_ref().unwrap_or_else(|e| panic!("agent {}: {e}", k + 1));
+                assert_eq!(
+                    (stats.records, stats.hosts_new, stats.inventories_new, stats.runs_new),
+                    (4, 1, 1, 1),
+                    "agent {}: {stats:?}",
+                    k + 1
+                );
+                assert_eq!((stats.metrics, stats.samples, stats.telemetry), (1, 1, 1), "agent {}: {stats:?}", k + 1);
+            }
+            // The shared stack is counted once, by the first upload that brought it.
+            let software: Vec<u64> = results[..5].iter().map(|r| r.as_ref().unwrap().software_new).collect();
+            assert_eq!(software, [1, 0, 0, 0, 0]);
+            assert!(matches!(&results[5], Err(ImportError::Refused { .. })), "{:?}", results[5]);
+            assert_eq!(store.hosts().await.unwrap().len(), 5);
+            assert_eq!(store.runs(100).await.unwrap().len(), 5);
+            let rows = store.tokens().await.unwrap();
+            for k in 1..=5 {
+                let t = rows.iter().find(|t| t.id == format!("t{k}")).unwrap();
+                assert_eq!(t.host_identity.as_deref(), Some(format!("serial-{k}x").as_str()));
+                assert!(t.last_used_at.is_some(), "t{k}");
+            }
+            let t6 = rows.iter().find(|t| t.id == "t6").unwrap();
+            assert_eq!(t6.host_identity, None, "nothing of the refused upload is kept");
+            let recorded: Vec<(String, Option<String>, i64)> =
+                sqlx::query_as("SELECT token_id, host_identity, records FROM uploads ORDER BY token_id")
+                    .fetch_all(&mut store.conn)
+                    .await
+                    .unwrap();
+            let want: Vec<(String, Option<String>, i64)> =
+                (1..=5).map(|k| (format!("t{k}"), Some(format!("serial-{k}x")), 4)).collect();
+            assert_eq!(recorded, want);
+            store.close().await.unwrap();
+        });
+    }
+
     /// An upload sent with a token that speaks for any host (an admin's or importer's).
     fn anyone(label: &str, text: String) -> Upload {
         Upload { label: label.into(), text, sender: Sender { token_id: "t-any".into(), client: None, one_host: false } }

@@ -42,17 +42,22 @@ async fn import_records(
     Ok(stats)
 }
 
-/// Several uploads (label, export text) in one transaction, each whole or not at all: each is
-/// parsed first, then applied inside a savepoint that a failure rolls back, and one commit (one
-/// sync to disk) stores them all. A failed commit fails every upload of the batch. The fleet
-/// service's writer takes the uploads that queued while it was busy this way (group commit).
+/// Several uploads (label, export text) in one transaction, each whole or not at all, and one
+/// commit (one sync to disk) for them all. The fleet service's writer takes the uploads that
+/// queued while it was busy this way (group commit).
+///
+/// First as one import: each upload admitted on its own (its sender's host bound and its records
+/// confined to it, [`admit`]; a refused one is left out), then every admitted upload's records
+/// stored together, a statement per table rather than per upload. Where that fails (a malformed
+/// record, two uploads that clash), it is undone and each upload goes again in a savepoint of its
+/// own, so that one bad upload fails alone and with its own error. A failed commit fails every
+/// upload of the batch.
 pub(crate) async fn import_many(
     s: &mut impl Backend,
     uploads: &[Upload],
 ) -> Vec<std::result::Result<ImportStats, ImportError>> {
     let err = sql_err(s);
     let path = s.path().to_path_buf();
-    let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
     let parsed: Vec<_> = uploads.iter().map(|u| parse_export(&u.label, &u.text)).collect();
     if parsed.iter().all(|p| p.is_err()) {
         return parsed.into_iter().map(|p| p.map(|_| ImportStats::default())).collect();
@@ -75,6 +80,177 @@ pub(crate) async fn import_many(
                 .collect();
         }
     };
+    let together = if parsed.iter().filter(|p| p.is_ok()).count() > 1 {
+        let mut c = tx.conn();
+        combined(&mut c, uploads, parsed).await
+    } else {
+        Together::Undone(parsed)
+    };
+    let mut results = match together {
+        Together::Stored(results) => results,
+        Together::Undone(parsed) => one_by_one(&mut tx.conn(), uploads, parsed, &err).await,
+        // The transaction is dropped uncommitted: nothing of the batch is stored.
+        Together::Broken(e) => {
+            let cause = err(e);
+            return uploads.iter().map(|_| Err(ImportError::Db(shared_failure(&path, &cause)))).collect();
+        }
+    };
+    if let Err(e) = tx.commit().await {
+        let cause = err(e);
+        for r in results.iter_mut().filter(|r| r.is_ok()) {
+            *r = Err(ImportError::Db(shared_failure(&path, &cause)));
+        }
+    }
+    results
+}
+
+type Parsed<'t> = std::result::Result<Vec<(usize, Record<'t>)>, ImportError>;
+
+/// How a batch went as one import.
+enum Together<'t> {
+    /// Stored: each upload's result (a refused upload's refusal among them).
+    Stored(Vec<std::result::Result<ImportStats, ImportError>>),
+    /// Undone: the uploads, parsed again, for [`one_by_one`].
+    Undone(Vec<Parsed<'t>>),
+    /// Not undone (the savepoint could not be rolled back): the transaction must not commit.
+    Broken(sqlx::Error),
+}
+
+/// The uploads of a batch as one import, inside a savepoint.
+async fn combined<'t>(c: &mut Conn<'_>, uploads: &'t [Upload], parsed: Vec<Parsed<'t>>) -> Together<'t> {
+    let again = || uploads.iter().map(|u| parse_export(&u.label, &u.text)).collect::<Vec<_>>();
+    if let Err(e) = query("SAVEPOINT batch").execute(c).await {
+        return Together::Broken(e);
+    }
+    let mut results: Vec<std::result::Result<ImportStats, ImportError>> = Vec::with_capacity(uploads.len());
+    // Every admitted upload's records, numbered across the batch (each upload from its own start).
+    let mut all: Vec<(usize, Record<'t>)> = Vec::new();
+    let mut tally = Tally { starts: Vec::new(), stats: Vec::new() };
+    let mut admitted: Vec<(usize, Option<Option<String>>)> = Vec::new();
+    // The agents' tokens and the holders of the hosts they carry, read once for the batch.
+    let senders: Vec<&str> = uploads.iter().filter(|u| u.sender.one_host).map(|u| u.sender.token_id.as_str()).collect();
+    let identities: Vec<&str> = parsed
+        .iter()
+        .flatten()
+        .flatten()
+        .filter_map(|(_, r)| if let Record::Host(h) = r { Some(h.identity.as_str()) } else { None })
+        .collect();
+    let mut known = match Known::load(c, &senders, &identities).await {
+        Ok(k) => k,
+        Err(e) => return undo(c, e, again).await,
+    };
+    let mut ok = true;
+    for (i, (upload, records)) in uploads.iter().zip(parsed).enumerate() {
+        let records = match records {
+            Ok(r) => r,
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        };
+        match admit(c, &upload.label, &upload.sender, &records, Some(&mut known)).await {
+            Ok(own) => {
+                let start = all.last().map_or(0, |(n, _)| n + 1);
+                tally.starts.push(start);
+                tally.stats.push(ImportStats { records: records.len() as u64, ..Default::default() });
+                all.extend(records.into_iter().map(|(n, r)| (start + n, r)));
+                admitted.push((i, own));
+                results.push(Ok(ImportStats::default()));
+            }
+            Err(Failed::File(e)) => results.push(Err(e)),
+            Err(Failed::Sql(_)) => {
+                ok = false;
+                break;
+            }
+        }
+    }
+    if ok {
+        // Any failure here (a record that does not hold, a clash between uploads) is one that the
+        // uploads on their own say better.
+        let malformed = |line: usize, message: String| ImportError::Malformed { file: "batch".into(), line, message };
+        let refused = |message: String| Failed::File(ImportError::Refused { file: "batch".into(), message });
+        let one_host = admitted.iter().any(|(_, own)| own.is_some()).then_some(&refused as &dyn Fn(String) -> Failed);
+        ok = store_records(c, &all, &malformed, &mut tally, one_host).await.is_ok();
+    }
+    if ok {
+        let stored: Vec<(&Sender, Option<String>, &ImportStats)> = admitted
+            .iter()
+            .zip(&tally.stats)
+            .map(|((i, own), stats)| (&uploads[*i].sender, own.clone().flatten(), stats))
+            .collect();
+        ok = record_uploads(c, &stored).await.is_ok();
+    }
+    if ok && query("RELEASE batch").execute(c).await.is_ok() {
+        for ((i, _), stats) in admitted.into_iter().zip(tally.stats) {
+            results[i] = Ok(stats);
+        }
+        return Together::Stored(results);
+    }
+    drop(all);
+    for undo in ["ROLLBACK TO batch", "RELEASE batch"] {
+        if let Err(e) = query(undo).execute(c).await {
+            return Together::Broken(e);
+        }
+    }
+    Together::Undone(again())
+}
+
+/// A batch that failed before anything of it was written: its savepoint released, the uploads
+/// parsed again for [`one_by_one`] (or, where even that fails, the transaction broken).
+async fn undo<'t>(c: &mut Conn<'_>, _cause: sqlx::Error, again: impl FnOnce() -> Vec<Parsed<'t>>) -> Together<'t> {
+    for undo in ["ROLLBACK TO batch", "RELEASE batch"] {
+        if let Err(e) = query(undo).execute(c).await {
+            return Together::Broken(e);
+        }
+    }
+    Together::Undone(again())
+}
+
+/// The agent tokens of a batch's senders and the holders of the hosts its uploads carry, read in
+/// two statements for the whole batch and kept up to date as the batch binds tokens, so that an
+/// agent's upload is admitted without statements of its own (but its first, which binds).
+struct Known {
+    /// Token id → (its name, its bound host); a token not here is gone.
+    tokens: HashMap<String, (String, Option<String>)>,
+    /// Host identity → the live tokens bound to it (id, name).
+    holders: HashMap<String, Vec<(String, String)>>,
+}
+
+impl Known {
+    async fn load(tx: &mut Conn<'_>, senders: &[&str], identities: &[&str]) -> sqlx::Result<Known> {
+        let mut k = Known { tokens: HashMap::new(), holders: HashMap::new() };
+        let senders: Vec<&str> = senders.iter().copied().collect::<HashSet<_>>().into_iter().collect();
+        for chunk in senders.chunks(MAX_BINDS) {
+            let mut q = Builder::new("SELECT id, name, host_identity FROM tokens WHERE id IN (");
+            q.list(chunk.iter().copied());
+            q.push(")");
+            for r in q.build().fetch_all(tx).await? {
+                k.tokens.insert(r.get(0), (r.get(1), r.get(2)));
+            }
+        }
+        let identities: Vec<&str> = identities.iter().copied().collect::<HashSet<_>>().into_iter().collect();
+        for chunk in identities.chunks(MAX_BINDS) {
+            let mut q = Builder::new(
+                "SELECT host_identity, id, name FROM tokens WHERE revoked_at IS NULL AND host_identity IN (",
+            );
+            q.list(chunk.iter().copied());
+            q.push(")");
+            for r in q.build().fetch_all(tx).await? {
+                k.holders.entry(r.get(0)).or_default().push((r.get(1), r.get(2)));
+            }
+        }
+        Ok(k)
+    }
+}
+
+/// Each upload in a savepoint of its own: applied, or rolled back with its own error.
+async fn one_by_one(
+    c: &mut Conn<'_>,
+    uploads: &[Upload],
+    parsed: Vec<Parsed<'_>>,
+    err: &impl Fn(sqlx::Error) -> DbError,
+) -> Vec<std::result::Result<ImportStats, ImportError>> {
+    let mut results = Vec::with_capacity(uploads.len());
     for (upload, records) in uploads.iter().zip(parsed) {
         let file = &upload.label;
         let records = match records {
@@ -86,28 +262,21 @@ pub(crate) async fn import_many(
         };
         let malformed = |line: usize, message: String| ImportError::Malformed { file: file.to_string(), line, message };
         let result = async {
-            let mut c = tx.conn();
-            query("SAVEPOINT upload").execute(&mut c).await?;
-            match import_into(&mut c, records, &malformed, Some((file, &upload.sender))).await {
+            query("SAVEPOINT upload").execute(&mut *c).await?;
+            match import_into(c, records, &malformed, Some((file, &upload.sender))).await {
                 Ok(stats) => {
-                    query("RELEASE upload").execute(&mut c).await?;
+                    query("RELEASE upload").execute(&mut *c).await?;
                     Ok(stats)
                 }
                 Err(e) => {
-                    query("ROLLBACK TO upload").execute(&mut c).await?;
-                    query("RELEASE upload").execute(&mut c).await?;
+                    query("ROLLBACK TO upload").execute(&mut *c).await?;
+                    query("RELEASE upload").execute(&mut *c).await?;
                     Err(e)
                 }
             }
         }
         .await;
-        results.push(result.map_err(|e: Failed| e.into_import(&err)));
-    }
-    if let Err(e) = tx.commit().await {
-        let cause = err(e);
-        for r in results.iter_mut().filter(|r| r.is_ok()) {
-            *r = Err(ImportError::Db(shared_failure(&path, &cause)));
-        }
+        results.push(result.map_err(|e: Failed| e.into_import(err)));
     }
     results
 }
@@ -136,43 +305,102 @@ async fn import_into(
     malformed: &dyn Fn(usize, String) -> ImportError,
     sent: Option<(&str, &Sender)>,
 ) -> std::result::Result<ImportStats, Failed> {
-    let mut stats = ImportStats { records: records.len() as u64, ..Default::default() };
+    let mut tally = Tally::one(records.len());
     let own = match sent {
-        Some((file, sender)) if sender.one_host => {
-            let refused = |message: String| Failed::File(ImportError::Refused { file: file.to_string(), message });
-            Some((own_host(tx, sender, &records, &refused).await?, refused))
-        }
-        _ => None,
+        Some((file, sender)) => admit(tx, file, sender, &records, None).await?,
+        None => None,
     };
-    let parents = import_parents(tx, &records, malformed, &mut stats).await?;
-    if let Some((own, refused)) = &own {
-        confine(tx, &records, &parents, own.as_deref(), refused).await?;
-    }
-    let fresh = fresh_runs(tx, &records, &parents, malformed, &mut stats).await?;
-    insert_runs(tx, &fresh, &mut stats).await?;
-    index_fresh(tx, &fresh, &parents).await?;
-    import_verdicts(tx, &records, &parents, malformed, &mut stats).await?;
-    import_applies(tx, &records, &mut stats, own.as_ref().map(|(_, refused)| refused as &dyn Fn(String) -> Failed))
-        .await?;
+    let refused = sent.map(|(file, _)| refusal(file));
+    let one_host = own.as_ref().and(refused.as_ref()).map(|r| r as &dyn Fn(String) -> Failed);
+    store_records(tx, &records, malformed, &mut tally, one_host).await?;
+    let stats = tally.stats.pop().unwrap_or_default();
     if let Some((_, sender)) = sent {
-        let host = own.as_ref().and_then(|(host, _)| host.clone());
-        let at = kiln_text::timefmt::now_rfc3339();
-        // The token's last use, in the upload's transaction: no write of its own per upload.
-        query("UPDATE tokens SET last_used_at = $1 WHERE id = $2").bind(&at).bind(&sender.token_id).execute(tx).await?;
-        query(
-            "INSERT INTO uploads (token_id, host_identity, received_at, client, records, stats) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&sender.token_id)
-        .bind(&host)
-        .bind(&at)
-        .bind(&sender.client)
-        .bind(stats.records as i64)
-        .bind(serde_json::to_string(&stats).unwrap_or_default())
-        .execute(tx)
-        .await?;
+        record_uploads(tx, &[(sender, own.flatten(), &stats)]).await?;
     }
     Ok(stats)
+}
+
+/// A refusal of `file`'s upload: a sender speaking for a host it may not.
+fn refusal(file: &str) -> impl Fn(String) -> Failed + '_ {
+    move |message: String| Failed::File(ImportError::Refused { file: file.to_string(), message })
+}
+
+/// Whether an upload may be stored, before anything of it is: a sender that speaks for one host
+/// has it bound ([`own_host`]) and its records confined to it ([`confine`]). `Some(host)` for
+/// such a sender (`None` inside: not bound, and the upload carries no host), `None` for one that
+/// may send any host's.
+async fn admit(
+    tx: &mut Conn<'_>,
+    file: &str,
+    sender: &Sender,
+    records: &[(usize, Record<'_>)],
+    known: Option<&mut Known>,
+) -> std::result::Result<Option<Option<String>>, Failed> {
+    if !sender.one_host {
+        return Ok(None);
+    }
+    let refused = refusal(file);
+    let own = own_host(tx, sender, records, &refused, known).await?;
+    confine(tx, records, own.as_deref(), &refused).await?;
+    Ok(Some(own))
+}
+
+/// Stores checked records: parents, runs with their values and series, verdicts, applies.
+/// `one_host`: applies are refused where stored for another host name.
+async fn store_records(
+    tx: &mut Conn<'_>,
+    records: &[(usize, Record<'_>)],
+    malformed: &dyn Fn(usize, String) -> ImportError,
+    tally: &mut Tally,
+    one_host: Option<&dyn Fn(String) -> Failed>,
+) -> std::result::Result<(), Failed> {
+    let parents = import_parents(tx, records, malformed, tally).await?;
+    let fresh = fresh_runs(tx, records, &parents, malformed, tally).await?;
+    insert_runs(tx, &fresh, tally).await?;
+    index_fresh(tx, &fresh, &parents).await?;
+    import_verdicts(tx, records, &parents, malformed, tally).await?;
+    import_applies(tx, records, tally, one_host).await
+}
+
+/// Each stored upload recorded (token, host, counts, time, client), and its token's last use, in
+/// the uploads' transaction: no write of their own per upload.
+async fn record_uploads(
+    tx: &mut Conn<'_>,
+    uploads: &[(&Sender, Option<String>, &ImportStats)],
+) -> std::result::Result<(), sqlx::Error> {
+    if uploads.is_empty() {
+        return Ok(());
+    }
+    let at = kiln_text::timefmt::now_rfc3339();
+    let tokens: Vec<&str> = uploads
+        .iter()
+        .map(|(s, ..)| s.token_id.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for chunk in tokens.chunks(MAX_BINDS - 1) {
+        let mut q = Builder::new("UPDATE tokens SET last_used_at = ");
+        q.list([at.as_str()]);
+        q.push(" WHERE id IN (");
+        q.list(chunk.iter().copied());
+        q.push(")");
+        q.build().execute(tx).await?;
+    }
+    for chunk in uploads.chunks(MAX_BINDS / 6) {
+        let mut q = Builder::new("INSERT INTO uploads (token_id, host_identity, received_at, client, records, stats) ");
+        q.values(chunk.iter().map(|(sender, host, stats)| {
+            [
+                Arg::from(&sender.token_id),
+                Arg::from(host.as_deref()),
+                Arg::from(at.as_str()),
+                Arg::from(&sender.client),
+                Arg::from(stats.records as i64),
+                Arg::from(serde_json::to_string(stats).unwrap_or_default()),
+            ]
+        }));
+        q.build().execute(tx).await?;
+    }
+    Ok(())
 }
 
 /// The host an agent token speaks for: the identity it was bound to, or, on its first upload that
@@ -184,6 +412,7 @@ async fn own_host(
     sender: &Sender,
     records: &[(usize, Record<'_>)],
     refused: &dyn Fn(String) -> Failed,
+    known: Option<&mut Known>,
 ) -> std::result::Result<Option<String>, Failed> {
     let carried: std::collections::BTreeSet<&str> = records
         .iter()
@@ -196,7 +425,11 @@ async fn own_host(
             .scalar_optional::<Option<String>>(tx)
             .await
     };
-    let Some(mut host) = bound(tx).await? else {
+    let stored = match known.as_deref() {
+        Some(k) => k.tokens.get(&sender.token_id).map(|(_, host)| host.clone()),
+        None => bound(tx).await?,
+    };
+    let Some(mut host) = stored else {
         return Err(refused(format!("token {} no longer exists", sender.token_id)));
     };
     if host.is_none() {
@@ -206,25 +439,41 @@ async fn own_host(
                 let first = carried.first().copied().unwrap_or_default();
                 // A host another live agent token speaks for is not claimed by a second one's first
                 // upload: that takes `kiln token create --host`, or revoking the other token.
-                let holder: Option<String> = query(
-                    "SELECT name FROM tokens WHERE host_identity = $1 AND revoked_at IS NULL AND id <> $2 LIMIT 1",
-                )
-                .bind(first)
-                .bind(&sender.token_id)
-                .scalar_optional(tx)
-                .await?;
+                let holder: Option<String> = match known.as_deref() {
+                    Some(k) => k
+                        .holders
+                        .get(first)
+                        .and_then(|h| h.iter().find(|(id, _)| *id != sender.token_id))
+                        .map(|(_, name)| name.clone()),
+                    None => {
+                        query(
+                            "SELECT name FROM tokens WHERE host_identity = $1 AND revoked_at IS NULL AND id <> $2 \
+                             LIMIT 1",
+                        )
+                        .bind(first)
+                        .bind(&sender.token_id)
+                        .scalar_optional(tx)
+                        .await?
+                    }
+                };
                 if let Some(holder) = holder {
                     return Err(refused(format!(
                         "host {first} is the host of token {holder:?}; this token's first upload may not claim it \
                          (revoke that token, or make this one with `kiln token create --host {first}`)"
                     )));
                 }
-                query("UPDATE tokens SET host_identity = $1 WHERE id = $2 AND host_identity IS NULL")
+                let updated = query("UPDATE tokens SET host_identity = $1 WHERE id = $2 AND host_identity IS NULL")
                     .bind(first)
                     .bind(&sender.token_id)
                     .execute(tx)
                     .await?;
-                host = bound(tx).await?.flatten();
+                // Bound now; or bound meanwhile by another writer, and then what it holds is read.
+                host = if updated == 1 { Some(first.to_string()) } else { bound(tx).await?.flatten() };
+                if let (Some(k), Some(h)) = (known, &host) {
+                    let name = k.tokens.get(&sender.token_id).map(|(n, _)| n.clone()).unwrap_or_default();
+                    k.tokens.insert(sender.token_id.clone(), (name.clone(), Some(h.clone())));
+                    k.holders.entry(h.clone()).or_default().push((sender.token_id.clone(), name));
+                }
             }
             n => {
                 let all: Vec<&str> = carried.iter().copied().collect();
@@ -253,10 +502,23 @@ async fn own_host(
 async fn confine(
     tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
-    p: &Parents,
     own: Option<&str>,
     refused: &dyn Fn(String) -> Failed,
 ) -> std::result::Result<(), Failed> {
+    // The upload's own host and inventory records (not those of another upload in its batch).
+    let mut hosts = HashSet::new();
+    let mut inventories = HashSet::new();
+    for (_, rec) in records {
+        match rec {
+            Record::Host(h) => {
+                hosts.insert(h.id.as_str());
+            }
+            Record::Inventory(i) => {
+                inventories.insert(i.id.as_str());
+            }
+            _ => {}
+        }
+    }
     let mut outside = Vec::new();
     for (_, rec) in records {
         let (what, id, host, inventory) = match rec {
@@ -265,13 +527,13 @@ async fn confine(
             Record::Inventory(i) => ("inventory", &i.id, &i.host_id, None),
             _ => continue,
         };
-        if !p.host_ids.contains_key(host) {
+        if !hosts.contains(host.as_str()) {
             return Err(refused(format!(
                 "{what} {id} names host {host}, which this upload does not carry: an agent token uploads its own \
                  host's records only"
             )));
         }
-        if let Some(inv) = inventory.filter(|i| !p.inventory_configs.contains_key(*i)) {
+        if let Some(inv) = inventory.filter(|i| !inventories.contains(i.as_str())) {
             outside.push((what, id, inv));
         }
     }
@@ -299,10 +561,10 @@ async fn confine(
 async fn import_applies(
     tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
-    stats: &mut ImportStats,
+    tally: &mut Tally,
     one_host: Option<&dyn Fn(String) -> Failed>,
 ) -> std::result::Result<(), Failed> {
-    for (_, rec) in records {
+    for (n, rec) in records {
         let Record::Apply(a) = rec else { continue };
         let here: Option<(i64, i64, Option<String>, Option<String>)> = query(
             "SELECT resumes, (SELECT COUNT(*) FROM provision_steps s WHERE s.apply_id = a.id), finished_at, hostname \
@@ -339,7 +601,7 @@ async fn import_applies(
                 .bind(a.status.as_str())
                 .execute(tx)
                 .await?;
-                stats.applies_updated += 1;
+                tally.of(*n).applies_updated += 1;
             }
             None => {
                 query(
@@ -359,7 +621,7 @@ async fn import_applies(
                 .bind(a.status.as_str())
                 .execute(tx)
                 .await?;
-                stats.applies_new += 1;
+                tally.of(*n).applies_new += 1;
             }
         }
         for chunk in a.steps.chunks(MAX_BINDS / 12) {
@@ -393,7 +655,7 @@ async fn import_verdicts(
     records: &[(usize, Record<'_>)],
     p: &Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<(), Failed> {
     for (n, rec) in records {
         let Record::Verdict(v) = rec else { continue };
@@ -432,7 +694,7 @@ async fn import_verdicts(
             failed: v.failed,
             document: v.document.get().to_string(),
         };
-        stats.verdicts_new += super::reads::insert_verdict(tx, &v.id, &record).await?;
+        tally.of(*n).verdicts_new += super::reads::insert_verdict(tx, &v.id, &record).await?;
     }
     Ok(())
 }
@@ -459,6 +721,26 @@ impl From<sqlx::Error> for Failed {
     }
 }
 
+/// What an import added, per upload: a combined batch numbers its records across the uploads
+/// (each upload's from its own start), and a record's number says whose counts it adds to.
+struct Tally {
+    starts: Vec<usize>,
+    stats: Vec<ImportStats>,
+}
+
+impl Tally {
+    /// One file or upload of `records` records.
+    fn one(records: usize) -> Tally {
+        Tally { starts: vec![0], stats: vec![ImportStats { records: records as u64, ..Default::default() }] }
+    }
+
+    /// The counts of the upload that record `n` belongs to.
+    fn of(&mut self, n: usize) -> &mut ImportStats {
+        let i = self.starts.partition_point(|s| *s <= n).saturating_sub(1);
+        &mut self.stats[i]
+    }
+}
+
 /// How the records that runs name map onto this database: hosts by identity, software by
 /// fingerprint, and the configuration each host and inventory had.
 #[derive(Default)]
@@ -475,22 +757,22 @@ async fn import_parents(
     tx: &mut Conn<'_>,
     records: &[(usize, Record<'_>)],
     malformed: &dyn Fn(usize, String) -> ImportError,
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<Parents, Failed> {
     // Only the hosts and stacks these records name: an upload must not read the whole fleet.
     let identities =
         records.iter().filter_map(|(_, r)| if let Record::Host(h) = r { Some(h.identity.as_str()) } else { None });
-    let existing_hosts = pairs_in(tx, "SELECT identity, id FROM hosts WHERE identity IN (", identities).await?;
+    let mut existing_hosts = pairs_in(tx, "SELECT identity, id FROM hosts WHERE identity IN (", identities).await?;
     let fingerprints =
         records
             .iter()
             .filter_map(|(_, r)| if let Record::Software(s) = r { Some(s.fingerprint.as_str()) } else { None });
-    let existing_software =
+    let mut existing_software =
         pairs_in(tx, "SELECT fingerprint, id FROM software_stacks WHERE fingerprint IN (", fingerprints).await?;
     let mut p = Parents::default();
     for (n, rec) in records {
         match rec {
-            Record::Host(h) => import_host(tx, *n, h, &existing_hosts, &mut p, malformed, stats).await?,
+            Record::Host(h) => import_host(tx, *n, h, &mut existing_hosts, &mut p, malformed, tally).await?,
             Record::Software(SoftwareRec { id, fingerprint, document, .. }) => {
                 if let Some(known) = existing_software.get(fingerprint) {
                     p.software_ids.insert(id.clone(), known.clone());
@@ -503,9 +785,11 @@ async fn import_parents(
                     .execute(tx)
                     .await?;
                 p.software_ids.insert(id.clone(), id.clone());
-                stats.software_new += 1;
+                // The same stack in a later record (another agent's upload of the batch) is this one.
+                existing_software.insert(fingerprint.clone(), id.clone());
+                tally.of(*n).software_new += 1;
             }
-            Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, stats).await?,
+            Record::Inventory(i) => import_inventory(tx, *n, i, &mut p, malformed, tally).await?,
             Record::Run(_) | Record::Verdict(_) | Record::Apply(_) | Record::End(_) => {}
         }
     }
@@ -517,10 +801,10 @@ async fn import_host(
     tx: &mut Conn<'_>,
     n: usize,
     h: &HostRec,
-    existing: &HashMap<String, String>,
+    existing: &mut HashMap<String, String>,
     p: &mut Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<(), Failed> {
     p.host_configs.insert(h.id.clone(), (h.config_fingerprint.clone(), h.config_name.clone()));
     if let Some(known) = existing.get(&h.identity) {
@@ -557,7 +841,8 @@ async fn import_host(
     .await
     .map_err(|e| Failed::File(malformed(n, format!("host {}: {e}", h.id))))?;
     p.host_ids.insert(h.id.clone(), h.id.clone());
-    stats.hosts_new += 1;
+    existing.insert(h.identity.clone(), h.id.clone());
+    tally.of(n).hosts_new += 1;
     Ok(())
 }
 
@@ -568,14 +853,14 @@ async fn import_inventory(
     i: &InventoryRec<'_>,
     p: &mut Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<(), Failed> {
     let Some(host) = p.host_ids.get(&i.host_id) else {
         let why = format!("inventory {} names host {}, which no earlier host record gives", i.id, i.host_id);
         return Err(Failed::File(malformed(n, why)));
     };
     p.inventory_configs.insert(i.id.clone(), (i.config_fingerprint.clone(), i.config_name.clone()));
-    stats.inventories_new += query(
+    tally.of(n).inventories_new += query(
         "INSERT INTO inventories (id, host_id, collected_at, schema_version, config_fingerprint, \
          config_name, cpu_model, cpu_packages, cpu_cores, cpu_threads, memory_bytes, kernel_release, problem_count, \
          document) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
@@ -638,6 +923,8 @@ async fn existing_ids(
 
 /// A run of the file that this database lacks, with its parents mapped.
 struct NewRunRef<'r> {
+    /// The record's number (whose counts it adds to).
+    n: usize,
     id: &'r str,
     host: String,
     inventory: Option<&'r str>,
@@ -652,7 +939,7 @@ async fn fresh_runs<'r>(
     records: &'r [(usize, Record<'_>)],
     p: &Parents,
     malformed: &dyn Fn(usize, String) -> ImportError,
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<Vec<NewRunRef<'r>>, Failed> {
     let runs: Vec<(usize, &RunRec<'_>)> =
         records.iter().filter_map(|(n, r)| if let Record::Run(r) = r { Some((*n, r)) } else { None }).collect();
@@ -670,7 +957,7 @@ async fn fresh_runs<'r>(
     for (n, rec) in runs {
         let RunRec { id, host_id, inventory_id, software_id, .. } = rec;
         if known_runs.contains(id) {
-            stats.runs_known += 1;
+            tally.of(n).runs_known += 1;
             continue;
         }
         let bad = |why: String| Failed::File(malformed(n, why));
@@ -693,10 +980,10 @@ async fn fresh_runs<'r>(
         }
         known_runs.insert(id.clone());
         let inventory = inventory_id.as_deref();
-        fresh.push(NewRunRef { id, host: host.clone(), inventory, software, rec });
+        fresh.push(NewRunRef { n, id, host: host.clone(), inventory, software, rec });
+        tally.of(n).runs_new += 1;
     }
     fresh.sort_unstable_by(|a, b| a.id.cmp(b.id));
-    stats.runs_new = fresh.len() as u64;
     Ok(fresh)
 }
 
@@ -704,7 +991,7 @@ async fn fresh_runs<'r>(
 async fn insert_runs(
     tx: &mut Conn<'_>,
     fresh: &[NewRunRef<'_>],
-    stats: &mut ImportStats,
+    tally: &mut Tally,
 ) -> std::result::Result<(), sqlx::Error> {
     tx.insert_rows(
         "runs (id, host_id, inventory_id, software_id, benchmark, config, started_at, finished_at, status, status_reason)",
@@ -739,13 +1026,15 @@ async fn insert_runs(
     };
     for r in fresh {
         let rec = r.rec;
+        let stats = tally.of(r.n);
+        stats.metrics += rec.metrics.len() as u64;
+        stats.samples += rec.samples.len() as u64;
+        stats.telemetry += rec.telemetry.len() as u64;
         v.metrics.extend(rec.metrics.iter().map(|(n, x, u, d)| (r.id, n.as_str(), u.as_str(), d.as_str(), *x)));
         v.samples.extend(rec.samples.iter().map(|(m, i, x)| (r.id, m.as_str(), *i, *x)));
         v.telemetry.extend(rec.telemetry.iter().map(|(t, src, n, x)| (r.id, src.as_str(), n.as_str(), *t, *x)));
     }
     super::values::write(tx, &nums, &v).await?;
-    (stats.metrics, stats.samples, stats.telemetry) =
-        (v.metrics.len() as u64, v.samples.len() as u64, v.telemetry.len() as u64);
     Ok(())
 }
 
