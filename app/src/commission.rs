@@ -140,10 +140,8 @@ pub fn commission(
     let done = if plan.no_bench || !plan.live {
         Vec::new()
     } else {
-        {
-            let dirs = SuiteDirs { disk: None, data: plan.data_dirs.clone() };
-            stored_suite(stores, &inv, Some(&saved), true, plan.budget, dirs, interrupted)?
-        }
+        let dirs = SuiteDirs { disk: None, data: plan.data_dirs.clone() };
+        stored_suite(stores, &inv, Some(&saved), true, plan.budget, dirs, interrupted)?
     };
     let failed_check = done.iter().any(|(o, _)| o.failed_check());
     let benchmarks = done

@@ -569,28 +569,7 @@ fn pass(
         let consumers: Vec<_> = (0..config.accelerators.max(1))
             .map(|_| {
                 let rx = &rx;
-                s.spawn(move || {
-                    let (mut computing, mut waiting, mut bytes) = (0.0f64, 0.0f64, 0u64);
-                    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let mut batch = 0u64;
-                        for _ in 0..config.batch.max(1) {
-                            let got = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
-                            match got {
-                                Ok(len) => batch += len as u64,
-                                Err(_) => return (computing, waiting, bytes, thread_cpu_seconds()),
-                            }
-                        }
-                        waiting += t0.elapsed().as_secs_f64();
-                        bytes += batch;
-                        if let Some(r) = per_acc {
-                            let compute = batch as f64 / r;
-                            std::thread::sleep(Duration::from_secs_f64(compute));
-                            computing += compute;
-                        }
-                    }
-                    (computing, waiting, bytes, thread_cpu_seconds())
-                })
+                s.spawn(move || accelerator(rx, config.batch, per_acc, deadline, stop))
             })
             .collect();
         let results: Vec<(f64, f64, u64, f64)> =
@@ -667,6 +646,38 @@ pub fn device_of(dir: &Path) -> Option<String> {
         .unwrap_or_default();
     under.sort();
     Some(if under.is_empty() { name } else { format!("{name} ({})", under.join(", ")) })
+}
+
+/// An emulated accelerator until `deadline`: takes `batch` samples from the queue, then computes
+/// for as long as its share of the rate (`per_acc`, bytes/s) allows. Seconds computing, seconds
+/// waiting, bytes taken, and its own CPU seconds.
+fn accelerator(
+    rx: &Mutex<mpsc::Receiver<usize>>,
+    batch: usize,
+    per_acc: Option<f64>,
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> (f64, f64, u64, f64) {
+    let (mut computing, mut waiting, mut bytes) = (0.0f64, 0.0f64, 0u64);
+    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let mut taken = 0u64;
+        for _ in 0..batch.max(1) {
+            let got = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+            match got {
+                Ok(len) => taken += len as u64,
+                Err(_) => return (computing, waiting, bytes, thread_cpu_seconds()),
+            }
+        }
+        waiting += t0.elapsed().as_secs_f64();
+        bytes += taken;
+        if let Some(r) = per_acc {
+            let compute = taken as f64 / r;
+            std::thread::sleep(Duration::from_secs_f64(compute));
+            computing += compute;
+        }
+    }
+    (computing, waiting, bytes, thread_cpu_seconds())
 }
 
 /// CPU seconds this thread has used.

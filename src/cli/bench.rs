@@ -132,8 +132,7 @@ pub fn run(what: Bench, ctx: &Ctx) -> Result<Output> {
             finish(ctx, &inv, outcome, store)
         }
         Bench::Suite { quick, budget, disk_path, data_dirs, store } => {
-            let dirs = kiln_app::commission::SuiteDirs { disk: disk_path, data: data_dirs };
-            suite(ctx, quick, budget, dirs, store)
+            suite(ctx, quick, budget, disk_path, data_dirs, store)
         }
         Bench::Gpu { what } => gpu(what, ctx),
     }
@@ -426,9 +425,11 @@ fn suite(
     ctx: &Ctx,
     quick: bool,
     budget: Option<u64>,
-    dirs: kiln_app::commission::SuiteDirs,
+    disk_path: Option<PathBuf>,
+    data_dirs: Vec<PathBuf>,
     store: args::Store,
 ) -> Result<Output> {
+    let dirs = kiln_app::commission::SuiteDirs { disk: disk_path, data: data_dirs };
     preflight(ctx, store)?;
     catch_interrupts();
     let inv = live_inventory()?;

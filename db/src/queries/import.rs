@@ -137,7 +137,7 @@ async fn combined<'t>(c: &mut Conn<'_>, uploads: &'t [Upload], parsed: Vec<Parse
         .collect();
     let mut known = match Known::load(c, &senders, &identities).await {
         Ok(k) => k,
-        Err(e) => return undo(c, e, again).await,
+        Err(_) => return undo(c, again).await,
     };
     let mut ok = true;
     for (i, (upload, records)) in uploads.iter().zip(parsed).enumerate() {
@@ -187,17 +187,12 @@ async fn combined<'t>(c: &mut Conn<'_>, uploads: &'t [Upload], parsed: Vec<Parse
         return Together::Stored(results);
     }
     drop(all);
-    for undo in ["ROLLBACK TO batch", "RELEASE batch"] {
-        if let Err(e) = query(undo).execute(c).await {
-            return Together::Broken(e);
-        }
-    }
-    Together::Undone(again())
+    undo(c, again).await
 }
 
-/// A batch that failed before anything of it was written: its savepoint released, the uploads
-/// parsed again for [`one_by_one`] (or, where even that fails, the transaction broken).
-async fn undo<'t>(c: &mut Conn<'_>, _cause: sqlx::Error, again: impl FnOnce() -> Vec<Parsed<'t>>) -> Together<'t> {
+/// A batch that failed as one: rolled back to its savepoint, the uploads parsed again for
+/// [`one_by_one`] (or, where even that fails, the transaction broken).
+async fn undo<'t>(c: &mut Conn<'_>, again: impl FnOnce() -> Vec<Parsed<'t>>) -> Together<'t> {
     for undo in ["ROLLBACK TO batch", "RELEASE batch"] {
         if let Err(e) = query(undo).execute(c).await {
             return Together::Broken(e);
