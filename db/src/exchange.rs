@@ -898,11 +898,7 @@ mod tests {
         rt.block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
-            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
-            let file = |lines: &[&str]| {
-                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
-                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
-            };
+            let file = export_of;
             let second_run = RUN.replace("000000000001", "000000000002");
             // A run whose inventory no record gives and the database does not hold: refused while
             // writing, after its host was written, so the savepoint must undo that host.
@@ -937,11 +933,7 @@ mod tests {
         rt.block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let mut store = Store::open(&dir.path().join("k.db")).await.unwrap();
-            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
-            let file = |lines: &[&str]| {
-                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
-                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
-            };
+            let file = export_of;
             // Agent k's box: its own identity and record ids, the same software stack as the others.
             let of = |k: usize, s: &str| {
                 s.replace(r#""id":"h1""#, &format!(r#""id":"h{k}x""#))
@@ -1010,6 +1002,13 @@ mod tests {
         });
     }
 
+    /// An export file of `lines` (records), with its header and end record.
+    fn export_of(lines: &[&str]) -> String {
+        let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
+        let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
+        [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
+    }
+
     /// An upload sent with a token that speaks for any host (an admin's or importer's).
     fn anyone(label: &str, text: String) -> Upload {
         Upload { label: label.into(), text, sender: Sender { token_id: "t-any".into(), client: None, one_host: false } }
@@ -1028,11 +1027,7 @@ mod tests {
             for (id, name) in [("ta", "node-a"), ("tb", "node-b"), ("tc", "node-c")] {
                 store.create_token(id, name, crate::Role::Agent, b"h", "2026-11-03T00:00:00Z", None).await.unwrap();
             }
-            let header = r#"{"kiln_export":1,"exported_at":"2026-11-03T00:00:00Z"}"#;
-            let file = |lines: &[&str]| {
-                let end = format!(r#"{{"type":"end","records":{}}}"#, lines.len());
-                [&[header][..], lines, &[end.as_str()]].concat().join("\n") + "\n"
-            };
+            let file = export_of;
             let agent = |token: &str, label: &str, text: String| Upload {
                 label: label.into(),
                 text,
