@@ -143,8 +143,9 @@ pub struct Pass {
     /// CPU time of the reader threads per second of the pass: cores busy reading (io_uring: the
     /// whole process's, io_uring's kernel workers included, less the emulated accelerators').
     pub reader_cpu_cores: f64,
-    /// The share of the bytes read that the storage layer fetched during the pass (the process's
-    /// `read_bytes` in `/proc/self/io`): about 1 when every read reached a drive, about 0 when
+    /// The share of the bytes read that the storage layer fetched during the pass (`read_bytes` of
+    /// each reader thread's `/proc/thread-self/io`; io_uring: the process's `/proc/self/io`): about
+    /// 1 when every read reached a drive, about 0 when
     /// memory served them (a tmpfs, or the page cache); `None` where the kernel does not count.
     #[serde(default)]
     pub from_storage: Option<f64>,
