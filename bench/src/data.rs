@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{getrusage, UsageWho};
 use serde::{Deserialize, Serialize};
 
 use crate::stats::{percentile_sorted, splitmix64};
@@ -346,16 +347,17 @@ impl Seen {
         self.cpu_seconds += mine.cpu_seconds;
         self.storage_bytes = self.storage_bytes.zip(mine.storage_bytes).map(|(a, b)| a + b);
     }
-}
 
-/// Reads `r` into `buf`; a buffered shard's pages are evicted once read, so that the next epoch
-/// reads the storage again, as from a dataset far larger than memory.
-fn read_one(shard: &Shard, buf: &mut [u8], r: Read) -> std::io::Result<()> {
-    shard.file.read_exact_at(buf, r.offset)?;
-    if !shard.direct {
-        evict(&shard.file, r.offset, r.len as u64);
+    /// A read `r` of `shard` that began at `t0` has completed (either engine): its latency and
+    /// bytes are counted, then a buffered shard's pages are evicted, so that the next epoch reads
+    /// the storage again, as from a dataset far larger than memory.
+    fn read(&mut self, shard: &Shard, r: Read, t0: Instant) {
+        self.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
+        self.bytes[shard.dir] += r.len as u64;
+        if !shard.direct {
+            evict(&shard.file, r.offset, r.len as u64);
+        }
     }
-    Ok(())
 }
 
 /// Drops a file range from the page cache (clean pages only; a hint the kernel may ignore).
@@ -373,15 +375,6 @@ fn evict(file: &File, offset: u64, len: u64) {
 fn storage_read_bytes(of: &str) -> Option<u64> {
     let text = std::fs::read_to_string(of).ok()?;
     text.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
-}
-
-/// CPU seconds the whole process has used.
-fn process_cpu_seconds() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
-        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-        t(u.user_time()) + t(u.system_time())
-    })
 }
 
 /// What the readers share: the reads in order, the next one's index, and when to stop.
@@ -418,17 +411,16 @@ fn thread_reader(feed: &Feed<'_>, tx: &mpsc::SyncSender<usize>, mine: &mut Seen)
         let r = feed.take();
         let shard = &feed.shards[r.shard];
         let t0 = Instant::now();
-        if let Err(e) = read_one(shard, buf.get(r.len), r) {
+        if let Err(e) = shard.file.read_exact_at(buf.get(r.len), r.offset) {
             feed.fail(shard.dir, e);
             break;
         }
-        mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
-        mine.bytes[shard.dir] += r.len as u64;
+        mine.read(shard, r, t0);
         if tx.send(r.len).is_err() {
             break;
         }
     }
-    mine.cpu_seconds = thread_cpu_seconds();
+    mine.cpu_seconds = cpu_seconds(UsageWho::RUSAGE_THREAD);
     mine.storage_bytes = storage_before.zip(storage_read_bytes("/proc/thread-self/io")).map(|(a, b)| b - a);
 }
 
@@ -505,12 +497,7 @@ fn uring_reader(feed: &Feed<'_>, depth: usize, tx: &mpsc::SyncSender<usize>, min
                 }
                 continue;
             }
-            let shard = &feed.shards[r.shard];
-            if !shard.direct {
-                evict(&shard.file, r.offset, r.len as u64);
-            }
-            mine.latency[shard.dir].push(t0.elapsed().as_secs_f64() * 1e6);
-            mine.bytes[shard.dir] += r.len as u64;
+            mine.read(&feed.shards[r.shard], r, t0);
             if tx.send(r.len).is_err() {
                 refill = false;
             }
@@ -545,7 +532,7 @@ fn pass(
     let seen = Mutex::new(Seen::new(dirs));
     let per_acc = rate.map(|r| r / config.accelerators.max(1) as f64);
     let storage_before = storage_read_bytes("/proc/self/io");
-    let cpu_before = process_cpu_seconds();
+    let cpu_before = cpu_seconds(UsageWho::RUSAGE_SELF);
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(config.seconds);
     let (computing, waiting, delivered, consumers_cpu) = std::thread::scope(|s| {
@@ -592,7 +579,7 @@ fn pass(
     // io_uring's reads may be issued by its kernel workers, threads of this process: counted
     // process-wide (whatever else the process did meanwhile included).
     if config.engine == Engine::Uring {
-        seen.cpu_seconds = (process_cpu_seconds() - cpu_before - consumers_cpu).max(0.0);
+        seen.cpu_seconds = (cpu_seconds(UsageWho::RUSAGE_SELF) - cpu_before - consumers_cpu).max(0.0);
         seen.storage_bytes = storage_before.zip(storage_read_bytes("/proc/self/io")).map(|(a, b)| b.saturating_sub(a));
     }
     let read_bytes: u64 = seen.bytes.iter().sum();
@@ -667,7 +654,7 @@ fn accelerator(
             let got = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
             match got {
                 Ok(len) => taken += len as u64,
-                Err(_) => return (computing, waiting, bytes, thread_cpu_seconds()),
+                Err(_) => return (computing, waiting, bytes, cpu_seconds(UsageWho::RUSAGE_THREAD)),
             }
         }
         waiting += t0.elapsed().as_secs_f64();
@@ -678,13 +665,12 @@ fn accelerator(
             computing += compute;
         }
     }
-    (computing, waiting, bytes, thread_cpu_seconds())
+    (computing, waiting, bytes, cpu_seconds(UsageWho::RUSAGE_THREAD))
 }
 
-/// CPU seconds this thread has used.
-fn thread_cpu_seconds() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| {
+/// CPU seconds this thread (`RUSAGE_THREAD`) or the whole process (`RUSAGE_SELF`) has used.
+fn cpu_seconds(who: UsageWho) -> f64 {
+    getrusage(who).map_or(0.0, |u| {
         let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
         t(u.user_time()) + t(u.system_time())
     })
